@@ -1,0 +1,3 @@
+from bamctl.cli import main
+
+main()

@@ -1,0 +1,73 @@
+"""Command-line entry point: parse, call the library, render; errors become one line."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+import typer
+from rich.console import Console
+
+from bamctl import __version__
+from bamctl.cli.app import app
+from bamctl.errors import BamctlError
+
+# Each module registers its commands on `app` when imported.
+from bamctl.cli import model_commands  # noqa: E402,F401
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+stderr = Console(stderr=True, highlight=False)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"bamctl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Benchmark long-context extrapolation of transformer language models."""
+
+
+def _fail(message: str, code: int) -> None:
+    stderr.print(f"[bold red]error:[/] {message}", soft_wrap=True, markup=True)
+    sys.exit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI. Known errors print one red line (exit 2); BAMCTL_DEBUG=1 shows tracebacks."""
+    debug = os.environ.get("BAMCTL_DEBUG") == "1"
+    try:
+        result = app(args=argv, standalone_mode=False, prog_name="bamctl")
+    except BamctlError as err:
+        if debug:
+            raise
+        _fail(str(err).replace("[", r"\["), EXIT_USAGE)
+    except click.UsageError as err:
+        if debug:
+            raise
+        hint = f" (see 'bamctl {err.ctx.command_path.split(' ', 1)[1]} --help')" if err.ctx and " " in err.ctx.command_path else " (see 'bamctl --help')"
+        _fail(err.format_message().replace("[", r"\[") + hint, EXIT_USAGE)
+    except click.ClickException as err:
+        if debug:
+            raise
+        _fail(err.format_message().replace("[", r"\["), EXIT_USAGE)
+    except (KeyboardInterrupt, click.Abort):
+        stderr.print("interrupted; finished work is kept")
+        sys.exit(EXIT_INTERRUPTED)
+    except click.exceptions.Exit as err:
+        sys.exit(err.exit_code)
+    except Exception as err:  # a bug, not bad input: say so, keep the traceback one variable away
+        if debug:
+            raise
+        _fail(f"internal error: {type(err).__name__}: {err} (set BAMCTL_DEBUG=1 for the traceback)", 1)
+    else:
+        sys.exit(result if isinstance(result, int) else 0)

@@ -1,0 +1,116 @@
+"""Tokenizers, offline: a registry of names, each built from files on this disk.
+
+The GPT-2 byte-pair ranks ship inside the package (``bamctl/assets/gpt2.tiktoken``,
+MIT, from the ``openai-whisper`` source package; identical to tiktoken's
+``r50k_base``). We read and verify the file ourselves rather than going through
+``tiktoken.get_encoding``, which would try to download it.
+"""
+
+from __future__ import annotations
+
+import base64
+import difflib
+import hashlib
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Callable, Protocol, Sequence
+
+from bamctl.errors import BamctlError
+
+ASSETS = Path(__file__).parent / "assets"
+GPT2_RANKS = ASSETS / "gpt2.tiktoken"
+GPT2_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
+# tiktoken's r50k_base split pattern, verbatim.
+GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+GPT2_EOT = "<|endoftext|>"
+
+
+class Tokenizer(Protocol):
+    """What tasks and engines need from a tokenizer; nothing more."""
+
+    name: str
+    vocab_size: int
+    eos_id: int | None
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+@dataclass(frozen=True)
+class TiktokenTokenizer:
+    """A tiktoken ``Encoding`` behind the :class:`Tokenizer` protocol.
+
+    Special-token strings inside text are encoded as plain text: a haystack that
+    happens to contain ``<|endoftext|>`` must not end a document early.
+    """
+
+    name: str
+    encoding: object  # tiktoken.Encoding; typed loosely so tiktoken imports lazily
+    eos_id: int | None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.encoding.n_vocab
+
+    def encode(self, text: str) -> list[int]:
+        return self.encoding.encode_ordinary(text)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return self.encoding.encode_ordinary_batch(list(texts))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.encoding.decode(list(ids))
+
+
+def read_bpe_ranks(path: Path, sha256: str) -> dict[bytes, int]:
+    """Parse a ``.tiktoken`` rank file (``base64-token rank`` per line) after checking its hash."""
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise BamctlError(
+            f"tokenizer rank file {path} cannot be read ({err.strerror}); reinstall bamctl"
+        ) from None
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != sha256:
+        raise BamctlError(
+            f"tokenizer rank file {path} is corrupt (SHA-256 {digest[:12]}…, expected "
+            f"{sha256[:12]}…); reinstall bamctl"
+        )
+    ranks = {}
+    for line in data.splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    return ranks
+
+
+def gpt2_tokenizer(ranks_path: Path = GPT2_RANKS) -> TiktokenTokenizer:
+    import tiktoken
+
+    ranks = read_bpe_ranks(ranks_path, GPT2_SHA256)
+    encoding = tiktoken.Encoding(
+        name="gpt2",
+        pat_str=GPT2_PATTERN,
+        mergeable_ranks=ranks,
+        special_tokens={GPT2_EOT: len(ranks)},
+        explicit_n_vocab=len(ranks) + 1,
+    )
+    return TiktokenTokenizer(name="gpt2", encoding=encoding, eos_id=len(ranks))
+
+
+# name -> factory. External back-ends register their own tokenizers here.
+TOKENIZERS: dict[str, Callable[[], Tokenizer]] = {"gpt2": gpt2_tokenizer}
+
+
+@cache
+def get_tokenizer(name: str) -> Tokenizer:
+    """The tokenizer registered as ``name``; one instance per process."""
+    try:
+        factory = TOKENIZERS[name]
+    except KeyError:
+        close = difflib.get_close_matches(name, TOKENIZERS, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(TOKENIZERS)}"
+        raise BamctlError(f"unknown tokenizer {name!r}{hint}") from None
+    return factory()
