@@ -5,13 +5,17 @@ from __future__ import annotations
 import os
 import sys
 
-import click
 import typer
 from rich.console import Console
 
 from bamctl import __version__
 from bamctl.cli.app import app
 from bamctl.errors import BamctlError
+
+try:  # typer >= 0.17 vendors its own copy of click
+    from typer._click import exceptions as click_errors
+except ImportError:  # pragma: no cover - older typer on top of click
+    from click import exceptions as click_errors
 
 # Each module registers its commands on `app` when imported.
 from bamctl.cli import model_commands  # noqa: E402,F401
@@ -51,19 +55,19 @@ def main(argv: list[str] | None = None) -> None:
         if debug:
             raise
         _fail(str(err).replace("[", r"\["), EXIT_USAGE)
-    except click.UsageError as err:
+    except click_errors.UsageError as err:
         if debug:
             raise
         hint = f" (see 'bamctl {err.ctx.command_path.split(' ', 1)[1]} --help')" if err.ctx and " " in err.ctx.command_path else " (see 'bamctl --help')"
         _fail(err.format_message().replace("[", r"\[") + hint, EXIT_USAGE)
-    except click.ClickException as err:
+    except click_errors.ClickException as err:
         if debug:
             raise
         _fail(err.format_message().replace("[", r"\["), EXIT_USAGE)
-    except (KeyboardInterrupt, click.Abort):
+    except (KeyboardInterrupt, click_errors.Abort, typer.Abort):
         stderr.print("interrupted; finished work is kept")
         sys.exit(EXIT_INTERRUPTED)
-    except click.exceptions.Exit as err:
+    except (click_errors.Exit, typer.Exit) as err:
         sys.exit(err.exit_code)
     except Exception as err:  # a bug, not bad input: say so, keep the traceback one variable away
         if debug:

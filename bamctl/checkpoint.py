@@ -1,0 +1,138 @@
+"""Checkpoint directories: ``config.json`` (what the model is) + ``model.safetensors`` (weights).
+
+``config.json`` holds the architecture, PE, SSMax, tokenizer, training length, recipe and
+provenance, and the SHA-256 of the weights file. Loading checks that hash, so a
+corrupted or swapped weights file is refused rather than benchmarked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from bamctl import __version__
+from bamctl.errors import BamctlError
+from bamctl.model import ModelConfig, Transformer
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+FORMAT = "bamctl-checkpoint/1"
+
+
+@dataclass
+class Checkpoint:
+    model: Transformer
+    path: Path
+    sha256: str
+    recipe: dict = field(default_factory=dict)
+    provenance: dict = field(default_factory=dict)
+
+    @property
+    def model_hash(self) -> str:
+        """Short content hash that identifies these weights in result tables."""
+        return self.sha256[:16]
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def is_checkpoint_dir(path: Path) -> bool:
+    return (Path(path) / CONFIG_FILE).is_file()
+
+
+def save_checkpoint(
+    model: Transformer, out: Path, *, recipe: dict | None = None, provenance: dict | None = None
+) -> Path:
+    """Write ``out/model.safetensors`` then ``out/config.json`` (with the weights' hash), atomically."""
+    out = Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise BamctlError(f"cannot create checkpoint directory {out}: {err.strerror}") from None
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in model.state_dict().items()}
+    weights = out / WEIGHTS_FILE
+    _atomic_write(weights, lambda tmp: save_file(tensors, tmp, metadata={"format": FORMAT}))
+    config = {
+        "format": FORMAT,
+        "bamctl_version": __version__,
+        "model": model.config.to_dict(),
+        "recipe": recipe or {},
+        "provenance": provenance or {},
+        "weights_sha256": file_sha256(weights),
+        "n_params": model.n_params(),
+    }
+    _atomic_write(out / CONFIG_FILE, lambda tmp: Path(tmp).write_text(json.dumps(config, indent=2) + "\n"))
+    return out
+
+
+def _atomic_write(target: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def read_config(path: Path) -> dict:
+    path = Path(path)
+    config_file = path / CONFIG_FILE
+    if not config_file.is_file():
+        raise BamctlError(f"{path} is not a bamctl checkpoint (no {CONFIG_FILE})")
+    try:
+        config = json.loads(config_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise BamctlError(f"{config_file} is not valid JSON ({err})") from None
+    if config.get("format") != FORMAT:
+        raise BamctlError(f"{config_file} has format {config.get('format')!r}, expected {FORMAT!r}")
+    return config
+
+
+def load_checkpoint(path: Path, *, verify: bool = True) -> Checkpoint:
+    path = Path(path)
+    config = read_config(path)
+    weights = path / WEIGHTS_FILE
+    if not weights.is_file():
+        raise BamctlError(f"checkpoint {path} has no {WEIGHTS_FILE}")
+    sha = file_sha256(weights)
+    if verify and sha != config.get("weights_sha256"):
+        raise BamctlError(
+            f"checkpoint {path} is corrupt: {WEIGHTS_FILE} has SHA-256 {sha[:12]}…, "
+            f"config.json expects {str(config.get('weights_sha256'))[:12]}…"
+        )
+    model = Transformer(ModelConfig.from_dict(config["model"]))
+    try:
+        state = load_file(weights)
+    except (SafetensorError, OSError) as err:
+        raise BamctlError(f"cannot read {weights}: {err}") from None
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise BamctlError(
+            f"checkpoint {path} does not match its config: missing {missing[:3]}, unexpected {unexpected[:3]}"
+        )
+    return Checkpoint(model=model, path=path, sha256=sha, recipe=config.get("recipe", {}), provenance=config.get("provenance", {}))
+
+
+def new_random_model(config: ModelConfig, seed: int) -> Transformer:
+    """A randomly initialised model, the same for the same (config, seed) on any machine."""
+    generator_state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        return Transformer(config)
+    finally:
+        torch.random.set_rng_state(generator_state)

@@ -1,0 +1,1 @@
+"""Streaming inference: attention kernels, the KV cache, and the chunked engine."""

@@ -1,0 +1,120 @@
+"""Causal attention kernels with a distance prior and SSMax, behind one signature.
+
+Every kernel computes, for query ``i`` (absolute position) and key ``j <= i``:
+
+    s_ij = q_i . k_j / sqrt(Dh)
+    l_ij = (s_ij + b_h(i - j)) * c_h(i)     SSMax over the logits (``ssmax_scope="logits"``)
+    l_ij =  s_ij * c_h(i) + b_h(i - j)      SSMax over the content only (the authors' code)
+    l_ij =  s_ij + b_h(i - j)               without SSMax
+
+with ``b_h`` read from a per-head table ``(H, max_distance + 1)`` and
+``c_h(i) = s_h * log(i + 1)`` (i + 1 keys are visible to query i). Keys always start at
+absolute position 0 (a KV cache); queries start at ``q_start``.
+
+- ``dense``: materialises the (Tq, Tk) logits. The plain reference the tests trust.
+- ``blockwise``: walks key blocks with an online softmax (running max, running sum),
+  so the workspace is (Tq, block) whatever the context length.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+
+from bamctl.errors import BamctlError
+
+
+@dataclass(frozen=True)
+class AttentionInputs:
+    """Everything position-dependent a kernel needs besides q, k, v."""
+
+    q_start: int  # absolute position of the first query
+    bias_table: torch.Tensor | None  # (H, D+1) float32, b_h(d) for d = 0..D
+    ssmax_scale: torch.Tensor | None  # (H,) s_h, or None without SSMax
+    ssmax_scope: str = "logits"  # "logits" (content + prior) or "content"
+
+
+class AttentionKernel(Protocol):
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor: ...
+
+
+def _log_keys(q_positions: torch.Tensor) -> torch.Tensor:
+    return torch.log(q_positions.float() + 1.0)
+
+
+def _logits(
+    scores: torch.Tensor, distance: torch.Tensor, q_positions: torch.Tensor, inputs: AttentionInputs
+) -> torch.Tensor:
+    """Turn scaled dot products (B, H, Tq, Tk) into logits; ``distance`` (Tq, Tk) is i - j, clamped >= 0."""
+    heads = scores.shape[1]
+    bias = None
+    if inputs.bias_table is not None:
+        bias = inputs.bias_table[:, distance.flatten()].view(heads, *distance.shape)  # (H, Tq, Tk)
+    if inputs.ssmax_scale is None:
+        return scores if bias is None else scores + bias
+    factor = inputs.ssmax_scale.float()[:, None, None] * _log_keys(q_positions)[None, :, None]  # (H, Tq, 1)
+    if bias is None:
+        return scores * factor
+    if inputs.ssmax_scope == "logits":
+        return (scores + bias) * factor
+    return scores * factor + bias
+
+
+def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
+    """Reference: full (Tq, Tk) logits, causal mask, softmax. q: (B, H, Tq, Dh), k/v: (B, H, Tk, Dh)."""
+    tq, tk = q.shape[2], k.shape[2]
+    q_positions = torch.arange(inputs.q_start, inputs.q_start + tq, device=q.device)
+    k_positions = torch.arange(tk, device=q.device)
+    signed = q_positions[:, None] - k_positions[None, :]  # (Tq, Tk)
+    scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    logits = _logits(scores, signed.clamp(min=0), q_positions, inputs)
+    logits = logits.masked_fill(signed < 0, float("-inf"))
+    return (torch.softmax(logits, dim=-1) @ v.float()).to(q.dtype)
+
+
+def blockwise_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs, block_size: int = 1024
+) -> torch.Tensor:
+    """Online-softmax attention over key blocks; never holds more than (Tq, block) logits."""
+    tq = q.shape[2]
+    q_positions = torch.arange(inputs.q_start, inputs.q_start + tq, device=q.device)
+    last_key = inputs.q_start + tq  # keys beyond the last query are never visible
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    qf = q.float() * scale
+    running_max = torch.full((*q.shape[:3], 1), float("-inf"), device=q.device)  # (B, H, Tq, 1)
+    running_sum = torch.zeros_like(running_max)
+    acc = torch.zeros(*q.shape[:3], v.shape[-1], device=q.device)  # (B, H, Tq, Dh)
+    for start in range(0, last_key, block_size):
+        stop = min(start + block_size, last_key)
+        k_positions = torch.arange(start, stop, device=q.device)
+        signed = q_positions[:, None] - k_positions[None, :]  # (Tq, Tb)
+        scores = qf @ k[:, :, start:stop].float().transpose(-1, -2)  # (B, H, Tq, Tb)
+        logits = _logits(scores, signed.clamp(min=0), q_positions, inputs)
+        if stop - 1 > inputs.q_start:  # block reaches past the first query: some keys are in its future
+            logits = logits.masked_fill(signed < 0, float("-inf"))
+        block_max = logits.amax(dim=-1, keepdim=True)
+        new_max = torch.maximum(running_max, block_max)
+        # Rows that have seen only masked keys keep max = -inf; exp(-inf - -inf) would be NaN.
+        safe_max = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)
+        correction = torch.exp(running_max - safe_max)
+        weights = torch.exp(logits - safe_max)
+        running_sum = running_sum * correction + weights.sum(dim=-1, keepdim=True)
+        acc = acc * correction + weights @ v[:, :, start:stop].float()
+        running_max = new_max
+    return (acc / running_sum).to(q.dtype)
+
+
+KERNELS: dict[str, Callable[..., torch.Tensor]] = {
+    "dense": dense_attention,
+    "blockwise": blockwise_attention,
+}
+
+
+def get_kernel(name: str) -> Callable[..., torch.Tensor]:
+    try:
+        return KERNELS[name]
+    except KeyError:
+        raise BamctlError(f"unknown attention path {name!r}; known: {', '.join(KERNELS)}") from None

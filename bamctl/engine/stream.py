@@ -1,0 +1,171 @@
+"""The streaming engine: prefill a long prompt chunk by chunk into a KV cache.
+
+Memory = weights + KV cache + one chunk's workspace. Full logits (T x vocab) are never
+built either: callers ask for the hidden rows they need (the positions to score, the
+last one to generate from) and the output head runs on those alone.
+
+Three request kinds cover every task:
+- ``score_continuation``: teacher forcing, argmax and log-probs of given target tokens;
+- ``generate``: greedy decoding after the prompt;
+- ``token_nll``: per-token negative log-likelihood, for perplexity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from bamctl.engine.attention import KERNELS, get_kernel
+from bamctl.engine.cache import KVCache
+from bamctl.errors import BamctlError
+from bamctl.model import ForwardState, Transformer
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+ATTENTION_CHOICES = ("auto", *KERNELS)
+LOGIT_ROWS = 256  # rows of the output head computed at once: 256 x 50k floats = 51 MB
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise BamctlError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise BamctlError(f"device {name!r} asked for, but no CUDA GPU is available here")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise BamctlError(f"unknown dtype {name!r}; use auto, float32, bfloat16 or float16") from None
+
+
+def resolve_attention(name: str, device: torch.device) -> str:
+    if name == "auto":
+        return "blockwise"
+    if name not in KERNELS:
+        raise BamctlError(f"unknown attention path {name!r}; use one of {', '.join(ATTENTION_CHOICES)}")
+    return name
+
+
+@dataclass(frozen=True)
+class ContinuationScore:
+    predicted_ids: list[int]  # argmax at each target position
+    logprobs: list[float]  # log p(target_t | prefix)
+
+
+class StreamingEngine:
+    def __init__(
+        self,
+        model: Transformer,
+        *,
+        device: str = "auto",
+        dtype: str = "auto",
+        chunk_size: int = 2048,
+        attention: str = "auto",
+    ):
+        if chunk_size < 1:
+            raise BamctlError(f"--chunk-size must be a positive number of tokens, not {chunk_size}")
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.attention = resolve_attention(attention, self.device)
+        self.kernel = get_kernel(self.attention)
+        self.chunk_size = chunk_size
+        self.model = model.to(device=self.device, dtype=self.dtype).eval()
+        self.config = model.config
+
+    # -- the one loop everything else is built on ---------------------------------------
+    def _stream(
+        self,
+        ids: Sequence[int],
+        capacity: int,
+        on_hidden: Callable[[int, torch.Tensor], None],
+    ) -> tuple[KVCache, ForwardState]:
+        """Run ``ids`` through the model in chunks; ``on_hidden(start, hidden (T, C))`` per chunk."""
+        cfg = self.config
+        tokens = torch.as_tensor(list(ids), dtype=torch.long, device=self.device)[None, :]  # (1, N)
+        cache = KVCache(cfg.n_layers, 1, cfg.n_heads, capacity, cfg.head_dim, self.dtype, self.device)
+        state = ForwardState(kernel=self.kernel, cache=cache, max_distance=capacity - 1)
+        for start in range(0, tokens.shape[1], self.chunk_size):
+            chunk = tokens[:, start : start + self.chunk_size]
+            self.model.advance(state, start, chunk.shape[1])
+            on_hidden(start, self.model.hidden(chunk, state)[0])
+        return cache, state
+
+    def _logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:
+        return self.model.output(hidden_rows).float()
+
+    # -- request kinds --------------------------------------------------------------------
+    @torch.inference_mode()
+    def logits_at(self, ids: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
+        """Logits (len(positions), V) predicting the token after each given position."""
+        wanted = sorted(set(positions))
+        rows: dict[int, torch.Tensor] = {}
+
+        def keep(start: int, hidden: torch.Tensor) -> None:
+            for p in wanted:
+                if start <= p < start + hidden.shape[0]:
+                    rows[p] = hidden[p - start]
+
+        self._stream(ids, len(ids), keep)
+        return self._logits(torch.stack([rows[p] for p in positions]))
+
+    @torch.inference_mode()
+    def score_continuation(self, prompt_ids: Sequence[int], target_ids: Sequence[int]) -> ContinuationScore:
+        """Teacher forcing: one pass over prompt + target, scored at the target positions."""
+        ids = list(prompt_ids) + list(target_ids)
+        positions = range(len(prompt_ids) - 1, len(ids) - 1)
+        logprobs = torch.log_softmax(self.logits_at(ids, positions), dim=-1)
+        target = torch.as_tensor(list(target_ids), device=logprobs.device)
+        return ContinuationScore(
+            predicted_ids=logprobs.argmax(-1).tolist(),
+            logprobs=logprobs.gather(1, target[:, None])[:, 0].tolist(),
+        )
+
+    @torch.inference_mode()
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int] = ()) -> list[int]:
+        """Greedy decoding: prefill the prompt, then one token per step from the cache."""
+        last: list[torch.Tensor] = []
+        capacity = len(prompt_ids) + max_new_tokens
+        cache, state = self._stream(prompt_ids, capacity, lambda start, hidden: last.append(hidden[-1]))
+        next_id = int(self._logits(last[-1][None]).argmax(-1))
+        out: list[int] = []
+        position = len(prompt_ids)
+        while len(out) < max_new_tokens:
+            out.append(next_id)
+            if next_id in stop_ids or len(out) == max_new_tokens:
+                break
+            self.model.advance(state, position, 1)
+            token = torch.tensor([[next_id]], device=self.device)
+            next_id = int(self._logits(self.model.hidden(token, state)[0, -1:]).argmax(-1))
+            position += 1
+        return out
+
+    @torch.inference_mode()
+    def token_nll(self, ids: Sequence[int], score_from: int = 1) -> torch.Tensor:
+        """NLL (float32, on CPU) of each token ids[t] for t in [score_from, len(ids)), given ids[:t]."""
+        if not 1 <= score_from <= len(ids):
+            raise ValueError(f"score_from must be in [1, {len(ids)}], got {score_from}")
+        targets = torch.as_tensor(list(ids), dtype=torch.long, device=self.device)
+        pieces: list[torch.Tensor] = []
+
+        def score(start: int, hidden: torch.Tensor) -> None:
+            # hidden row r predicts token start + r + 1
+            first = max(score_from - 1 - start, 0)
+            last = min(hidden.shape[0], len(ids) - 1 - start)
+            for lo in range(first, last, LOGIT_ROWS):
+                hi = min(lo + LOGIT_ROWS, last)
+                logits = self._logits(hidden[lo:hi])
+                pieces.append(F.cross_entropy(logits, targets[start + lo + 1 : start + hi + 1], reduction="none").cpu())
+
+        self._stream(ids, len(ids), score)
+        return torch.cat(pieces) if pieces else torch.zeros(0)

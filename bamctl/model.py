@@ -1,0 +1,254 @@
+"""The decoder we benchmark: one file, read top to bottom.
+
+Architecture of the BAM authors' code (Llama-style): RMSNorm before attention and MLP,
+SwiGLU MLP, no linear biases, untied output head. Parameter names follow theirs
+(``tok_embeddings``, ``layers.N.attention.wq``, ``feed_forward.w1``…) so their
+checkpoints load by a name mapping alone. The positional encoding is a registry entry
+(``bamctl.positional``); the attention kernel is chosen by the caller
+(``bamctl.engine.attention``): dense for training and as the reference, blockwise for
+long contexts.
+
+Shapes: B batch, T tokens in this chunk, H heads, Dh head dim, C model dim.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bamctl.engine.attention import AttentionInputs, dense_attention
+from bamctl.errors import BamctlError
+from bamctl.positional import (
+    PE_REGISTRY,
+    apply_rotary,
+    parse_pe_name,
+    pe_label,
+    rotary_angles,
+    sinusoidal_encoding,
+)
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 50257  # GPT-2 BPE; the authors use Mistral's 32,768
+    dim: int = 128  # C
+    n_layers: int = 2
+    n_heads: int = 4
+    ffn_dim_multiplier: float = 2.0  # SwiGLU hidden = multiplier * dim, as in the authors' presets
+    norm_eps: float = 1e-5
+    pe: str = "bam"  # a key of bamctl.positional.PE_REGISTRY
+    ssmax: bool = False  # Scalable-Softmax on top of the PE
+    ssmax_scope: str = "logits"  # "logits": (content + prior) * s log n; "content": the authors' code
+    rope_base: float = 10000.0
+    bam_init: str = "flat"  # "flat" (theta = 0, the authors' latest) or "alibi" (beta=1, ALiBi slopes)
+    bam_train_mu: bool = False  # the prior's location stays at 0 unless asked
+    train_length: int = 512  # context the model was trained on: the unit of "extrapolation x"
+    tokenizer: str = "gpt2"
+
+    def __post_init__(self):
+        if self.pe not in PE_REGISTRY:
+            parse_pe_name(self.pe)  # raises with close matches
+        if self.dim % self.n_heads or (self.dim // self.n_heads) % 2:
+            raise BamctlError(f"dim {self.dim} must split into {self.n_heads} heads of even size")
+        if self.ssmax_scope not in ("logits", "content"):
+            raise BamctlError(f"ssmax_scope must be 'logits' or 'content', not {self.ssmax_scope!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def label(self) -> str:
+        return pe_label(self.pe, self.ssmax)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ModelConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise BamctlError(f"unknown model config fields: {', '.join(sorted(unknown))}")
+        return cls(**data)
+
+    @classmethod
+    def from_preset(cls, preset: str, pe: str, **overrides) -> "ModelConfig":
+        base, ssmax = parse_pe_name(pe)
+        if preset not in PRESETS:
+            import difflib
+
+            close = difflib.get_close_matches(preset, PRESETS, n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(PRESETS)}"
+            raise BamctlError(f"unknown preset {preset!r}{hint}")
+        return cls(**{**PRESETS[preset], "pe": base, "ssmax": ssmax, **overrides})
+
+
+# Named sizes. "tiny"/"small" train on a CPU in minutes; l6…l24 are the authors' sizes
+# (their train.py: 16 heads, SwiGLU hidden = 2 x dim).
+PRESETS: dict[str, dict] = {
+    "micro": dict(dim=64, n_layers=2, n_heads=4),
+    "tiny": dict(dim=128, n_layers=2, n_heads=4),
+    "small": dict(dim=256, n_layers=4, n_heads=8),
+    "l6": dict(dim=512, n_layers=6, n_heads=16),
+    "l8": dict(dim=768, n_layers=8, n_heads=16),
+    "l12": dict(dim=768, n_layers=12, n_heads=16),
+    "l16": dict(dim=1024, n_layers=16, n_heads=16),
+    "l24": dict(dim=2048, n_layers=24, n_heads=16),
+}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        hidden = int(cfg.ffn_dim_multiplier * cfg.dim)
+        self.w1 = nn.Linear(cfg.dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, cfg.dim, bias=False)
+        self.w3 = nn.Linear(cfg.dim, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+@dataclass
+class ForwardState:
+    """Per-call state shared by all layers: where this chunk sits, which kernel, the cache.
+
+    Bias tables are computed once per call and layer (``bias_table``), so a long prefill
+    split in many chunks pays for them once when the caller reuses the state.
+    """
+
+    start_pos: int = 0  # absolute position of the chunk's first token
+    kernel: object = dense_attention  # a bamctl.engine.attention kernel
+    cache: object | None = None  # bamctl.engine.cache.KVCache, or None: keys = this chunk's
+    max_distance: int = 0  # largest i - j the tables must cover
+    rotary: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin for this chunk
+    _tables: dict = field(default_factory=dict)
+
+    def bias_table(self, layer_id: int, prior: nn.Module) -> torch.Tensor:
+        table = self._tables.get(layer_id)
+        if table is None or table.shape[1] <= self.max_distance:
+            table = self._tables[layer_id] = prior.distance_table(self.max_distance)
+        return table
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int):
+        super().__init__()
+        self.layer_id = layer_id
+        self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
+        self.wq = nn.Linear(cfg.dim, cfg.dim, bias=False)
+        self.wk = nn.Linear(cfg.dim, cfg.dim, bias=False)
+        self.wv = nn.Linear(cfg.dim, cfg.dim, bias=False)
+        self.wo = nn.Linear(cfg.dim, cfg.dim, bias=False)
+        spec = PE_REGISTRY[cfg.pe]
+        self.rotary = spec.rotary
+        self.prior = spec.make_prior(cfg) if spec.make_prior else None
+        # SSMax's s_h, one per head and layer, initialised at 1 as in the SSMax paper.
+        self.ssmax_scale = nn.Parameter(torch.ones(cfg.n_heads)) if cfg.ssmax else None
+        self.ssmax_scope = cfg.ssmax_scope
+
+    def forward(self, x: torch.Tensor, state: ForwardState) -> torch.Tensor:
+        B, T, C = x.shape
+        q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
+        k = self.wk(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
+        v = self.wv(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
+        if self.rotary:
+            cos, sin = state.rotary
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if state.cache is not None:
+            k, v = state.cache.store(self.layer_id, state.start_pos, k, v)  # (B, H, start+T, Dh)
+        elif state.start_pos:
+            raise ValueError("a chunk after position 0 needs a KV cache")
+        inputs = AttentionInputs(
+            q_start=state.start_pos,
+            bias_table=state.bias_table(self.layer_id, self.prior) if self.prior is not None else None,
+            ssmax_scale=self.ssmax_scale,
+            ssmax_scope=self.ssmax_scope,
+        )
+        y = state.kernel(q, k, v, inputs)  # (B, H, T, Dh)
+        return self.wo(y.transpose(1, 2).reshape(B, T, C))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int):
+        super().__init__()
+        self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attention = Attention(cfg, layer_id)
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.feed_forward = FeedForward(cfg)
+
+    def forward(self, x: torch.Tensor, state: ForwardState) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), state)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(TransformerBlock(cfg, i) for i in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.absolute_input = PE_REGISTRY[cfg.pe].absolute_input
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def new_state(self, start_pos: int = 0, n_tokens: int = 0, kernel=dense_attention, cache=None) -> ForwardState:
+        """State for a chunk of ``n_tokens`` at ``start_pos``; keys run from 0 to its end."""
+        state = ForwardState(kernel=kernel, cache=cache)
+        self.advance(state, start_pos, n_tokens)
+        return state
+
+    def advance(self, state: ForwardState, start_pos: int, n_tokens: int) -> ForwardState:
+        """Point ``state`` at the next chunk, keeping the bias tables it already holds."""
+        state.start_pos = start_pos
+        state.max_distance = max(state.max_distance, start_pos + n_tokens - 1)
+        if self.config.pe == "rope":
+            positions = torch.arange(start_pos, start_pos + n_tokens, device=self.output.weight.device)
+            state.rotary = rotary_angles(positions, self.config.head_dim, self.config.rope_base)
+        return state
+
+    def hidden(self, tokens: torch.Tensor, state: ForwardState) -> torch.Tensor:
+        """Final-normed hidden states of a chunk. tokens: (B, T) -> (B, T, C)."""
+        h = self.tok_embeddings(tokens)  # (B, T, C)
+        if self.absolute_input:
+            positions = torch.arange(state.start_pos, state.start_pos + tokens.shape[1], device=tokens.device)
+            h = h + sinusoidal_encoding(positions, self.config.dim).to(h.dtype)
+        for layer in self.layers:
+            h = layer(h, state)
+        return self.norm(h)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Dense full-sequence logits (B, T, V): the training path and the test reference."""
+        state = self.new_state(0, tokens.shape[1])
+        return self.output(self.hidden(tokens, state)).float()
+
+    def n_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def positional_parameters(self) -> list[nn.Parameter]:
+        """theta_alpha, theta_beta, theta_mu and SSMax s: trained without weight decay."""
+        return [p for n, p in self.named_parameters() if ".prior." in n or n.endswith("ssmax_scale")]

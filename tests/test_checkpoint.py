@@ -1,0 +1,56 @@
+"""Checkpoint directories: bit-exact round trip, and refusal of damaged files."""
+
+import json
+
+import pytest
+import torch
+
+from bamctl.checkpoint import WEIGHTS_FILE, load_checkpoint, new_random_model, save_checkpoint
+from bamctl.errors import BamctlError
+from bamctl.model import ModelConfig
+
+
+@pytest.mark.parametrize("pe", ["bam-ssmax", "rope", "alibi", "sinusoidal"])
+def test_save_load_round_trip_is_bit_exact(tmp_path, pe):
+    model = new_random_model(ModelConfig.from_preset("micro", pe, vocab_size=64, train_length=128), seed=7)
+    save_checkpoint(model, tmp_path / "ckpt", recipe={"kind": "test"})
+    loaded = load_checkpoint(tmp_path / "ckpt")
+    assert loaded.model.config == model.config
+    assert loaded.recipe == {"kind": "test"}
+    original, restored = model.state_dict(), loaded.model.state_dict()
+    assert original.keys() == restored.keys()
+    for name in original:
+        assert torch.equal(original[name], restored[name]), name
+    ids = torch.randint(0, 64, (1, 20))
+    assert torch.equal(model(ids), loaded.model(ids))
+
+
+def test_same_seed_same_weights_different_seed_different():
+    config = ModelConfig.from_preset("micro", "bam", vocab_size=64)
+    a, b, c = (new_random_model(config, s).state_dict() for s in (1, 1, 2))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["tok_embeddings.weight"], c["tok_embeddings.weight"])
+
+
+def test_corrupted_weights_are_refused(tmp_path):
+    model = new_random_model(ModelConfig.from_preset("micro", "bam", vocab_size=64), seed=0)
+    path = save_checkpoint(model, tmp_path / "ckpt")
+    weights = path / WEIGHTS_FILE
+    data = bytearray(weights.read_bytes())
+    data[-10] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(BamctlError, match="corrupt"):
+        load_checkpoint(path)
+
+
+def test_truncated_config_is_refused(tmp_path):
+    model = new_random_model(ModelConfig.from_preset("micro", "bam", vocab_size=64), seed=0)
+    path = save_checkpoint(model, tmp_path / "ckpt")
+    (path / "config.json").write_text(json.dumps({"format": "bamctl-checkpoint/1"})[:20])
+    with pytest.raises(BamctlError, match="not valid JSON"):
+        load_checkpoint(path)
+
+
+def test_missing_directory_is_refused(tmp_path):
+    with pytest.raises(BamctlError, match="not a bamctl checkpoint"):
+        load_checkpoint(tmp_path / "nothing")

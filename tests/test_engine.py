@@ -1,0 +1,172 @@
+"""The streamed engine against the dense reference forward, for every PE, with and without SSMax."""
+
+from functools import partial
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bamctl.checkpoint import new_random_model
+from bamctl.engine.attention import AttentionInputs, blockwise_attention, dense_attention
+from bamctl.engine.stream import StreamingEngine
+from bamctl.model import ModelConfig
+from bamctl.positional import PE_REGISTRY
+
+ALL_PES = [f"{pe}{suffix}" for pe in PE_REGISTRY for suffix in ("", "-ssmax")]
+VOCAB = 101
+N_TOKENS = 45
+
+
+def random_model(pe: str, seed: int = 0, **overrides):
+    model = new_random_model(ModelConfig.from_preset("micro", pe, vocab_size=VOCAB, **overrides), seed)
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():  # move positional parameters off their init so they matter
+        for name, param in model.named_parameters():
+            if "theta_alpha" in name or "theta_beta" in name or "ssmax_scale" in name:
+                param.copy_(torch.empty_like(param).uniform_(-0.8, 0.8, generator=generator) + (1.0 if "ssmax" in name else 0.0))
+    return model
+
+
+def tokens(n=N_TOKENS, seed=0):
+    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@pytest.mark.parametrize("pe", ALL_PES)
+@pytest.mark.parametrize("chunk_size", [5, 9, 15, N_TOKENS, 64])  # 5, 9, 15 divide 45; 64 > 45
+@pytest.mark.parametrize("kernel", ["dense", "blockwise"])
+def test_streamed_logits_equal_dense_reference(pe, chunk_size, kernel):
+    model = random_model(pe)
+    ids = tokens()
+    reference = model(torch.tensor([ids]))[0]
+    engine = StreamingEngine(model, device="cpu", dtype="float32", chunk_size=chunk_size, attention=kernel)
+    if kernel == "blockwise":  # small key blocks, so chunks span several blocks and partial ones
+        engine.kernel = partial(blockwise_attention, block_size=7)
+    streamed = engine.logits_at(ids, list(range(len(ids))))
+    assert torch.allclose(streamed, reference, atol=1e-4, rtol=0), (streamed - reference).abs().max()
+
+
+@pytest.mark.parametrize("chunk_size", [4, 7, 16])
+def test_nondividing_chunks_match_for_ssmax_bam(chunk_size):
+    model = random_model("bam-ssmax", seed=3)
+    ids = tokens(37, seed=3)  # 37 is prime: no chunk size divides it
+    reference = model(torch.tensor([ids]))[0]
+    engine = StreamingEngine(model, device="cpu", dtype="float32", chunk_size=chunk_size, attention="blockwise")
+    engine.kernel = partial(blockwise_attention, block_size=5)
+    assert torch.allclose(engine.logits_at(ids, list(range(37))), reference, atol=1e-4)
+
+
+@pytest.mark.parametrize("pe", ALL_PES)
+def test_changing_a_token_changes_no_earlier_logit(pe):
+    model = random_model(pe)
+    ids = tokens()
+    t = 20
+    changed = list(ids)
+    changed[t] = (changed[t] + 1) % VOCAB
+    before = model(torch.tensor([ids]))[0]
+    after = model(torch.tensor([changed]))[0]
+    assert torch.equal(before[:t], after[:t])
+    assert not torch.allclose(before[t:], after[t:])
+
+
+def test_blockwise_kernel_equals_dense_kernel_with_offsets():
+    torch.manual_seed(0)
+    heads, tq, tk, dh = 3, 6, 30, 8
+    q, k, v = torch.randn(1, heads, tq, dh), torch.randn(1, heads, tk, dh), torch.randn(1, heads, tk, dh)
+    inputs = AttentionInputs(q_start=tk - tq, bias_table=-torch.rand(heads, tk) * 3, ssmax_scale=torch.rand(heads) + 0.5)
+    expected = dense_attention(q, k, v, inputs)
+    for block in (1, 4, 7, 64):
+        assert torch.allclose(blockwise_attention(q, k, v, inputs, block_size=block), expected, atol=1e-5)
+
+
+def _set_prior(model, alpha, beta):
+    with torch.no_grad():
+        for block in model.layers:
+            block.attention.prior.theta_alpha.copy_(alpha)
+            block.attention.prior.theta_beta.copy_(beta)
+
+
+def _same_weights(source, target):
+    state = {k: v for k, v in source.state_dict().items() if ".prior." not in k and "ssmax" not in k}
+    target.load_state_dict(state, strict=False)
+
+
+@pytest.mark.parametrize("ssmax", [False, True])
+def test_bam_with_beta_one_and_alibi_scale_is_alibi(ssmax):
+    suffix = "-ssmax" if ssmax else ""
+    alibi = new_random_model(ModelConfig.from_preset("micro", f"alibi{suffix}", vocab_size=VOCAB), 0)
+    bam = new_random_model(ModelConfig.from_preset("micro", f"bam{suffix}", vocab_size=VOCAB), 1)
+    _same_weights(alibi, bam)
+    slopes = alibi.layers[0].attention.prior.slopes
+    _set_prior(bam, slopes.log(), torch.ones_like(slopes))
+    ids = torch.tensor([tokens()])
+    # The authors' epsilon shifts every distance by 1e-5: a 1e-5 * slope difference in the logits.
+    assert torch.allclose(bam(ids), alibi(ids), atol=1e-4)
+
+
+@pytest.mark.parametrize("ssmax", [False, True])
+def test_bam_with_beta_zero_is_nope(ssmax):
+    suffix = "-ssmax" if ssmax else ""
+    nope = new_random_model(ModelConfig.from_preset("micro", f"nope{suffix}", vocab_size=VOCAB), 0)
+    bam = new_random_model(ModelConfig.from_preset("micro", f"bam{suffix}", vocab_size=VOCAB, ssmax_scope="content"), 1)
+    _same_weights(nope, bam)
+    _set_prior(bam, torch.full((4,), 0.7), torch.zeros(4))  # a constant bias, whatever its size
+    ids = torch.tensor([tokens()])
+    assert torch.allclose(bam(ids), nope(ids), atol=1e-5)
+
+
+@pytest.mark.parametrize("beta", [-30.0, -2.0, -0.5, 0.0, 0.5, 1.0, 3.0])
+def test_gradients_reach_positional_parameters_and_stay_finite(beta):
+    model = random_model("bam-ssmax")
+    _set_prior(model, torch.full((4,), 0.3), torch.full((4,), beta))
+    ids = torch.tensor([tokens()])
+    logits = model(ids)
+    assert torch.isfinite(logits).all()
+    F.cross_entropy(logits[0, :-1], ids[0, 1:]).backward()
+    for block in model.layers:
+        attention = block.attention
+        for param in (attention.prior.theta_alpha, attention.prior.theta_beta, attention.ssmax_scale):
+            assert param.grad is not None and torch.isfinite(param.grad).all()
+        assert attention.prior.theta_beta.grad.abs().sum() > 0 or beta < -7  # capped region has zero slope
+
+
+def test_prior_table_has_no_nan_or_inf_for_extreme_thetas():
+    model = random_model("bam")
+    prior = model.layers[0].attention.prior
+    with torch.no_grad():
+        prior.theta_alpha.copy_(torch.tensor([-50.0, 50.0, 0.0, 10.0]))
+        prior.theta_beta.copy_(torch.tensor([-100.0, 100.0, -8.0, 2.0]))
+    table = prior.distance_table(1 << 19)
+    assert torch.isfinite(table).all()
+    assert (table <= 0).all()
+
+
+def test_generate_matches_greedy_decoding_with_full_forwards():
+    model = random_model("rope-ssmax", seed=5)
+    prompt = tokens(23, seed=5)
+    engine = StreamingEngine(model, device="cpu", dtype="float32", chunk_size=8)
+    generated = engine.generate(prompt, max_new_tokens=6)
+    ids = list(prompt)
+    for _ in range(6):
+        ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
+    assert generated == ids[len(prompt):]
+
+
+def test_token_nll_equals_cross_entropy_of_dense_forward():
+    model = random_model("alibi-ssmax", seed=2)
+    ids = tokens(40, seed=2)
+    engine = StreamingEngine(model, device="cpu", dtype="float32", chunk_size=6)
+    logits = model(torch.tensor([ids]))[0]
+    expected = F.cross_entropy(logits[:-1], torch.tensor(ids[1:]), reduction="none")
+    assert torch.allclose(engine.token_nll(ids, score_from=1), expected, atol=1e-4)
+    assert torch.allclose(engine.token_nll(ids, score_from=17), expected[16:], atol=1e-4)
+
+
+def test_score_continuation_matches_dense_argmax():
+    model = random_model("bam-ssmax", seed=4)
+    prompt, target = tokens(30, seed=4), tokens(5, seed=9)
+    engine = StreamingEngine(model, device="cpu", dtype="float32", chunk_size=7)
+    score = engine.score_continuation(prompt, target)
+    logits = model(torch.tensor([prompt + target]))[0, len(prompt) - 1 : -1]
+    assert score.predicted_ids == logits.argmax(-1).tolist()
+    expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(target)[:, None])[:, 0]
+    assert torch.allclose(torch.tensor(score.logprobs), expected, atol=1e-4)
