@@ -1,0 +1,167 @@
+"""Read-only commands over stored results: ``results show``, ``results export``, ``plot curves|heatmap``.
+
+Nothing here runs a model: every number comes from the Parquet rows in a results directory.
+Heavy imports (pandas, pyarrow, matplotlib) happen inside the commands, so `bamctl --help`
+stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+
+from bamctl.cli.app import app
+from bamctl.errors import BamctlError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+results_app = typer.Typer(
+    help="Read stored results: summary tables and exports for papers, without running anything.",
+    no_args_is_help=True,
+)
+plot_app = typer.Typer(help="Draw PNG plots from stored results.", no_args_is_help=True)
+app.add_typer(results_app, name="results")
+app.add_typer(plot_app, name="plot")
+
+
+class ExportFormat(str, Enum):
+    csv = "csv"
+    markdown = "markdown"
+    latex = "latex"
+    json = "json"
+
+
+DirOption = Annotated[
+    Path, typer.Option("--dir", "-d", help="Results directory to read (what `bamctl compare --out` wrote).")
+]
+TaskOption = Annotated[
+    list[str] | None, typer.Option("--task", help="Only rows of this task (passkey, niah_single_1, ppl, ...); repeat for several.")
+]
+ModelOption = Annotated[
+    list[str] | None,
+    typer.Option("--model", "-m", help="Only rows of this model, by name or model-hash prefix; repeat for several (sets column order)."),
+]
+WhereOption = Annotated[
+    str | None,
+    typer.Option(help='Row filter as a pandas query over the columns of results/SCHEMA.md, e.g. "length >= 4096 and depth < 0.5".'),
+]
+ThresholdOption = Annotated[
+    float, typer.Option(min=0.0, max=1.0, help="Score a length must reach to count toward the effective length.")
+]
+
+
+def _load(directory: Path, task: list[str] | None, model: list[str] | None, where: str | None) -> pd.DataFrame:
+    from bamctl.results.store import ResultStore
+
+    store = ResultStore(directory)
+    if not store.part_files():
+        raise BamctlError(f"no results in {directory}; evaluate first (bamctl compare ... --out {directory}) or pass --dir")
+    frame = store.read(task=task or None, model=model or None, where=where, strict=True)
+    if frame.empty:
+        raise BamctlError(f"no stored rows in {directory} match the filters")
+    return frame
+
+
+def _stdout() -> Console:
+    # Piped output is for files and scripts: never squeeze a table to 80 columns there.
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 1000)
+
+
+@results_app.command("show")
+def show(
+    directory: DirOption = Path("results"),
+    task: TaskOption = None,
+    model: ModelOption = None,
+    where: WhereOption = None,
+    threshold: ThresholdOption = 0.9,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout instead of tables.")] = False,
+) -> None:
+    """Print the summary table of stored rows: rows = lengths, columns = models, cells = accuracy with
+    a Wilson 95% interval (perplexity for ppl), best per length highlighted, then the effective length.
+
+    Example: bamctl results show --dir results --task passkey --where "depth <= 0.5"
+    """
+    from bamctl.results.render import render_summaries, summaries_to_json
+    from bamctl.results.summary import summarize
+
+    summaries = summarize(_load(directory, task, model, where), threshold=threshold, models=model)
+    if as_json:
+        typer.echo(json.dumps(summaries_to_json(summaries), indent=2))
+    else:
+        _stdout().print(render_summaries(summaries))
+
+
+@results_app.command("export")
+def export(
+    fmt: Annotated[ExportFormat, typer.Option("--format", "-f", help="Output format.")] = ExportFormat.csv,
+    pivot: Annotated[bool, typer.Option(help="One row per length and one column per model, instead of one row per (model, length).")] = False,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="File to write; stdout when left out.")] = None,
+    directory: DirOption = Path("results"),
+    task: TaskOption = None,
+    model: ModelOption = None,
+    where: WhereOption = None,
+    threshold: ThresholdOption = 0.9,
+) -> None:
+    """Write the summary as CSV, Markdown (pipe table), LaTeX (tabular, booktabs) or JSON for papers.
+
+    Example: bamctl results export --format latex --pivot --task passkey --out table.tex
+    """
+    from bamctl.results.export import export as export_text
+    from bamctl.results.summary import summarize
+
+    summaries = summarize(_load(directory, task, model, where), threshold=threshold, models=model)
+    text = export_text(summaries, fmt.value, pivot=pivot)
+    if out is None:
+        typer.echo(text, nl=False)
+        return
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+    except OSError as err:
+        raise BamctlError(f"cannot write {out}: {err.strerror or err}") from err
+    typer.echo(str(out))
+
+
+@plot_app.command("curves")
+def curves(
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="PNG file to write; default DIR/curves.png.")] = None,
+    directory: DirOption = Path("results"),
+    task: TaskOption = None,
+    model: ModelOption = None,
+    where: WhereOption = None,
+    threshold: ThresholdOption = 0.9,
+) -> None:
+    """Plot accuracy against context length (log2 axis), one line per model with its training length
+    dashed, one panel per task; the plot `bamctl compare` draws, from stored rows.
+
+    Example: bamctl plot curves --task passkey --out passkey.png
+    """
+    from bamctl.results.plots import plot_curves
+
+    frame = _load(directory, task, model, where)
+    typer.echo(str(plot_curves(frame, out or directory / "curves.png", models=model, threshold=threshold)))
+
+
+@plot_app.command("heatmap")
+def heatmap(
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="PNG file to write; default DIR/heatmap.png.")] = None,
+    directory: DirOption = Path("results"),
+    task: TaskOption = None,
+    model: ModelOption = None,
+    where: WhereOption = None,
+) -> None:
+    """Plot mean score per needle depth × context length, one panel per model (the needle-in-a-haystack picture).
+
+    Example: bamctl plot heatmap --task niah_single_2 --out niah.png
+    """
+    from bamctl.results.plots import plot_heatmap
+
+    frame = _load(directory, task, model, where)
+    typer.echo(str(plot_heatmap(frame, out or directory / "heatmap.png", models=model)))

@@ -1,0 +1,118 @@
+"""PNG plots from result rows: accuracy against length, and depth × length heatmaps.
+
+Uses matplotlib's object API (`Figure`, Agg canvas) and never pyplot: no global backend
+switch, no display needed, safe in threads and on headless machines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.ticker import FixedLocator, NullLocator
+
+from bamctl.errors import BamctlError
+from bamctl.results.render import format_length
+from bamctl.results.summary import GROUP_COLUMNS, is_perplexity, model_labels, summarize
+
+PANEL_INCHES = (6.0, 4.0)
+ANNOTATE_MAX_CELLS = 160  # write values into heatmap cells only while they stay legible
+
+
+def plot_curves(
+    frame: pd.DataFrame, path: str | Path, *, models: Sequence[str] | None = None, threshold: float = 0.9
+) -> Path:
+    """Accuracy (or perplexity) against length on a log2 axis, one line per model, Wilson band shaded,
+    each model's training length a dashed vertical line in its colour; one panel per task."""
+    if frame.empty:
+        raise BamctlError("no result rows to plot")
+    summaries = summarize(frame, threshold=threshold, models=models)
+    fig = Figure(figsize=(PANEL_INCHES[0] * len(summaries), PANEL_INCHES[1]), layout="constrained")
+    axes = fig.subplots(1, len(summaries), squeeze=False)[0]
+    for ax, s in zip(axes, summaries):
+        value = "score" if s.metric == "accuracy" else "ppl"
+        for i, model in enumerate(s.models):
+            colour = f"C{i % 10}"
+            series = s.table[value][model].dropna()
+            train = int(s.table[("train_length", model)].iloc[0])
+            ax.plot(series.index, series.to_numpy(), marker="o", color=colour, label=f"{model} (train {format_length(train)})")
+            if s.metric == "accuracy":
+                lo, hi = s.table["lo"][model].loc[series.index], s.table["hi"][model].loc[series.index]
+                ax.fill_between(series.index, lo.to_numpy(), hi.to_numpy(), color=colour, alpha=0.15, linewidth=0)
+            ax.axvline(train, color=colour, linestyle="--", linewidth=1, alpha=0.8)
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_locator(FixedLocator(s.lengths))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xticklabels([format_length(x) for x in s.lengths])
+        ax.set_xlabel("context length (tokens)")
+        if s.metric == "accuracy":
+            ax.set_ylim(-0.02, 1.02)
+            ax.set_ylabel("accuracy (Wilson 95% band)")
+            ax.axhline(s.threshold, color="grey", linestyle=":", linewidth=1)
+        else:
+            ax.set_ylabel("perplexity")
+            finite = s.table["ppl"].stack().dropna()
+            if len(finite) and finite.max() / max(finite.min(), 1e-12) > 10:  # blow-ups past train length
+                ax.set_yscale("log")
+        ax.set_title(s.title)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def plot_heatmap(frame: pd.DataFrame, path: str | Path, *, models: Sequence[str] | None = None) -> Path:
+    """Mean score per (depth, length), one panel per model (one row of panels per task): the
+    needle-in-a-haystack picture. Rows without a depth (perplexity) are left out."""
+    rows = frame[frame["depth"].notna()]
+    if rows.empty:
+        raise BamctlError("no result rows with a needle depth to plot; heatmaps need passkey or niah rows")
+    rows = rows.assign(_label=model_labels(rows))
+    groups = [(key, g) for key, g in rows.groupby(list(GROUP_COLUMNS), sort=True) if not is_perplexity(g)]
+    present = list(dict.fromkeys(sorted(rows["_label"])))
+    order = [m for m in (models or []) if m in present] + [m for m in present if m not in (models or [])]
+    fig = Figure(figsize=(4.5 * len(order) + 1, 4.0 * len(groups)), layout="constrained")
+    axes = fig.subplots(len(groups), len(order), squeeze=False)
+    image = None
+    for r, ((task, variant, protocol), group) in enumerate(groups):
+        lengths = sorted(group["length"].unique())
+        depths = sorted(group["depth"].unique())
+        title = " / ".join(p for p in (task, variant, protocol) if p)
+        for c, model in enumerate(order):
+            ax = axes[r][c]
+            cells = group[group["_label"] == model]
+            grid = (
+                cells.groupby(["depth", "length"])["score"].mean().unstack("length")
+                .reindex(index=depths, columns=lengths).to_numpy(dtype=float)
+            )
+            image = ax.imshow(grid, cmap="RdYlGn", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
+            ax.set_xticks(range(len(lengths)), [format_length(x) for x in lengths])
+            step = max(1, len(depths) // 10)
+            ax.set_yticks(range(0, len(depths), step), [f"{100 * d:.0f}" for d in depths[::step]])  # fraction → %
+            ax.set_xlabel("context length (tokens)")
+            ax.set_ylabel("needle depth (%)")
+            ax.set_title(f"{model} — {title}", fontsize="medium")
+            if not cells.empty:
+                train = int(cells["train_length"].max())
+                beyond = int(np.searchsorted(lengths, train, side="right"))  # columns past the training length
+                if 0 < beyond < len(lengths):
+                    ax.axvline(beyond - 0.5, color="black", linestyle="--", linewidth=1)
+            if grid.size <= ANNOTATE_MAX_CELLS:
+                for (y, x), v in np.ndenumerate(grid):
+                    if not np.isnan(v):
+                        ink = "white" if v < 0.2 or v > 0.85 else "black"  # legible on the dark ends of RdYlGn
+                        ax.text(x, y, f"{v:.2f}", ha="center", va="center", fontsize=7, color=ink)
+    fig.colorbar(image, ax=axes.ravel().tolist(), label="mean score", shrink=0.8)
+    return _save(fig, path)
+
+
+def _save(fig: Figure, path: str | Path) -> Path:
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=120)
+    except OSError as err:
+        raise BamctlError(f"cannot write plot to {path}: {err.strerror or err}") from err
+    return path

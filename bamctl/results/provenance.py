@@ -1,0 +1,34 @@
+"""The columns that say which software produced a row: bamctl version, git revision, torch version."""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+from pathlib import Path
+
+from bamctl import __version__
+
+
+@functools.cache
+def git_revision() -> str | None:
+    """Commit of the bamctl checkout, with `+dirty` when tracked files differ; None when not in git."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        rev = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            # --no-optional-locks: never touch the index another git process may be writing
+            ["git", "--no-optional-locks", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root, capture_output=True, text=True, timeout=5, check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{rev}+dirty" if dirty else rev or None
+
+
+def provenance() -> dict[str, str | None]:
+    """`bamctl_version`, `git_revision` and `torch_version`, ready to merge into every row of a run."""
+    import torch  # the runner has it loaded already; readers of results never call this
+
+    return {"bamctl_version": __version__, "git_revision": git_revision(), "torch_version": torch.__version__}

@@ -1,0 +1,150 @@
+"""Summaries for people (rich tables) and for scripts (JSON), from `summary.Summary` objects."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from bamctl.results.schema import SCHEMA_VERSION
+from bamctl.results.summary import Summary
+
+BEST_STYLE = "bold green"
+MISSING = "—"
+
+
+def format_length(tokens: int) -> str:
+    """16384 → "16k", 1536 → "1.5k", 1048576 → "1M", 1000 → "1000" (k = 1024 tokens)."""
+    tokens = int(tokens)
+    if tokens >= 1 << 20 and tokens % (1 << 20) == 0:
+        return f"{tokens >> 20}M"
+    if tokens >= 1024 and tokens % 512 == 0:
+        return f"{tokens / 1024:g}k"
+    return str(tokens)
+
+
+def format_ratio(ratio: float) -> str:
+    """32.0 → "32×", 1.5 → "1.5×", 0.25 → "0.25×"."""
+    return f"{ratio:.3g}×"
+
+
+def format_cell(summary: Summary, length: int, model: str) -> str | None:
+    """"0.95 [0.83, 0.99]" (score with Wilson 95% interval) or "12.34" (perplexity); None if no rows."""
+    table = summary.table
+    if summary.metric == "accuracy":
+        score = table.at[length, ("score", model)]
+        if _missing(score):
+            return None
+        return f"{score:.2f} [{table.at[length, ('lo', model)]:.2f}, {table.at[length, ('hi', model)]:.2f}]"
+    ppl = table.at[length, ("ppl", model)]
+    return None if _missing(ppl) else f"{ppl:.2f}"
+
+
+def format_effective(summary: Summary, model: str) -> str:
+    """"16k (32×)": effective length and its multiple of the training length; "< 512" if none passes."""
+    assert summary.effective is not None
+    row = summary.effective.loc[model]
+    if _missing(row["length"]):
+        shortest = summary.table["score"][model].dropna().index.min()
+        return f"< {format_length(shortest)}" if not _missing(shortest) else MISSING
+    ratio = "" if _missing(row["ratio"]) else f" ({format_ratio(row['ratio'])})"
+    return f"{format_length(row['length'])}{ratio}"
+
+
+def caption(summary: Summary) -> str:
+    counts = summary.table["n"].stack().dropna().astype(int).unique()
+    samples = f"n = {counts[0]} per cell; " if len(counts) == 1 else ""
+    if summary.metric == "accuracy":
+        return f"{samples}mean score [Wilson 95%]; best per length in bold; effective length: longest ≥ {summary.threshold:g}"
+    return f"{samples}perplexity = exp(Σ nll / Σ scored tokens); lowest per length in bold"
+
+
+def render_summary(summary: Summary) -> Table:
+    """Rows = lengths, columns = models; best per row highlighted; final row = effective length."""
+    table = Table(title=f"{summary.title} — {summary.metric}", caption=caption(summary), caption_justify="left")
+    table.add_column("length", justify="right", no_wrap=True)
+    for model in summary.models:
+        table.add_column(Text(model), justify="right", no_wrap=True)  # Text: a name is not markup
+    best = summary.best
+    for length in summary.lengths:
+        cells: list[Text] = [Text(format_length(length))]
+        for model in summary.models:
+            text = format_cell(summary, length, model)
+            if text is None:
+                cells.append(Text(MISSING, style="dim"))
+            else:
+                cells.append(Text(text, style=BEST_STYLE if model in best.get(length, ()) else ""))
+        table.add_row(*cells)
+    if summary.effective is not None:
+        table.add_section()
+        table.add_row(Text("effective length", style="bold"), *[Text(format_effective(summary, m)) for m in summary.models])
+    return table
+
+
+def render_summaries(summaries: Sequence[Summary]) -> Group:
+    """All summaries, one table each, ready for `Console.print`."""
+    return Group(*[render_summary(s) for s in summaries])
+
+
+def summary_to_dict(summary: Summary) -> dict[str, Any]:
+    """The JSON form of one summary: the same numbers as the table, NaN as null."""
+    table = summary.table
+    fields = [f for f in dict.fromkeys(table.columns.get_level_values("field")) if f != "train_length"]
+    best = summary.best
+    cells = []
+    for length in summary.lengths:
+        for model in summary.models:
+            n = table.at[length, ("n", model)]
+            if _missing(n):
+                continue
+            cell: dict[str, Any] = {"model": model, "length": length}
+            for field in fields:
+                value = table.at[length, (field, model)]
+                cell[field] = int(value) if field in ("n", "n_scored") else _json_float(value)
+            cell["best"] = model in best.get(length, ())
+            cells.append(cell)
+    out: dict[str, Any] = {
+        "task": summary.task,
+        "variant": summary.variant,
+        "protocol": summary.protocol,
+        "metric": summary.metric,
+        "models": summary.models,
+        "lengths": summary.lengths,
+        "train_length": {m: int(table[("train_length", m)].iloc[0]) for m in summary.models},
+        "cells": cells,
+        "threshold": summary.threshold if summary.metric == "accuracy" else None,
+        "effective_length": None,
+    }
+    if summary.effective is not None:
+        out["effective_length"] = [
+            {
+                "model": model,
+                "length": None if _missing(row["length"]) else int(row["length"]),
+                "train_length": None if _missing(row["train_length"]) else int(row["train_length"]),
+                "ratio": _json_float(row["ratio"]),
+            }
+            for model, row in summary.effective.iterrows()
+        ]
+    return out
+
+
+def summaries_to_json(summaries: Sequence[Summary]) -> dict[str, Any]:
+    """`{"schema_version": 1, "summaries": [...]}`, what `--json` prints."""
+    return {"schema_version": SCHEMA_VERSION, "summaries": [summary_to_dict(s) for s in summaries]}
+
+
+def _missing(value: Any) -> bool:
+    return value is None or bool(pd.isna(value))
+
+
+def _json_float(value: Any) -> float | None:
+    if _missing(value):
+        return None
+    value = float(value)
+    return None if math.isnan(value) or math.isinf(value) else value
+

@@ -1,0 +1,133 @@
+"""The typed columns of one result row (one evaluated sample) and the schema version.
+
+`results/SCHEMA.md` documents the same columns for people; a test keeps the two in step.
+Bump `SCHEMA_VERSION` whenever a column is added, removed or changes meaning.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+VERSION_KEY = b"bamctl.schema_version"
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: pa.DataType
+    nullable: bool
+    doc: str
+
+
+COLUMNS: tuple[Column, ...] = (
+    Column("run_id", pa.string(), False, "id of the run (one command invocation) that wrote the row"),
+    Column("created_at", pa.timestamp("us", tz="UTC"), False, "when the sample finished, UTC"),
+    Column("task", pa.string(), False, "task name (Sample.task): passkey, niah_single_1, ..., ppl"),
+    Column("variant", pa.string(), False, "Sample.variant: passkey protocol (authors, landmark), RULER variant, ppl corpus; empty when none"),
+    Column("protocol", pa.string(), False, "how the model was asked and scored: Sample.scoring (teacher_forced, generate, nll), optionally refined by the runner (e.g. nll/sliding)"),
+    Column("model", pa.string(), False, "model name as the user gave it"),
+    Column("model_hash", pa.string(), False, "hash of the model weights and config; identifies the model"),
+    Column("pe", pa.string(), False, "positional encoding (rope, alibi, nope, bam, ...)"),
+    Column("ssmax", pa.bool_(), False, "whether scalable softmax is on"),
+    Column("train_length", pa.int64(), False, "context length the model was trained at, tokens"),
+    Column("length", pa.int64(), False, "target context length of the sample, tokens"),
+    Column("n_tokens", pa.int64(), False, "actual length of the prompt fed to the model, tokens"),
+    Column("depth", pa.float64(), True, "where the (first) needle sits, as a fraction of the haystack (0 = start, 1 = end), as the task requested it (Sample.depth); null without a needle"),
+    Column("sample", pa.int64(), False, "index of the sample (Sample.index) within (task, variant, length, depth, seed)"),
+    Column("seed", pa.int64(), False, "seed the sample was generated from"),
+    Column("expected", pa.string(), True, "reference answer; null for perplexity"),
+    Column("predicted", pa.string(), True, "model answer; null for perplexity"),
+    Column("correct", pa.bool_(), True, "whether the answer counts as right; null for perplexity"),
+    Column("score", pa.float64(), False, "metric in [0, 1] for accuracy tasks (1.0/0.0 for exact match, fraction found for string_match_all); mean token NLL (nll / n_scored) for perplexity"),
+    Column("nll", pa.float64(), True, "perplexity only: SUM of the token negative log-likelihoods of the sample, nats"),
+    Column("n_scored", pa.int64(), True, "perplexity only: number of tokens whose NLL is in `nll`"),
+    Column("seconds", pa.float64(), False, "wall time spent on the sample"),
+    Column("tokens_per_s", pa.float64(), False, "n_tokens / seconds"),
+    Column("peak_mem_bytes", pa.int64(), True, "peak memory during the sample (GPU if on one, else process RSS); null when unknown"),
+    Column("device", pa.string(), False, "torch device, e.g. cpu, cuda:0"),
+    Column("dtype", pa.string(), False, "compute dtype, e.g. float32, bfloat16"),
+    Column("attention", pa.string(), False, "attention code path used (e.g. flex, sdpa, chunked, eager)"),
+    Column("bamctl_version", pa.string(), False, "bamctl version that wrote the row"),
+    Column("git_revision", pa.string(), True, "git commit of bamctl (suffix +dirty with local changes); null outside a checkout"),
+    Column("torch_version", pa.string(), False, "torch version"),
+)
+
+COLUMN_NAMES: tuple[str, ...] = tuple(c.name for c in COLUMNS)
+
+SCHEMA: pa.Schema = pa.schema(
+    [pa.field(c.name, c.type, nullable=c.nullable) for c in COLUMNS],
+    metadata={VERSION_KEY: str(SCHEMA_VERSION).encode()},
+)
+
+# A sample is done when a row with the same key exists; reruns skip it.
+KEY_COLUMNS: tuple[str, ...] = ("model_hash", "task", "variant", "protocol", "length", "depth", "seed", "sample")
+
+ResumeKey = tuple[str, str, str, str, int, float | None, int, int]
+
+
+def row_key(row: Mapping[str, Any]) -> ResumeKey:
+    """The resume key of a row (dict), normalised so keys from dicts and from files compare equal."""
+    depth = row.get("depth")
+    if depth is not None:
+        depth = float(depth)
+        if math.isnan(depth):  # pandas spells null as NaN; NaN != NaN would break set lookups
+            depth = None
+    return (
+        str(row["model_hash"]),
+        str(row["task"]),
+        str(row["variant"]),
+        str(row["protocol"]),
+        int(row["length"]),
+        depth,
+        int(row["seed"]),
+        int(row["sample"]),
+    )
+
+
+def schema_version(schema: pa.Schema) -> int | None:
+    """The version stored in a file's metadata, or None for a file bamctl did not write."""
+    raw = (schema.metadata or {}).get(VERSION_KEY)
+    try:
+        return int(raw) if raw is not None else None
+    except ValueError:
+        return None
+
+
+_NULLABLE_FLOATS = tuple(c.name for c in COLUMNS if c.nullable and c.type == pa.float64())
+
+
+def rows_to_table(rows: Iterable[Mapping[str, Any]]) -> pa.Table:
+    """Typed table from row dicts. Nullable columns may be left out; `created_at` defaults to now.
+
+    Unknown or missing required columns, naive timestamps and values of the wrong type raise
+    ValueError naming the column: these are bugs in the caller, not user input.
+    """
+    required = {c.name for c in COLUMNS if not c.nullable} - {"created_at"}
+    now = datetime.now(timezone.utc)
+    filled = []
+    for i, row in enumerate(rows):
+        unknown = set(row) - set(COLUMN_NAMES)
+        if unknown:
+            raise ValueError(f"result row {i}: unknown columns {sorted(unknown)}")
+        missing = required - {k for k, v in row.items() if v is not None}
+        if missing:
+            raise ValueError(f"result row {i}: missing required columns {sorted(missing)}")
+        created = row.get("created_at") or now
+        if not isinstance(created, datetime) or created.tzinfo is None:
+            raise ValueError(f"result row {i}: created_at must be a timezone-aware datetime, got {created!r}")
+        values = {name: row.get(name) for name in COLUMN_NAMES} | {"created_at": created}
+        for name in _NULLABLE_FLOATS:  # NaN is how pandas spells "missing"; store a real null
+            if isinstance(values[name], float) and math.isnan(values[name]):
+                values[name] = None
+        filled.append(values)
+    try:
+        return pa.Table.from_pylist(filled, schema=SCHEMA)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+        raise ValueError(f"result rows do not match the schema: {err}") from err

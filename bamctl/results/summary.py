@@ -1,0 +1,207 @@
+"""Pure statistics over result rows: Wilson intervals, accuracy and perplexity tables, effective length.
+
+Tables are wide: index = length (ascending), columns = MultiIndex (field, model), so
+`table["score"]` is the length × model grid and `table["hi"]` its upper bounds. Every field
+is repeated per model, including `train_length` (constant down a column), so a table
+carries all that `effective_length` and the renderers need.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+
+Z_95 = 1.959963984540054  # two-sided 95% normal quantile
+GROUP_COLUMNS = ("task", "variant", "protocol")
+ACCURACY_FIELDS = ("score", "k", "n", "lo", "hi", "train_length")
+PERPLEXITY_FIELDS = ("ppl", "nll", "n_scored", "n", "train_length")
+
+
+def wilson_interval(k: float, n: float, z: float = Z_95) -> tuple[float, float]:
+    """Wilson score interval for k successes out of n (95% by default); (nan, nan) when n == 0.
+
+    Unlike the normal approximation it stays inside [0, 1] and is sensible at k = 0 or k = n,
+    which is where long-context accuracy lives. A fractional k (sum of partial scores such as
+    RULER's string_match_all) is accepted as an approximation.
+    """
+    if n <= 0:
+        return (math.nan, math.nan)
+    p = k / n
+    z2 = z * z
+    denominator = 1 + z2 / n
+    centre = (p + z2 / (2 * n)) / denominator
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / denominator
+    lo = 0.0 if k <= 0 else max(0.0, centre - half)  # exact at the edges, not 1e-17 off
+    hi = 1.0 if k >= n else min(1.0, centre + half)
+    return (lo, hi)
+
+
+def model_labels(frame: pd.DataFrame) -> pd.Series:
+    """Column label per row: the model name, or `name@hash8` when one name covers several hashes."""
+    hashes_per_name = frame.groupby("model")["model_hash"].nunique()
+    ambiguous = set(hashes_per_name[hashes_per_name > 1].index)
+    return pd.Series(
+        [f"{m}@{h[:8]}" if m in ambiguous else m for m, h in zip(frame["model"], frame["model_hash"])],
+        index=frame.index,
+        dtype=object,
+    )
+
+
+def is_perplexity(frame: pd.DataFrame) -> bool:
+    """Rows are perplexity rows when every one carries `nll` and `n_scored`."""
+    return len(frame) > 0 and bool(frame["nll"].notna().all() and frame["n_scored"].notna().all())
+
+
+def accuracy_table(frame: pd.DataFrame, models: Sequence[str] | None = None) -> pd.DataFrame:
+    """Mean score per (length, model) with k = sum of scores, n = samples and the Wilson 95% interval.
+
+    Rows must come from one (task, variant, protocol); `summarize` splits mixed rows.
+    `models` orders the columns (labels as in `model_labels`); by default, sorted by name.
+    """
+    _require_one_group(frame)
+    rows = frame.assign(_label=model_labels(frame), _score=frame["score"].astype(float))
+    cells = rows.groupby(["length", "_label"]).agg(score=("_score", "mean"), k=("_score", "sum"), n=("_score", "size"))
+    bounds = [wilson_interval(k, n) for k, n in zip(cells["k"], cells["n"])]
+    cells["lo"] = [lo for lo, _ in bounds]
+    cells["hi"] = [hi for _, hi in bounds]
+    return _widen(cells, rows, ACCURACY_FIELDS, models)
+
+
+def perplexity_table(frame: pd.DataFrame, models: Sequence[str] | None = None) -> pd.DataFrame:
+    """Perplexity per (length, model): exp(sum(nll) / sum(n_scored)), weighting every token equally.
+
+    `nll` holds each sample's SUM of token NLLs, so long and short samples count by their
+    tokens, not once each; a mean of per-sample perplexities would over-weight short ones.
+    """
+    _require_one_group(frame)
+    rows = frame.assign(
+        _label=model_labels(frame),
+        _nll=frame["nll"].astype(float),
+        _scored=frame["n_scored"].astype(float),
+    )
+    cells = rows.groupby(["length", "_label"]).agg(nll=("_nll", "sum"), n_scored=("_scored", "sum"), n=("_nll", "size"))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cells["ppl"] = np.exp(cells["nll"] / cells["n_scored"])
+    return _widen(cells, rows, PERPLEXITY_FIELDS, models)
+
+
+def effective_length(table: pd.DataFrame, threshold: float = 0.9, *, contiguous: bool = False) -> pd.DataFrame:
+    """Per model: the longest length whose score is at or above `threshold`, and that length ÷ train_length.
+
+    Returns index = model, columns `length` (nullable Int64; <NA> when no length passes),
+    `train_length` and `ratio` (NaN when no length passes). With `contiguous`, the longest length
+    such that it and every shorter one pass (stricter when a curve dips and recovers).
+    """
+    scores = table["score"]
+    train = table["train_length"]
+    out = []
+    for model in scores.columns:
+        column = scores[model].dropna().sort_index()
+        passing = column >= threshold
+        if contiguous:
+            failing = column.index[~passing.to_numpy()]
+            passing = column.index < failing.min() if len(failing) else np.ones(len(column), dtype=bool)
+            passing = pd.Series(passing, index=column.index)
+        best = column.index[passing.to_numpy()].max() if passing.any() else None
+        train_length = train[model].dropna().max()
+        out.append(
+            {
+                "model": model,
+                "length": best,
+                "train_length": train_length,
+                "ratio": best / train_length if best is not None and train_length else math.nan,
+            }
+        )
+    result = pd.DataFrame(out, columns=["model", "length", "train_length", "ratio"]).set_index("model")
+    result["length"] = result["length"].astype("Int64")
+    result["train_length"] = result["train_length"].astype("Int64")
+    result["ratio"] = result["ratio"].astype(float)
+    return result
+
+
+def best_models(table: pd.DataFrame, metric: Literal["accuracy", "perplexity"]) -> dict[int, set[str]]:
+    """Per length, the model(s) with the best value (highest score, lowest perplexity); ties share it.
+
+    Lengths where fewer than two models have a value, or all of them tie, get no winner.
+    """
+    values = table["score"] if metric == "accuracy" else table["ppl"]
+    winners: dict[int, set[str]] = {}
+    for length, row in values.iterrows():
+        row = row.dropna()
+        if len(row) < 2:
+            continue
+        best = row.max() if metric == "accuracy" else row.min()
+        tied = {str(m) for m in row.index[np.isclose(row.to_numpy(dtype=float), best)]}
+        if len(tied) < len(row):  # when every model ties, nothing stands out
+            winners[int(length)] = tied
+    return winners
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The summary of one (task, variant, protocol): a wide table and, for accuracy, effective lengths."""
+
+    task: str
+    variant: str
+    protocol: str
+    metric: Literal["accuracy", "perplexity"]
+    table: pd.DataFrame
+    effective: pd.DataFrame | None
+    threshold: float
+
+    @property
+    def title(self) -> str:
+        parts = [self.task] + [p for p in (self.variant, self.protocol) if p]
+        return " / ".join(parts)
+
+    @property
+    def models(self) -> list[str]:
+        return list(self.table["n"].columns)
+
+    @property
+    def lengths(self) -> list[int]:
+        return [int(x) for x in self.table.index]
+
+    @property
+    def best(self) -> dict[int, set[str]]:
+        return best_models(self.table, self.metric)
+
+
+def summarize(frame: pd.DataFrame, threshold: float = 0.9, models: Sequence[str] | None = None) -> list[Summary]:
+    """One Summary per (task, variant, protocol) in the rows, in sorted order."""
+    summaries = []
+    for (task, variant, protocol), rows in frame.groupby(list(GROUP_COLUMNS), sort=True):
+        if is_perplexity(rows):
+            table, metric, effective = perplexity_table(rows, models), "perplexity", None
+        else:
+            table, metric = accuracy_table(rows, models), "accuracy"
+            effective = effective_length(table, threshold)
+        summaries.append(Summary(str(task), str(variant), str(protocol), metric, table, effective, threshold))
+    return summaries
+
+
+def _require_one_group(frame: pd.DataFrame) -> None:
+    groups = frame[list(GROUP_COLUMNS)].drop_duplicates()
+    if len(groups) > 1:
+        found = ", ".join("/".join(map(str, g)) for g in groups.itertuples(index=False))
+        raise ValueError(f"rows mix several (task, variant, protocol): {found}; split them with summarize()")
+
+
+def _widen(cells: pd.DataFrame, rows: pd.DataFrame, fields: Sequence[str], models: Sequence[str] | None) -> pd.DataFrame:
+    """Long (length, label) cells → index length, columns (field, model), models in the asked order."""
+    train = rows.groupby("_label")["train_length"].max()
+    cells = cells.join(train, on="_label")
+    wide = cells.reset_index().pivot(index="length", columns="_label", values=list(fields))
+    wide.columns = wide.columns.set_names(["field", "model"])
+    wide.index = wide.index.astype("int64")
+    present = list(wide["n"].columns)
+    order = [m for m in (models or []) if m in present] + sorted(m for m in present if m not in (models or []))
+    wide = wide.reindex(columns=pd.MultiIndex.from_product([list(fields), order], names=["field", "model"]))
+    for model in order:  # a model property: filled in where that model has no cell at a length
+        wide[("train_length", model)] = float(train[model])
+    return wide.sort_index().astype(float)

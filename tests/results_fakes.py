@@ -1,0 +1,105 @@
+"""Hand-made result rows for the results-layer tests: no model, fully deterministic."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+BASE_TIME = datetime(2025, 1, 1, tzinfo=timezone.utc)
+
+# name -> (model_hash, train_length, pe)
+MODELS = {
+    "tiny-rope": ("a1" * 16, 512, "rope"),
+    "tiny-bam": ("b2" * 16, 512, "bam"),
+}
+
+
+def fake_row(
+    model: str = "tiny-rope",
+    *,
+    task: str = "passkey",
+    variant: str = "",
+    protocol: str = "teacher_forced",
+    length: int = 1024,
+    depth: float | None = 0.5,
+    seed: int = 0,
+    sample: int = 0,
+    score: float = 1.0,
+    nll: float | None = None,
+    n_scored: int | None = None,
+    created_at: datetime | None = None,
+    run_id: str = "run-1",
+) -> dict[str, Any]:
+    model_hash, train_length, pe = MODELS[model]
+    perplexity = nll is not None
+    return {
+        "run_id": run_id,
+        "created_at": created_at or BASE_TIME,
+        "task": task,
+        "variant": variant,
+        "protocol": protocol,
+        "model": model,
+        "model_hash": model_hash,
+        "pe": pe,
+        "ssmax": pe == "bam",
+        "train_length": train_length,
+        "length": length,
+        "n_tokens": length - 3,
+        "depth": depth,
+        "sample": sample,
+        "seed": seed,
+        "expected": None if perplexity else "12345",
+        "predicted": None if perplexity else ("12345" if score >= 1 else "99999"),
+        "correct": None if perplexity else score >= 1,
+        "score": score,
+        "nll": nll,
+        "n_scored": n_scored,
+        "seconds": 0.25,
+        "tokens_per_s": (length - 3) / 0.25,
+        "peak_mem_bytes": None if perplexity else 1 << 20,
+        "device": "cpu",
+        "dtype": "float32",
+        "attention": "sdpa",
+        "bamctl_version": "0.1.0",
+        "git_revision": None,
+        "torch_version": "2.13.0",
+    }
+
+
+def passkey_grid(
+    models: tuple[str, ...] = ("tiny-rope", "tiny-bam"),
+    lengths: tuple[int, ...] = (512, 1024, 2048, 4096),
+    depths: tuple[float, ...] = (0.0, 0.5, 1.0),
+    samples: int = 4,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """A deterministic grid: tiny-rope fails past its training length, tiny-bam holds to 2048."""
+    rows = []
+    i = 0
+    for model in models:
+        train = MODELS[model][1]
+        reach = train if model == "tiny-rope" else 4 * train
+        for length in lengths:
+            for depth in depths:
+                for sample in range(samples):
+                    # one miss per cell at the reachable lengths, so intervals are not degenerate
+                    score = 1.0 if (length <= reach and (sample + int(depth * 100)) % 12 != 1) else (1.0 if sample == 0 and length <= 2 * train else 0.0)
+                    rows.append(
+                        fake_row(model, length=length, depth=depth, sample=sample, score=score, seed=seed,
+                                 created_at=BASE_TIME + timedelta(microseconds=i))
+                    )
+                    i += 1
+    return rows
+
+
+def perplexity_rows() -> list[dict[str, Any]]:
+    rows = []
+    for model, base in (("tiny-rope", 2.0), ("tiny-bam", 1.5)):
+        for length in (512, 1024):
+            for sample in range(2):
+                n_scored = length - 1
+                rows.append(
+                    fake_row(model, task="ppl", variant="essays", protocol="nll", length=length, depth=None, sample=sample,
+                             score=base, nll=base * n_scored, n_scored=n_scored)
+                )
+    return rows

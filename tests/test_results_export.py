@@ -1,0 +1,95 @@
+"""Exports parse in their own tools' terms; plots are real PNG files."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pandas as pd
+import pytest
+
+from bamctl.errors import BamctlError
+from bamctl.results.export import export, latex_escape
+from bamctl.results.plots import plot_curves, plot_heatmap
+from bamctl.results.schema import rows_to_table
+from bamctl.results.store import to_pandas
+from bamctl.results.summary import summarize
+
+from results_fakes import passkey_grid, perplexity_rows
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def frame() -> pd.DataFrame:
+    return to_pandas(rows_to_table(passkey_grid() + perplexity_rows()))
+
+
+@pytest.fixture(scope="module")
+def summaries(frame):
+    return summarize(frame)
+
+
+def test_csv_parses_with_pandas(summaries):
+    long = pd.read_csv(io.StringIO(export(summaries, "csv")))
+    assert {"model", "length", "score", "lo", "hi", "ppl", "n"} <= set(long.columns)
+    assert len(long) == 2 * 4 + 2 * 2
+    row = long[(long.model == "tiny-rope") & (long.length == 1024) & (long.task == "passkey")].iloc[0]
+    assert row.score == 0.25 and row.n == 12
+
+    wide = pd.read_csv(io.StringIO(export(summaries, "csv", pivot=True)))
+    assert list(wide.columns) == ["task", "variant", "protocol", "metric", "length", "tiny-bam", "tiny-rope"]
+    assert wide.loc[(wide.task == "passkey") & (wide.length == 1024), "tiny-rope"].item() == 0.25
+
+
+def test_json_parses(summaries):
+    doc = json.loads(export(summaries, "json"))
+    assert doc["schema_version"] == 1 and len(doc["summaries"]) == 2
+    records = json.loads(export(summaries, "json", pivot=True))
+    assert {r["length"] for r in records} == {512, 1024, 2048, 4096}
+    assert records[0]["tiny-bam"] == pytest.approx(11 / 12)
+
+
+def test_latex_is_a_tabular_environment(summaries):
+    text = export(summaries, "latex", pivot=True)
+    assert text.count("\\begin{tabular}{lrr}") == 2 and text.count("\\end{tabular}") == 2
+    assert "effective length & 2k (4$\\times$) & 512 (1$\\times$) \\\\" in text
+    assert "\\textbf{0.92 [0.65, 0.99]}" in text
+    long = export(summaries, "latex")
+    assert long.startswith("\\begin{tabular}") and "teacher\\_forced" in long
+    assert latex_escape("a_b & 50% #1") == "a\\_b \\& 50\\% \\#1"
+
+
+def test_markdown_is_a_pipe_table(summaries):
+    text = export(summaries, "markdown", pivot=True)
+    lines = text.splitlines()
+    assert "| length | tiny-bam | tiny-rope |" in lines
+    assert "|:---|---:|---:|" in lines
+    assert "| 1k | **0.92 [0.65, 0.99]** | 0.25 [0.09, 0.53] |" in lines
+    assert "| effective length | 2k (4×) | 512 (1×) |" in lines
+    table_lines = [l for l in export(summaries, "markdown").splitlines() if l]
+    assert all(l.startswith("|") and l.endswith("|") for l in table_lines)
+    assert len({l.count("|") for l in table_lines}) == 1  # every row has every column
+
+
+def test_unknown_format(summaries):
+    with pytest.raises(ValueError, match="unknown export format"):
+        export(summaries, "xlsx")
+
+
+def test_curves_png(frame, tmp_path):
+    path = plot_curves(frame, tmp_path / "sub" / "curves.png")
+    data = path.read_bytes()
+    assert data.startswith(PNG_SIGNATURE) and len(data) > 10_000
+
+
+def test_heatmap_png(frame, tmp_path):
+    path = plot_heatmap(frame, tmp_path / "heatmap.png", models=["tiny-rope"])
+    data = path.read_bytes()
+    assert data.startswith(PNG_SIGNATURE) and len(data) > 10_000
+
+
+def test_heatmap_needs_depths(tmp_path):
+    ppl_only = to_pandas(rows_to_table(perplexity_rows()))
+    with pytest.raises(BamctlError, match="needle depth"):
+        plot_heatmap(ppl_only, tmp_path / "h.png")

@@ -1,0 +1,263 @@
+"""ResultStore: typed round trip, atomic crash-safe appends, concurrent writers, bad files, dedupe."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+from datetime import timedelta
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+from bamctl.errors import BamctlError
+from bamctl.results.schema import COLUMNS, KEY_COLUMNS, SCHEMA, SCHEMA_VERSION, row_key, rows_to_table
+from bamctl.results.store import ResultStore
+
+from results_fakes import BASE_TIME, fake_row, passkey_grid, perplexity_rows
+
+TESTS = Path(__file__).parent
+REPO = TESTS.parent
+
+
+def quiet_store(directory: Path) -> tuple[ResultStore, list[str]]:
+    warnings: list[str] = []
+    return ResultStore(directory, warn=warnings.append), warnings
+
+
+def test_round_trip_keeps_every_value_and_type(tmp_path):
+    rows = passkey_grid(samples=2) + perplexity_rows()
+    store, warnings = quiet_store(tmp_path)
+    store.append(rows[:10])
+    store.append(rows[10:])
+
+    table = store.read_table()
+    assert table.schema.equals(SCHEMA, check_metadata=False)
+    expected = rows_to_table(rows).sort_by([(c, "ascending") for c in
+                                            ("task", "variant", "protocol", "model", "model_hash", "length", "depth", "seed", "sample")])
+    assert table.equals(expected)
+    by_key = {row_key(r): r for r in rows}
+    for got in table.to_pylist():
+        assert got == by_key[row_key(got)]
+
+    frame = store.read()
+    assert list(frame.columns) == [c.name for c in COLUMNS]
+    assert str(frame["created_at"].dtype) == "datetime64[us, UTC]"
+    assert frame["length"].dtype == "int64" and frame["ssmax"].dtype == bool
+    assert frame["n_scored"].dtype == "Int64" and frame["correct"].dtype == "boolean"
+    assert frame["depth"].dtype == "float64" and frame["score"].dtype == "float64"
+    ppl = frame[frame["task"] == "ppl"]
+    assert ppl["correct"].isna().all() and ppl["depth"].isna().all() and (ppl["n_scored"] > 0).all()
+    assert warnings == []
+
+
+def test_schema_version_in_every_part_file(tmp_path):
+    path = ResultStore(tmp_path).append([fake_row()])
+    assert re.fullmatch(r"part-\d{20}-[0-9a-f]{32}\.parquet", path.name)
+    metadata = pq.read_schema(path).metadata
+    assert metadata[b"bamctl.schema_version"] == str(SCHEMA_VERSION).encode()
+
+
+def test_schema_doc_lists_every_column_with_its_type():
+    doc = (REPO / "results" / "SCHEMA.md").read_text()
+    for column in COLUMNS:
+        assert re.search(rf"^\| `{column.name}` \| `{re.escape(str(column.type))}` \| {'yes' if column.nullable else 'no'} \|", doc, re.M), column.name
+    assert "bamctl.schema_version" in doc and "newest row wins" in doc.lower()
+
+
+def test_bad_rows_are_rejected_before_anything_is_written(tmp_path):
+    store = ResultStore(tmp_path)
+    with pytest.raises(ValueError, match="unknown columns"):
+        store.append([fake_row() | {"acc": 1.0}])
+    with pytest.raises(ValueError, match="missing required"):
+        store.append([{k: v for k, v in fake_row().items() if k != "model_hash"}])
+    with pytest.raises(ValueError, match="timezone"):
+        store.append([fake_row() | {"created_at": BASE_TIME.replace(tzinfo=None)}])
+    with pytest.raises(ValueError, match="schema"):
+        store.append([fake_row() | {"length": "long"}])
+    assert store.part_files() == []
+
+
+def test_pandas_nan_depth_is_stored_as_null_and_keys_match(tmp_path):
+    store = ResultStore(tmp_path)
+    store.append([fake_row(depth=float("nan"))])
+    assert store.read_table().column("depth").null_count == 1
+    assert store.done_keys() == {row_key(fake_row(depth=None))}
+
+
+def test_readable_as_one_table_by_pyarrow_and_pandas(tmp_path):
+    rows = passkey_grid(samples=1)
+    store = ResultStore(tmp_path)
+    for i in range(0, len(rows), 7):
+        store.append(rows[i:i + 7])
+    assert ds.dataset(tmp_path, format="parquet").count_rows() == len(rows)
+    assert ds.dataset(str(tmp_path)).to_table().num_rows == len(rows)
+    assert len(pd.read_parquet(tmp_path)) == len(rows)
+    (tmp_path / "README.md").write_text("# results\n")  # as in the default results/ folder
+    parts = sorted(glob.glob(str(tmp_path / "part-*.parquet")))
+    assert len(pd.read_parquet(parts)) == len(rows)
+    assert ds.dataset(parts, format="parquet").count_rows() == len(rows)
+
+
+def test_newest_row_wins_for_a_duplicated_key(tmp_path):
+    store, _ = quiet_store(tmp_path)
+    old = fake_row(score=0.0, created_at=BASE_TIME, run_id="old")
+    new = fake_row(score=1.0, created_at=BASE_TIME + timedelta(seconds=5), run_id="new")
+    other = fake_row(sample=1, run_id="old")
+    store.append([new])  # written first, but newer: order of files must not matter
+    store.append([old, other])
+    frame = store.read()
+    assert len(frame) == 2
+    assert frame.set_index("sample").loc[0, "run_id"] == "new"
+    assert len(store.read(dedupe=False)) == 3
+    assert len(store.done_keys()) == 2
+
+
+def test_compact_merges_parts_keeping_the_newest_rows(tmp_path):
+    store, warnings = quiet_store(tmp_path)
+    store.append([fake_row(score=0.0, run_id="old")])
+    store.append([fake_row(score=1.0, run_id="new", created_at=BASE_TIME + timedelta(seconds=1))])
+    store.append([fake_row(sample=1)])
+    before = store.read_table()
+    merged = store.compact()
+    assert store.part_files() == [merged]
+    assert store.read_table().equals(before)
+    assert warnings == []
+
+
+def test_unwritable_directory_is_one_clear_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    store = ResultStore(blocker / "results")
+    with pytest.raises(BamctlError, match=r"cannot write results to .*results: ") as err:
+        store.append([fake_row()])
+    assert "\n" not in str(err.value)
+    with pytest.raises(BamctlError, match="cannot write results"):
+        store.ensure_writable()
+    assert ResultStore(blocker / "results").read().empty  # reading a missing directory is just empty
+
+
+def test_foreign_and_truncated_files_are_skipped_with_one_warning(tmp_path):
+    rows = passkey_grid(samples=1)
+    store, warnings = quiet_store(tmp_path)
+    good = store.append(rows)
+    (tmp_path / "truncated.parquet").write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    (tmp_path / "notes.parquet").write_text("not parquet at all")
+    pq.write_table(pa.table({"x": [1, 2]}), tmp_path / "foreign.parquet")  # valid Parquet, not ours
+    (tmp_path / "README.md").write_text("ignored silently")
+    (tmp_path / ".part-x.parquet.tmp").write_bytes(b"PAR1")  # an append that died mid-write
+
+    assert len(store.read()) == len(rows)
+    assert len(store.done_keys()) == len(rows)
+    assert len(warnings) == 3
+    assert sorted(re.search(r"skipping \S*?([a-z]+\.parquet)", w).group(1) for w in warnings) == [
+        "foreign.parquet", "notes.parquet", "truncated.parquet"]
+    assert any("not a bamctl results file" in w for w in warnings)
+
+
+def test_warnings_go_to_stderr(tmp_path, capsys):
+    (tmp_path / "broken.parquet").write_text("x")
+    assert ResultStore(tmp_path).read().empty
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("warning: skipping") == 1
+
+
+WRITER = textwrap.dedent(
+    """
+    import os, sys, time
+    sys.path.insert(0, sys.argv[3])
+    from results_fakes import passkey_grid
+    from bamctl.results.schema import row_key
+    from bamctl.results.store import ResultStore
+
+    store = ResultStore(sys.argv[1])
+    done = store.done_keys()
+    if len(sys.argv) > 4:  # start line: wait until every writer is imported and ready
+        print("ready", flush=True)
+        while not os.path.exists(sys.argv[4]):
+            time.sleep(0.01)
+    for row in passkey_grid(seed=int(sys.argv[2])):
+        if row_key(row) in done:
+            continue
+        store.append([row])  # one part per finished sample, as the runner does
+        print("appended", flush=True)
+    """
+)
+
+
+def writer(tmp_path: Path, directory: Path, seed: int, start: Path | None = None) -> subprocess.Popen:
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    return subprocess.Popen(
+        [sys.executable, str(script), str(directory), str(seed), str(TESTS)] + ([str(start)] if start else []),
+        stdout=subprocess.PIPE, text=True, cwd=REPO,
+    )
+
+
+def test_sigkill_mid_run_loses_nothing_and_resume_equals_an_uninterrupted_run(tmp_path):
+    interrupted = tmp_path / "interrupted"
+    proc = writer(tmp_path, interrupted, seed=0)
+    for _ in range(12):
+        assert proc.stdout.readline() == "appended\n"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+
+    store, warnings = quiet_store(interrupted)
+    expected = {row_key(r): r for r in passkey_grid(seed=0)}
+    partial = store.read_table().to_pylist()
+    assert 12 <= len(partial) < len(expected)
+    assert warnings == []  # every visible file is complete
+    for row in partial:  # and every row in it is whole
+        assert row == expected[row_key(row)]
+
+    resume = writer(tmp_path, interrupted, seed=0)
+    resume.communicate(timeout=120)
+    assert resume.returncode == 0
+
+    uninterrupted = ResultStore(tmp_path / "uninterrupted")
+    uninterrupted.append(list(expected.values()))
+    assert store.read_table(dedupe=False).num_rows == len(expected)  # nothing written twice
+    assert store.read_table().equals(uninterrupted.read_table())
+    assert warnings == []
+
+
+def test_two_processes_appending_at_once(tmp_path):
+    shared, start = tmp_path / "shared", tmp_path / "start"
+    procs = [writer(tmp_path, shared, seed, start) for seed in (1, 2)]
+    for proc in procs:
+        assert proc.stdout.readline() == "ready\n"
+    start.touch()  # both write from here on, interleaved
+    for proc in procs:
+        proc.communicate(timeout=120)
+        assert proc.returncode == 0
+    store, warnings = quiet_store(shared)
+    table = store.read_table(dedupe=False)
+    expected = passkey_grid(seed=1) + passkey_grid(seed=2)
+    assert table.num_rows == len(expected)
+    assert {row_key(r) for r in table.to_pylist()} == {row_key(r) for r in expected}
+    assert len(store.part_files()) == len(expected)
+    assert warnings == []
+    assert set(KEY_COLUMNS) <= set(table.column_names)
+
+
+def test_read_filters(tmp_path):
+    store, _ = quiet_store(tmp_path)
+    store.append(passkey_grid(samples=1) + perplexity_rows())
+    assert set(store.read(task="ppl")["task"]) == {"ppl"}
+    assert set(store.read(model="b2b2b2")["model"]) == {"tiny-bam"}  # hash prefix
+    assert store.read(model="b2").empty  # too short to be a hash prefix
+    assert set(store.read(where="length >= 2048 and depth < 0.5")["length"]) == {2048, 4096}
+    assert store.read(task="nope").empty
+    with pytest.raises(BamctlError, match="did you mean ppl"):
+        store.read(task="ppx", strict=True)
+    with pytest.raises(BamctlError, match="bad --where"):
+        store.read(where="length >")

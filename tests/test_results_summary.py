@@ -1,0 +1,154 @@
+"""Pure statistics: Wilson intervals, accuracy/perplexity tables, effective length, best per row."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from bamctl.results.render import format_length, format_ratio, render_summary, summaries_to_json
+from bamctl.results.schema import rows_to_table
+from bamctl.results.store import to_pandas
+from bamctl.results.summary import (
+    accuracy_table,
+    best_models,
+    effective_length,
+    perplexity_table,
+    summarize,
+    wilson_interval,
+)
+
+from results_fakes import fake_row, passkey_grid, perplexity_rows
+
+
+def frame_of(rows) -> pd.DataFrame:
+    return to_pandas(rows_to_table(rows))
+
+
+@pytest.mark.parametrize(
+    ("k", "n", "lo", "hi"),
+    [
+        (8, 10, 0.4902, 0.9433),
+        (0, 10, 0.0, 0.2775),
+        (10, 10, 0.7225, 1.0),
+        (5, 10, 0.2366, 0.7634),
+        (1, 1, 0.2065, 1.0),
+        (95, 100, 0.8882, 0.9785),
+    ],
+)
+def test_wilson_interval_known_values(k, n, lo, hi):
+    got = wilson_interval(k, n)
+    assert got == pytest.approx((lo, hi), abs=5e-4)
+
+
+def test_wilson_interval_edges():
+    assert all(math.isnan(x) for x in wilson_interval(0, 0))
+    assert wilson_interval(0, 7)[0] == 0.0 and wilson_interval(7, 7)[1] == 1.0
+    lo, hi = wilson_interval(3, 20, z=1.0)
+    assert lo < 3 / 20 < hi and (hi - lo) < (wilson_interval(3, 20)[1] - wilson_interval(3, 20)[0])
+
+
+def hand_table(scores: dict[str, dict[int, float]], train: dict[str, int]) -> pd.DataFrame:
+    """A wide accuracy table built by hand: {model: {length: score}}."""
+    lengths = sorted({length for col in scores.values() for length in col})
+    columns = pd.MultiIndex.from_product([["score", "train_length"], list(scores)], names=["field", "model"])
+    table = pd.DataFrame(index=pd.Index(lengths, name="length"), columns=columns, dtype=float)
+    for model, col in scores.items():
+        for length, score in col.items():
+            table.loc[length, ("score", model)] = score
+        table[("train_length", model)] = float(train[model])
+    return table
+
+
+def test_effective_length_on_hand_made_tables():
+    table = hand_table(
+        {
+            "rope": {512: 1.0, 1024: 0.95, 2048: 0.40, 4096: 0.0},
+            "bam": {512: 1.0, 1024: 1.0, 2048: 0.90, 4096: 0.92, 8192: 0.5},
+            "dead": {512: 0.2, 1024: 0.1},
+            "dip": {512: 1.0, 1024: 0.5, 2048: 0.95},
+        },
+        {"rope": 512, "bam": 256, "dead": 512, "dip": 512},
+    )
+    eff = effective_length(table, threshold=0.9)
+    assert eff.loc["rope", "length"] == 1024 and eff.loc["rope", "ratio"] == 2.0
+    assert eff.loc["bam", "length"] == 4096 and eff.loc["bam", "ratio"] == 16.0  # 0.90 counts: "at or above"
+    assert pd.isna(eff.loc["dead", "length"]) and math.isnan(eff.loc["dead", "ratio"])
+    assert eff.loc["dip", "length"] == 2048
+    strict = effective_length(table, threshold=0.9, contiguous=True)
+    assert strict.loc["dip", "length"] == 512 and strict.loc["bam", "length"] == 4096
+    assert effective_length(table, threshold=0.95).loc["bam", "length"] == 1024
+
+
+def test_accuracy_table_counts_and_intervals():
+    rows = [fake_row("tiny-rope", length=1024, sample=i, score=1.0 if i < 8 else 0.0) for i in range(10)]
+    rows += [fake_row("tiny-bam", length=1024, sample=i, score=1.0) for i in range(10)]
+    rows += [fake_row("tiny-bam", length=2048, sample=i, score=0.5) for i in range(4)]  # fractional scores
+    table = accuracy_table(frame_of(rows), models=["tiny-rope", "tiny-bam"])
+    assert list(table["score"].columns) == ["tiny-rope", "tiny-bam"]
+    assert list(table.index) == [1024, 2048]
+    assert table.loc[1024, ("score", "tiny-rope")] == 0.8
+    assert table.loc[1024, ("k", "tiny-rope")] == 8 and table.loc[1024, ("n", "tiny-rope")] == 10
+    assert (table.loc[1024, ("lo", "tiny-rope")], table.loc[1024, ("hi", "tiny-rope")]) == pytest.approx((0.4902, 0.9433), abs=5e-4)
+    assert table.loc[2048, ("k", "tiny-bam")] == 2.0
+    assert np.isnan(table.loc[2048, ("score", "tiny-rope")])  # never evaluated there
+    assert (table["train_length"] == 512).all().all()
+    assert best_models(table, "accuracy") == {1024: {"tiny-bam"}}
+
+
+def test_accuracy_table_refuses_mixed_tasks():
+    rows = [fake_row(), fake_row(task="niah_single_1", protocol="generate")]
+    with pytest.raises(ValueError, match="several"):
+        accuracy_table(frame_of(rows))
+
+
+def test_same_name_different_weights_become_two_columns():
+    rows = [fake_row("tiny-rope"), fake_row("tiny-rope") | {"model_hash": "c3" * 16, "score": 0.0}]
+    table = accuracy_table(frame_of(rows))
+    assert sorted(table["score"].columns) == ["tiny-rope@a1a1a1a1", "tiny-rope@c3c3c3c3"]
+
+
+def test_perplexity_is_token_weighted():
+    rows = [
+        fake_row(task="ppl", protocol="nll", depth=None, sample=0, nll=1.0 * 100, n_scored=100, score=1.0),
+        fake_row(task="ppl", protocol="nll", depth=None, sample=1, nll=3.0 * 300, n_scored=300, score=3.0),
+    ]
+    table = perplexity_table(frame_of(rows))
+    # (100 + 900) / 400 tokens = 2.5 nats per token; a mean over samples would say 2.0
+    assert table.loc[1024, ("ppl", "tiny-rope")] == pytest.approx(math.exp(2.5))
+    assert table.loc[1024, ("n_scored", "tiny-rope")] == 400 and table.loc[1024, ("n", "tiny-rope")] == 2
+
+
+def test_summarize_splits_tasks_and_picks_the_metric():
+    summaries = summarize(frame_of(passkey_grid() + perplexity_rows()), threshold=0.9, models=["tiny-rope"])
+    assert [(s.task, s.metric) for s in summaries] == [("passkey", "accuracy"), ("ppl", "perplexity")]
+    passkey, ppl = summaries
+    assert passkey.models == ["tiny-rope", "tiny-bam"]  # asked order first
+    assert passkey.effective.loc["tiny-bam", "length"] == 2048 and passkey.effective.loc["tiny-bam", "ratio"] == 4.0
+    assert passkey.effective.loc["tiny-rope", "length"] == 512
+    assert ppl.effective is None and ppl.best == {512: {"tiny-bam"}, 1024: {"tiny-bam"}}
+
+
+def test_render_and_json_carry_the_same_numbers():
+    (passkey,) = summarize(frame_of(passkey_grid()))
+    table = render_summary(passkey)
+    assert [str(c.header) for c in table.columns] == ["length", "tiny-bam", "tiny-rope"]
+    assert table.row_count == len(passkey.lengths) + 1  # + effective length
+    cells = [str(c) for c in table.columns[1]._cells]
+    assert cells[1] == "0.92 [0.65, 0.99]" and cells[-1] == "2k (4×)"
+    doc = summaries_to_json([passkey])["summaries"][0]
+    cell = next(c for c in doc["cells"] if c["model"] == "tiny-rope" and c["length"] == 1024)
+    assert cell["score"] == 0.25 and cell["n"] == 12 and cell["best"] is False
+    assert doc["effective_length"][0] == {"model": "tiny-bam", "length": 2048, "train_length": 512, "ratio": 4.0}
+
+
+@pytest.mark.parametrize(("tokens", "text"), [(512, "512"), (1000, "1000"), (1024, "1k"), (1536, "1.5k"),
+                                              (16384, "16k"), (131072, "128k"), (1 << 20, "1M")])
+def test_format_length(tokens, text):
+    assert format_length(tokens) == text
+
+
+def test_format_ratio():
+    assert [format_ratio(x) for x in (32.0, 1.5, 0.25)] == ["32×", "1.5×", "0.25×"]
