@@ -19,6 +19,7 @@ except ImportError:  # pragma: no cover - older typer on top of click
 
 # Each module registers its commands on `app` when imported.
 from bamctl.cli import model_commands  # noqa: E402,F401
+from bamctl.cli import task_commands  # noqa: E402,F401
 from bamctl.cli import results_commands  # noqa: E402,F401
 
 EXIT_USAGE = 2

@@ -1,0 +1,101 @@
+"""Metrics by name: pure functions from a prediction and its sample to a score in [0, 1].
+
+A task variant names its metric in ``tasks/*.toml``; back-ends never choose one.
+RULER's own corpus-level functions are here too, verbatim in behaviour
+(``scripts/eval/synthetic/constants.py``): mean over samples, times 100, rounded
+to 2 decimals. Our per-sample scores are the same quantities before the mean.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from typing import Callable, Sequence
+
+from bamctl.errors import BamctlError
+from bamctl.tasks.passkey import passkey_digit_hits
+from bamctl.tasks.sample import Sample
+
+
+def string_match_all(predictions: Sequence[str], references: Sequence[Sequence[str]]) -> float:
+    """RULER: per sample the fraction of references found (case-insensitive substring); mean x 100."""
+    total = sum(
+        sum(1.0 if ref.lower() in pred.lower() else 0.0 for ref in refs) / len(refs)
+        for pred, refs in zip(predictions, references)
+    )
+    return round(total / len(predictions) * 100, 2)
+
+
+def string_match_part(predictions: Sequence[str], references: Sequence[Sequence[str]]) -> float:
+    """RULER: per sample 1 if any reference is found (case-insensitive substring); mean x 100."""
+    total = sum(
+        max(1.0 if ref.lower() in pred.lower() else 0.0 for ref in refs)
+        for pred, refs in zip(predictions, references)
+    )
+    return round(total / len(predictions) * 100, 2)
+
+
+def _match_all(prediction: str, sample: Sample) -> float:
+    return string_match_all([prediction], [sample.answers]) / 100
+
+
+def _match_part(prediction: str, sample: Sample) -> float:
+    return string_match_part([prediction], [sample.answers]) / 100
+
+
+def _passkey_exact(predicted_ids: Sequence[int], sample: Sample) -> float:
+    """Teacher forcing: 1 when the argmax at every key-digit position is the digit."""
+    exact, _ = passkey_digit_hits(list(predicted_ids), sample)
+    return float(exact)
+
+
+def _passkey_digits(predicted_ids: Sequence[int], sample: Sample) -> float:
+    """Teacher forcing: the fraction of key digits predicted correctly."""
+    _, hits = passkey_digit_hits(list(predicted_ids), sample)
+    return sum(hits) / len(hits) if hits else 0.0
+
+
+_INTEGER = re.compile(r"\d+")
+
+
+def first_integer(text: str) -> str | None:
+    match = _INTEGER.search(text)
+    return match.group(0) if match else None
+
+
+def _first_integer_match(prediction: str, sample: Sample) -> float:
+    """Landmark Attention: the first integer in the generation equals the key."""
+    return float(first_integer(prediction) == sample.answers[0])
+
+
+def _mean_nll(token_nlls: Sequence[float], sample: Sample) -> float:
+    """Perplexity samples: the mean negative log-likelihood of the scored tokens (nats)."""
+    if not token_nlls:
+        return math.nan
+    return sum(token_nlls) / len(token_nlls)
+
+
+METRICS: dict[str, Callable] = {
+    "string_match_all": _match_all,
+    "string_match_part": _match_part,
+    "passkey_exact": _passkey_exact,
+    "passkey_digits": _passkey_digits,
+    "first_integer_match": _first_integer_match,
+    "mean_nll": _mean_nll,
+}
+
+
+def score(metric: str, prediction, sample: Sample) -> float:
+    """Score one prediction; the prediction's type is the one the sample's scoring produces.
+
+    ``teacher_forced``: the argmax token ids at the answer positions; ``generate``:
+    the generated text; ``nll``: per-token negative log-likelihoods.
+    """
+    try:
+        function = METRICS[metric]
+    except KeyError:
+        close = difflib.get_close_matches(metric, METRICS, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(METRICS)}"
+        raise BamctlError(f"unknown metric {metric!r}{hint}") from None
+    return function(prediction, sample)

@@ -1,0 +1,163 @@
+"""Perplexity: the corpus, documents of each length, and pure plans of what to score.
+
+Two protocols (ANCHORS.md, BAM.md):
+
+* Sliding window (ALiBi paper, Hugging Face docs): a window feeds at most W
+  tokens; its logits predict the tokens after its first one. The first window
+  scores tokens 1..W-1; each later window ends S tokens further on and scores
+  only tokens no window scored before, so every token 1..N-1 is scored exactly
+  once. Counting is direct: ``sum(w.n_scored) == N - 1`` for every N, W, S.
+  A window's first token is context only, so consecutive windows must share at
+  least one token: the advance is ``min(S, W - 1)``. S = W therefore means
+  back-to-back windows sharing that one token (nothing is scored twice, nothing
+  skipped — the Hugging Face recipe instead loses one token per window); S = 1
+  is the strict sliding evaluation, every token with W - 1 tokens of context.
+* Position buckets (BAM authors): one pass over a document, mean loss per block
+  of ``bucket`` absolute positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from bamctl.errors import BamctlError
+from bamctl.tasks.sample import Sample
+from bamctl.tasks.texts import Corpus, file_corpus, shipped_corpus
+from bamctl.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class Window:
+    """Feed ``tokens[begin:end]``; score the predictions of tokens ``[score_from, end)``.
+
+    The prediction of token t comes from the logits at position t - 1 - begin.
+    """
+
+    begin: int
+    end: int
+    score_from: int
+
+    @property
+    def n_scored(self) -> int:
+        return self.end - self.score_from
+
+
+def sliding_windows(n_tokens: int, window: int, stride: int) -> list[Window]:
+    """Windows covering a document of ``n_tokens`` tokens; see the module docstring."""
+    if window < 2:
+        raise BamctlError(f"window {window} is too small: a window needs 2 tokens to score one")
+    if not 1 <= stride <= window:
+        raise BamctlError(f"stride {stride} must be between 1 and the window ({window})")
+    if n_tokens < 2:
+        return []
+    advance = min(stride, window - 1)
+    end = min(window, n_tokens)
+    windows = [Window(0, end, 1)]
+    while end < n_tokens:
+        previous, end = end, min(end + advance, n_tokens)
+        windows.append(Window(max(0, end - window), end, previous))
+    return windows
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Predictions made at positions ``[start, end)``, i.e. of tokens ``start + 1 .. end``."""
+
+    index: int
+    start: int
+    end: int
+
+    @property
+    def n_scored(self) -> int:
+        return self.end - self.start
+
+
+def position_buckets(n_tokens: int, bucket: int) -> list[Bucket]:
+    """Split the ``n_tokens - 1`` predictions of one pass into blocks of ``bucket`` positions.
+
+    As in the authors' code, bucket k holds the losses at positions
+    ``[k * bucket, (k + 1) * bucket)``; the last one is shorter when the length
+    is not a multiple (feed L + 1 tokens for L predictions in full buckets).
+    """
+    if bucket < 1:
+        raise BamctlError(f"bucket size {bucket} must be at least 1")
+    predictions = max(0, n_tokens - 1)
+    return [
+        Bucket(k, start, min(start + bucket, predictions))
+        for k, start in enumerate(range(0, predictions, bucket))
+    ]
+
+
+def ppl_corpus(corpus_path: Path | None = None) -> Corpus:
+    """The shipped perplexity corpus (see ``tasks/README.md``) or a user's UTF-8 file."""
+    return shipped_corpus("ppl") if corpus_path is None else file_corpus(Path(corpus_path))
+
+
+@lru_cache(maxsize=4)
+def _corpus_tokens(tokenizer: Tokenizer, corpus_path: str | None) -> tuple[int, ...]:
+    corpus = ppl_corpus(Path(corpus_path) if corpus_path else None)
+    ids = tuple(tokenizer.encode(corpus.text))
+    if len(ids) < 2:
+        raise BamctlError(f"corpus {corpus.name} has fewer than 2 tokens")
+    return ids
+
+
+def ppl_corpus_tokens(tokenizer: Tokenizer, corpus_path: Path | str | None = None) -> list[int]:
+    """The perplexity corpus as one token sequence (encoded once per process)."""
+    return list(_corpus_tokens(tokenizer, str(corpus_path) if corpus_path else None))
+
+
+def ppl_sample(
+    *,
+    tokenizer: Tokenizer,
+    length: int,
+    seed: int,
+    index: int,
+    depth: float | None,
+    task: str,
+    variant: str,
+    scoring: str,
+    metric: str,
+    max_new_tokens: int,
+    corpus_path: Path | str | None = None,
+) -> Sample:
+    """Document ``index`` of ``length`` tokens: consecutive, non-overlapping corpus slices.
+
+    The corpus repeats from its start when it is shorter than ``(index + 1) * length``
+    tokens; ``meta["corpus_repeats"]`` says how often (1 = no repetition), because a
+    model can copy a repeated passage and its perplexity then means little.
+    """
+    corpus = _corpus_tokens(tokenizer, str(corpus_path) if corpus_path else None)
+    size = len(corpus)
+    start = (index * length) % size
+    ids: list[int] = []
+    while len(ids) < length:
+        take = min(length - len(ids), size - (start + len(ids)) % size)
+        offset = (start + len(ids)) % size
+        ids.extend(corpus[offset : offset + take])
+    repeats = -(-(index * length + length) // size)
+    return Sample(
+        task=task,
+        variant=variant,
+        length=length,
+        n_tokens=len(ids),
+        depth=None,
+        seed=seed,
+        index=index,
+        prompt=tokenizer.decode(ids),
+        input_ids=ids,
+        answers=[],
+        needle_positions=[],
+        scoring=scoring,
+        target_ids=[],
+        max_new_tokens=max_new_tokens,
+        metric=metric,
+        meta={
+            "corpus": "ppl" if corpus_path is None else str(corpus_path),
+            "corpus_tokens": size,
+            "start": start,
+            "corpus_repeats": repeats,
+        },
+    )

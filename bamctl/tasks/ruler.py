@@ -1,0 +1,354 @@
+"""RULER's needle-in-a-haystack family (NIAH), sized to the model's tokenizer.
+
+Faithful to NVIDIA/RULER (``scripts/data/synthetic/niah.py``, ``constants.py``,
+``synthetic.yaml``): the same template, answer prefix and needle sentence, the
+same singular rewording when one value is asked for, the same haystacks
+(``noise``, ``essay``, ``needle``), key and value kinds (``words``, 7-digit
+``numbers``, ``uuids``) and needle placement (essay: sentence boundaries at 40
+depths ``round(linspace(0, 100, 40))``; noise and needle: random lines).
+
+Where we differ, on purpose:
+* Every random draw comes from a generator seeded by the sample's identity, and
+  the placement generator also by the haystack size; RULER draws from one global
+  stream, so its samples depend on the sizing search that ran before them.
+* Sizing is exact: the largest haystack with ``len(input_ids) +
+  max_new_tokens <= length`` (the prompt includes the answer prefix), checked
+  with real encodes; integer token counts pick the starting point.
+* Empty text pieces are skipped when joining, so a needle at depth 0 does not
+  start the context with a stray space.
+* Essays are shipped public-domain prose, not Paul Graham's essays; sentence
+  ends come from a small rule set rather than NLTK's Punkt model.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Callable
+
+from bamctl.errors import BamctlError
+from bamctl.tasks.haystacks import EssayHaystack, essay_haystack, token_counts
+from bamctl.tasks.passkey import FILLER
+from bamctl.tasks.sample import Sample, sample_rng
+from bamctl.tasks.spans import tokens_at_chars
+from bamctl.tasks.texts import word_pairs
+from bamctl.tokenizer import Tokenizer
+
+NEEDLE = "One of the special magic {type_v} for {key} is: {value}."
+TEMPLATE = (
+    "Some special magic {type_v} are hidden within the following text. Make sure to memorize it. "
+    "I will quiz you about the {type_v} afterwards.\n{context}\n"
+    "What are all the special magic {type_v} for {query} mentioned in the provided text?"
+)
+ANSWER_PREFIX = " The special magic {type_v} for {query} mentioned in the provided text are"
+# RULER's rewording when exactly one value is asked for (num_queries * num_values == 1).
+TEMPLATE_SINGULAR = (
+    "A special magic {type_v} is hidden within the following text. Make sure to memorize it. "
+    "I will quiz you about the {type_v} afterwards.\n{context}\n"
+    "What is the special magic {type_v} for {query} mentioned in the provided text?"
+)
+ANSWER_PREFIX_SINGULAR = " The special magic {type_v} for {query} mentioned in the provided text is"
+ESSAY_DEPTHS = tuple(int(round(100 * i / 39)) for i in range(40))  # RULER: np.round(np.linspace(0, 100, 40))
+HAYSTACKS = ("noise", "essay", "needle")
+
+
+def random_number(rng) -> str:
+    return str(rng.randint(10**6, 10**7 - 1))
+
+
+def random_word(rng) -> str:
+    return rng.choice(word_pairs())
+
+
+def random_uuid(rng) -> str:
+    return str(uuid.UUID(int=rng.getrandbits(128), version=4))
+
+
+NEEDLE_KINDS: dict[str, Callable] = {"numbers": random_number, "words": random_word, "uuids": random_uuid}
+
+
+@dataclass(frozen=True)
+class NiahSpec:
+    """One RULER variant: the arguments of its entry in ``tasks/ruler.toml``."""
+
+    haystack: str
+    key_type: str
+    value_type: str
+    num_keys: int = 1
+    num_values: int = 1
+    num_queries: int = 1
+
+    def __post_init__(self) -> None:
+        if self.haystack not in HAYSTACKS:
+            raise BamctlError(f"unknown haystack {self.haystack!r}; known: {', '.join(HAYSTACKS)}")
+        for kind in (self.key_type, self.value_type):
+            if kind not in NEEDLE_KINDS:
+                raise BamctlError(f"unknown needle kind {kind!r}; known: {', '.join(NEEDLE_KINDS)}")
+        if min(self.num_keys, self.num_values, self.num_queries) < 1:
+            raise BamctlError("num_keys, num_values and num_queries must be at least 1")
+
+    @property
+    def singular(self) -> bool:
+        return self.num_queries * self.num_values == 1
+
+    @property
+    def n_keys(self) -> int:
+        return max(self.num_keys, self.num_queries)  # RULER asks about distinct keys
+
+
+@dataclass(frozen=True)
+class NiahDraw:
+    """Everything random about a sample except where the needles go."""
+
+    keys: list[str]
+    values: list[list[str]]
+    needles: list[str]  # shuffled, in the order they will appear
+    query_keys: list[str]
+    answers: list[str]
+
+
+def draw_needles(spec: NiahSpec, rng) -> NiahDraw:
+    """Keys, values and queries in RULER's order of draws."""
+    keys, values, needles = [], [], []
+    for _ in range(spec.n_keys):
+        key = NEEDLE_KINDS[spec.key_type](rng)
+        while key in keys:
+            key = NEEDLE_KINDS[spec.key_type](rng)
+        keys.append(key)
+        values.append([NEEDLE_KINDS[spec.value_type](rng) for _ in range(spec.num_values)])
+        needles += [NEEDLE.format(type_v=spec.value_type, key=key, value=value) for value in values[-1]]
+    rng.shuffle(needles)
+    chosen = rng.sample(range(spec.n_keys), spec.num_queries)
+    query_keys = [keys[i] for i in chosen]
+    answers = [value for i in chosen for value in values[i]]
+    return NiahDraw(keys, values, needles, query_keys, answers)
+
+
+def join_queries(keys: list[str]) -> str:
+    """RULER's list: "a", "a, and b", "a, b, and c"."""
+    return keys[0] if len(keys) == 1 else ", ".join(keys[:-1]) + ", and " + keys[-1]
+
+
+def niah_frame(spec: NiahSpec, query_keys: list[str]) -> tuple[str, str, str]:
+    """(text before the context, text after it, answer prefix) for this variant."""
+    template, prefix = (TEMPLATE_SINGULAR, ANSWER_PREFIX_SINGULAR) if spec.singular else (TEMPLATE, ANSWER_PREFIX)
+    type_v = spec.value_type[:-1] if spec.singular else spec.value_type
+    query = join_queries(query_keys)
+    head, tail = template.format(type_v=type_v, query=query, context="\x00").split("\x00")
+    return head, tail, prefix.format(type_v=type_v, query=query)
+
+
+class Distractors:
+    """The ``needle`` haystack: an endless, prefix-stable list of decoy needles.
+
+    Decoy i is the same however many are used, so growing the haystack during
+    sizing never changes the decoys already placed.
+    """
+
+    def __init__(self, spec: NiahSpec, rng, avoid: set[str], tokenizer: Tokenizer):
+        self.spec, self.rng, self.avoid, self.tokenizer = spec, rng, avoid, tokenizer
+        self.lines: list[str] = []
+        self.prefix_tokens: list[int] = [0]
+
+    def ensure(self, count: int) -> None:
+        new = []
+        while len(self.lines) + len(new) < count:
+            key = NEEDLE_KINDS[self.spec.key_type](self.rng)
+            if key in self.avoid:
+                continue
+            value = NEEDLE_KINDS[self.spec.value_type](self.rng)
+            new.append(NEEDLE.format(type_v=self.spec.value_type, key=key, value=value))
+        if new:
+            for size in token_counts(self.tokenizer, ["\n" + line for line in new]):
+                self.prefix_tokens.append(self.prefix_tokens[-1] + size)
+            self.lines += new
+
+
+@dataclass(frozen=True)
+class Context:
+    text: str
+    needle_chars: list[int]  # offset of each needle inside `text`
+    depth: float  # of the first needle, as a fraction of the haystack
+    repeats: int  # times the essay corpus was started (1 = no repetition)
+
+
+def _placement(seed: int, identity: tuple, n_units: int):
+    return sample_rng(seed, *identity, "placement", n_units)
+
+
+def essay_context(haystack: EssayHaystack, needles: list[str], n_words: int, rng, depth: float | None) -> Context:
+    n_sents = haystack.sentence_count(n_words)
+    if depth is None:
+        depths = sorted(rng.sample(ESSAY_DEPTHS, len(needles)))
+        first_depth = depths[0] / 100
+    else:
+        depths, first_depth = [depth * 100], depth
+    cuts = [haystack.sentence_start(int(n_sents * (d / 100)), n_words) for d in depths]
+    pieces, starts, position, length = [], [], 0, 0
+    for cut, needle in zip(cuts, needles):
+        for piece, is_needle in ((haystack.text(position, cut), False), (needle, True)):
+            if not piece:
+                continue
+            length += 1 if pieces else 0
+            if is_needle:
+                starts.append(length)
+            pieces.append(piece)
+            length += len(piece)
+        position = cut
+    tail = haystack.text(position, n_words)
+    if tail:
+        pieces.append(tail)
+    return Context(" ".join(pieces), starts, first_depth, haystack.repeats(n_words))
+
+
+def line_context(lines: list[str], needles: list[str], rng, depth: float | None) -> Context:
+    n_lines = len(lines)
+    if depth is None:
+        slots = sorted(rng.sample(range(n_lines), len(needles))) if n_lines >= len(needles) else [n_lines] * len(needles)
+        first_depth = slots[0] / n_lines if n_lines else 0.0
+    else:
+        slots, first_depth = [min(n_lines, int(depth * n_lines))], depth
+    merged, starts, length, previous = [], [], 0, 0
+    for slot, needle in zip(slots, needles):
+        merged += lines[previous:slot]
+        length += sum(len(line) + 1 for line in lines[previous:slot])
+        starts.append(length)
+        merged.append(needle)
+        length += len(needle) + 1
+        previous = slot
+    merged += lines[previous:]
+    return Context("\n".join(merged), starts, first_depth, 1)
+
+
+def niah_sample(
+    *,
+    tokenizer: Tokenizer,
+    length: int,
+    seed: int,
+    index: int,
+    depth: float | None,
+    task: str,
+    variant: str,
+    scoring: str,
+    metric: str,
+    max_new_tokens: int,
+    haystack: str,
+    key_type: str,
+    value_type: str,
+    num_keys: int = 1,
+    num_values: int = 1,
+    num_queries: int = 1,
+    n_units: int | None = None,
+) -> Sample:
+    """One NIAH prompt with the largest haystack that fits ``length`` (or exactly ``n_units``).
+
+    ``n_units`` counts haystack units: essay words, noise lines or decoy needles.
+    """
+    spec = NiahSpec(haystack, key_type, value_type, num_keys, num_values, num_queries)
+    identity = (task, variant, length, index)
+    draw = draw_needles(spec, sample_rng(seed, *identity))
+    if depth is not None and len(draw.needles) != 1:
+        raise BamctlError(f"--depths places a single needle; {task} hides {len(draw.needles)}")
+    head, tail, answer_prefix = niah_frame(spec, draw.query_keys)
+
+    essay = essay_haystack(tokenizer) if haystack == "essay" else None
+    decoys = Distractors(spec, sample_rng(seed, *identity, "decoys"), set(draw.keys), tokenizer) if haystack == "needle" else None
+    noise_line = token_counts(tokenizer, ["\n" + FILLER])[0]
+
+    def build(n: int) -> tuple[Context, list[int], str]:
+        rng = _placement(seed, identity, n)
+        if essay is not None:
+            context = essay_context(essay, draw.needles, n, rng, depth)
+        elif decoys is not None:
+            decoys.ensure(n)
+            context = line_context(decoys.lines[:n], draw.needles, rng, depth)
+        else:
+            context = line_context([FILLER] * n, draw.needles, rng, depth)
+        prompt = head + context.text + tail + answer_prefix
+        return context, tokenizer.encode(prompt), prompt
+
+    def estimate(n: int) -> int:
+        if essay is not None:
+            return essay.estimate_tokens(n)
+        if decoys is not None:
+            decoys.ensure(n)
+            return decoys.prefix_tokens[n]
+        return n * noise_line
+
+    budget = length - max_new_tokens
+    if n_units is None:
+        sizes: dict[int, int] = {}
+
+        def fits(n: int) -> bool:
+            if n not in sizes:
+                sizes[n] = len(build(n)[1])
+            return sizes[n] <= budget
+
+        n_units = _largest_fit(fits, estimate, budget - len(build(0)[1]))
+        if n_units < 0:
+            raise BamctlError(
+                f"length {length} is too short for {task}: the prompt without haystack already needs "
+                f"{sizes[0] + max_new_tokens} tokens with the {max_new_tokens}-token answer budget"
+            )
+    context, input_ids, prompt = build(n_units)
+    context_at = len(head)
+    positions = tokens_at_chars(tokenizer, prompt, input_ids, [context_at + c for c in context.needle_chars])
+    return Sample(
+        task=task,
+        variant=variant,
+        length=length,
+        n_tokens=len(input_ids),
+        depth=round(context.depth, 6),
+        seed=seed,
+        index=index,
+        prompt=prompt,
+        input_ids=input_ids,
+        answers=draw.answers,
+        needle_positions=sorted(positions),
+        scoring=scoring,
+        target_ids=[],
+        max_new_tokens=max_new_tokens,
+        metric=metric,
+        meta={
+            "answer_prefix": answer_prefix,
+            "queries": draw.query_keys,
+            "keys": draw.keys,
+            "values": draw.values,
+            "haystack": haystack,
+            "haystack_units": n_units,
+            "haystack_repeats": context.repeats,
+        },
+    )
+
+
+def _largest_fit(fits: Callable[[int], bool], estimate: Callable[[int], int], room: int) -> int:
+    """Largest n >= 0 with fits(n) and not fits(n + 1); -1 when even n = 0 does not fit.
+
+    ``estimate(n)`` (monotone, cheap) is the haystack's token count; a binary search
+    on it gives a starting point, then real checks gallop to the exact boundary.
+    """
+    if not fits(0):
+        return -1
+    low, high = 0, 1
+    while estimate(high) <= room:
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if estimate(middle) <= room else (low, middle)
+    n = low
+    if fits(n):
+        step = 1
+        while fits(n + step):
+            n, step = n + step, step * 2
+        # fits(n) and not fits(n + step): bisect the gap.
+        low, high = n, n + step
+    else:
+        step = 1
+        while n - step > 0 and not fits(n - step):
+            step *= 2
+        # fits(max(0, n - step)) (n = 0 always fits) and not fits(n - step // 2).
+        low, high = max(0, n - step), n - step // 2 if step > 1 else n
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low

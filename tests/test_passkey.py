@@ -1,0 +1,131 @@
+"""Passkey: exact token lengths, key depth, digit-by-digit key, both protocols, scoring."""
+
+import re
+
+import pytest
+
+from bamctl.errors import BamctlError
+from bamctl.lengths import parse_lengths
+from bamctl.tasks import generate_samples, passkey_digit_hits, score
+from bamctl.tasks.passkey import FILLER, QUESTION, TASK_LINE
+from bamctl.tokenizer import get_tokenizer
+
+ALL_LENGTHS = parse_lengths("1k..512k")
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return get_tokenizer("gpt2")
+
+
+def _one(tok, length, depth, protocol=None, seed=0, index=0):
+    samples = generate_samples("passkey", [length], index + 1, seed, tok, [depth], protocol=protocol)
+    return list(samples)[index]
+
+
+def _longest_filler_sentence(tok) -> int:
+    sentences = re.findall(r"[^.]+\.", FILLER)
+    return max(len(tok.encode(" " + s.strip())) for s in sentences)
+
+
+@pytest.mark.parametrize("length", ALL_LENGTHS)
+def test_authors_prompt_is_exactly_the_length(tok, length):
+    for depth in (0.0, 0.37, 1.0):
+        sample = _one(tok, length, depth)
+        assert sample.n_tokens == length == len(sample.input_ids)
+        assert tok.decode(sample.input_ids) == sample.prompt
+
+
+@pytest.mark.parametrize("length", [1024, 3000, 4096, 10240, 65536])
+def test_landmark_prompt_is_exactly_the_length(tok, length):
+    sample = _one(tok, length, 0.5, protocol="landmark")
+    assert sample.n_tokens == length
+    assert tok.decode(sample.input_ids) == sample.prompt
+    assert sample.prompt.startswith(TASK_LINE + "\n")
+    assert sample.prompt.endswith("\n" + QUESTION)
+    key = sample.answers[0]
+    assert f"\nThe pass key is {key}. Remember it. {key} is the pass key.\n" in sample.prompt
+    assert sample.scoring == "generate" and sample.max_new_tokens == 10
+    assert sample.metric == "first_integer_match" and sample.target_ids == []
+
+
+@pytest.mark.parametrize("length", [1024, 8192, 131072])
+@pytest.mark.parametrize("depth", [0.0, 0.1, 0.25, 0.5, 0.77, 1.0])
+def test_key_sits_at_the_requested_depth(tok, length, depth):
+    sample = _one(tok, length, depth)
+    filler = sample.meta["filler_tokens"]
+    before = sample.meta["filler_before"]
+    # Snapped to a sentence boundary: off by at most one filler sentence.
+    assert abs(before - depth * filler) <= _longest_filler_sentence(tok)
+    task_tokens = len(tok.encode(TASK_LINE))
+    assert sample.needle_positions == [task_tokens + before]
+    needle = tok.decode(sample.input_ids[sample.needle_positions[0] :])
+    assert needle.startswith(f" The pass key is {sample.answers[0]}. Remember it. {sample.answers[0]} is the pass key.")
+    # The text before the needle ends a sentence.
+    assert tok.decode(sample.input_ids[: sample.needle_positions[0]]).endswith(".")
+
+
+def test_authors_wording_and_teacher_forcing_targets(tok):
+    sample = _one(tok, 2048, 0.5)
+    key = sample.answers[0]
+    assert re.fullmatch(r"[1-9]\d{4}", key) and 10000 <= int(key) <= 99999
+    assert sample.prompt.startswith(TASK_LINE + " " + FILLER + " ")
+    assert sample.prompt.endswith(" What is the pass key? The pass key is")
+    assert sample.scoring == "teacher_forced" and sample.metric == "passkey_exact"
+    # The key is fed digit by digit: " d1", "d2", ..., in the needle and as the target.
+    assert [tok.decode([t]) for t in sample.target_ids] == [" " + key[0], *key[1:]]
+    for at in sample.meta["key_positions"]:
+        assert sample.input_ids[at : at + 5] == sample.target_ids
+    # decode(prompt + target) reads naturally.
+    assert tok.decode(sample.input_ids + sample.target_ids).endswith(f"The pass key is {key}")
+
+
+def test_keys_differ_across_indices_and_pair_across_depths(tok):
+    keys = [s.answers[0] for s in generate_samples("passkey", [1024], 20, 0, tok, [0.5])]
+    assert len(set(keys)) > 15
+    at_depths = list(generate_samples("passkey", [1024], 1, 0, tok, [0.0, 0.5, 1.0]))
+    assert len({s.answers[0] for s in at_depths}) == 1
+    assert len({tuple(s.input_ids) for s in at_depths}) == 3
+
+
+def test_sample_does_not_depend_on_other_lengths(tok):
+    alone = list(generate_samples("passkey", [4096], 3, 7, tok, [0.5]))
+    mixed = [s for s in generate_samples("passkey", [1024, 4096, 2048], 3, 7, tok, [0.5]) if s.length == 4096]
+    assert [s.to_json() for s in alone] == [s.to_json() for s in mixed]
+
+
+def test_default_depths_are_five_evenly_spaced(tok):
+    samples = list(generate_samples("passkey", [1024], 1, 0, tok))
+    assert [s.depth for s in samples] == [0.0, 0.25, 0.5, 0.75, 1.0]
+
+
+def test_too_short_is_an_error(tok):
+    with pytest.raises(BamctlError, match="too short"):
+        list(generate_samples("passkey", [20], 1, 0, tok, [0.5]))
+
+
+def test_teacher_forced_scoring(tok):
+    sample = _one(tok, 1024, 0.5)
+    right = list(sample.target_ids)
+    assert passkey_digit_hits(right, sample) == (True, [True] * 5)
+    assert score("passkey_exact", right, sample) == 1.0
+    wrong = right[:2] + [right[2] + 1] + right[3:]
+    assert passkey_digit_hits(wrong, sample) == (False, [True, True, False, True, True])
+    assert score("passkey_exact", wrong, sample) == 0.0
+    assert score("passkey_digits", wrong, sample) == pytest.approx(0.8)
+    assert passkey_digit_hits(right[:4], sample)[0] is False
+
+
+def test_landmark_scoring_takes_the_first_integer(tok):
+    sample = _one(tok, 1024, 0.5, protocol="landmark")
+    key = sample.answers[0]
+    assert score("first_integer_match", f" {key}. Remember", sample) == 1.0
+    assert score("first_integer_match", f" 1{key}", sample) == 0.0
+    assert score("first_integer_match", f" 7 and {key}", sample) == 0.0
+    assert score("first_integer_match", " no idea", sample) == 0.0
+
+
+@pytest.mark.parametrize("protocol", ["bogus", "landmrk"])
+def test_unknown_protocol(tok, protocol):
+    with pytest.raises(BamctlError, match="unknown variant"):
+        generate_samples("passkey", [1024], 1, 0, tok, protocol=protocol)

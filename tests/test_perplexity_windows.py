@@ -1,0 +1,104 @@
+"""Perplexity plans: every token 1..N-1 scored exactly once; buckets; the corpus."""
+
+import random
+import tomllib
+
+import pytest
+
+from bamctl.errors import BamctlError
+from bamctl.tasks import generate_samples, position_buckets, ppl_corpus_tokens, sliding_windows
+from bamctl.tasks.texts import shipped_corpus, tasks_dir
+from bamctl.tokenizer import get_tokenizer
+
+CASES = [
+    (n, w, s)
+    for n in (1, 2, 3, 7, 64, 100, 1000, 1025)
+    for w in (2, 3, 16, 64, 512, 2000)
+    for s in sorted({1, 2, max(1, w // 2), w - 1, w} - {0})
+    if 1 <= s <= w
+]
+
+
+@pytest.mark.parametrize(("n", "w", "s"), CASES)
+def test_every_token_scored_exactly_once(n, w, s):
+    windows = sliding_windows(n, w, s)
+    scored = [t for win in windows for t in range(win.score_from, win.end)]
+    assert len(scored) == sum(win.n_scored for win in windows) == max(0, n - 1)
+    assert sorted(scored) == list(range(1, n))
+    for win in windows:
+        assert 0 <= win.begin < win.score_from <= win.end <= n  # a scored token always has context
+        assert win.end - win.begin <= w
+
+
+@pytest.mark.parametrize(("n", "w"), [(100, 10), (1000, 64), (37, 5)])
+def test_stride_one_is_the_strict_sliding_evaluation(n, w):
+    windows = sliding_windows(n, w, 1)
+    for win in windows[1:]:
+        assert win.n_scored == 1 and win.end - win.begin == w  # each token with w - 1 tokens of context
+    assert len(windows) == n - w + 1
+
+
+def test_stride_equal_to_window_is_back_to_back():
+    windows = sliding_windows(10, 4, 4)
+    assert [(w.begin, w.end, w.score_from) for w in windows] == [(0, 4, 1), (3, 7, 4), (6, 10, 7)]
+
+
+def test_random_cases_count_directly():
+    rng = random.Random(0)
+    for _ in range(300):
+        n, w = rng.randint(0, 5000), rng.randint(2, 700)
+        s = rng.randint(1, w)
+        assert sum(win.n_scored for win in sliding_windows(n, w, s)) == max(0, n - 1)
+
+
+@pytest.mark.parametrize(("w", "s"), [(1, 1), (0, 1), (8, 0), (8, 9)])
+def test_bad_window_or_stride(w, s):
+    with pytest.raises(BamctlError):
+        sliding_windows(100, w, s)
+
+
+@pytest.mark.parametrize(("n", "bucket"), [(1025, 1024), (4097, 1024), (4096, 1024), (10, 3), (1, 4)])
+def test_position_buckets_cover_each_prediction_once(n, bucket):
+    buckets = position_buckets(n, bucket)
+    positions = [p for b in buckets for p in range(b.start, b.end)]
+    assert positions == list(range(max(0, n - 1)))
+    assert all(b.n_scored == bucket for b in buckets[:-1])
+    assert [b.index for b in buckets] == list(range(len(buckets)))
+
+
+def test_ppl_documents_have_exact_length_and_record_repetition():
+    tok = get_tokenizer("gpt2")
+    corpus = ppl_corpus_tokens(tok)
+    assert len(corpus) > 300_000
+    first, second = generate_samples("ppl", [4096], 2, 0, tok)
+    assert first.n_tokens == second.n_tokens == 4096
+    assert first.input_ids == corpus[:4096] and second.input_ids == corpus[4096:8192]
+    assert first.meta["corpus_repeats"] == 1 and first.scoring == "nll"
+    assert tok.decode(first.input_ids) == first.prompt
+    (long,) = generate_samples("ppl", [524288], 1, 0, tok)
+    assert long.n_tokens == 524288 and long.meta["corpus_repeats"] == 2
+
+
+def test_ppl_user_corpus(tmp_path):
+    tok = get_tokenizer("gpt2")
+    path = tmp_path / "mine.txt"
+    path.write_text("one two three four five six seven eight nine ten " * 20)
+    (sample,) = generate_samples("ppl", [50], 1, 0, tok, corpus_path=path)
+    assert sample.n_tokens == 50 and sample.meta["corpus"] == str(path)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("  \n")
+    with pytest.raises(BamctlError, match="empty"):
+        list(generate_samples("ppl", [50], 1, 0, tok, corpus_path=empty))
+
+
+def test_ppl_and_training_texts_are_disjoint_from_each_other_and_the_essays():
+    manifest = tomllib.loads((tasks_dir() / "texts" / "corpora.toml").read_text())
+    files = {name: set(entry["files"]) for name, entry in manifest.items()}
+    assert not files["ppl"] & files["train"] and not files["ppl"] & files["essays"]
+    ppl = shipped_corpus("ppl").text
+    others = shipped_corpus("train").text + shipped_corpus("essays").text
+    rng = random.Random(0)
+    for _ in range(50):
+        start = rng.randrange(len(ppl) - 300)
+        snippet = ppl[start : start + 300]
+        assert snippet not in others

@@ -1,0 +1,210 @@
+"""RULER NIAH: sizing, RULER's wording, needle/query/answer consistency, metrics."""
+
+import re
+
+import pytest
+
+from bamctl.tasks import generate_samples, score, string_match_all, string_match_part
+from bamctl.tasks.haystacks import essay_haystack
+from bamctl.tasks.registry import get_task
+from bamctl.tasks.ruler import ESSAY_DEPTHS, niah_sample
+from bamctl.tasks.texts import word_pairs
+from bamctl.tokenizer import get_tokenizer
+
+VARIANTS = [
+    "niah_single_1",
+    "niah_single_2",
+    "niah_single_3",
+    "niah_multikey_1",
+    "niah_multikey_2",
+    "niah_multikey_3",
+    "niah_multivalue",
+    "niah_multiquery",
+]
+# RULER's templates (constants.py + niah.py), written out for both wordings.
+PLURAL_HEAD = (
+    "Some special magic {t} are hidden within the following text. Make sure to memorize it. "
+    "I will quiz you about the {t} afterwards.\n"
+)
+PLURAL_TAIL = (
+    "\nWhat are all the special magic {t} for {q} mentioned in the provided text? "
+    "The special magic {t} for {q} mentioned in the provided text are"
+)
+SINGULAR_HEAD = (
+    "A special magic {t} is hidden within the following text. Make sure to memorize it. "
+    "I will quiz you about the {t} afterwards.\n"
+)
+SINGULAR_TAIL = (
+    "\nWhat is the special magic {t} for {q} mentioned in the provided text? "
+    "The special magic {t} for {q} mentioned in the provided text is"
+)
+NUMBER = re.compile(r"[1-9]\d{6}")
+UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return get_tokenizer("gpt2")
+
+
+@pytest.fixture(scope="module")
+def samples(tok):
+    """Two samples per variant at 1k and 4k."""
+    return {
+        (variant, length): list(generate_samples(variant, [length], 2, 3, tok))
+        for variant in VARIANTS
+        for length in (1024, 4096)
+    }
+
+
+def _matches(kind: str, text: str) -> bool:
+    if kind == "numbers":
+        return bool(NUMBER.fullmatch(text))
+    if kind == "uuids":
+        return bool(UUID.fullmatch(text))
+    return text in set(word_pairs())
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("length", [1024, 4096])
+def test_sizing_is_the_largest_haystack_that_fits(tok, samples, variant, length):
+    spec = get_task(variant)
+    for sample in samples[variant, length]:
+        assert sample.n_tokens == len(sample.input_ids)
+        assert tok.decode(sample.input_ids) == sample.prompt
+        assert sample.n_tokens + sample.max_new_tokens <= length
+        assert sample.max_new_tokens == 128
+        bigger = niah_sample(
+            tokenizer=tok,
+            length=length,
+            seed=sample.seed,
+            index=sample.index,
+            depth=None,
+            task=spec.task,
+            variant=spec.variant,
+            scoring=spec.scoring,
+            metric=spec.metric,
+            max_new_tokens=spec.max_new_tokens,
+            n_units=sample.meta["haystack_units"] + 1,
+            **spec.args,
+        )
+        assert bigger.n_tokens + 128 > length
+        assert bigger.answers == sample.answers  # same draw, one more unit
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_wording_follows_ruler_templates(samples, variant):
+    args = get_task(variant).args
+    singular = args["num_values"] * args["num_queries"] == 1
+    kind = args["value_type"]
+    t = kind[:-1] if singular else kind
+    for sample in samples[variant, 4096]:
+        q = sample.meta["queries"]
+        query = q[0] if len(q) == 1 else ", ".join(q[:-1]) + ", and " + q[-1]
+        head, tail = (SINGULAR_HEAD, SINGULAR_TAIL) if singular else (PLURAL_HEAD, PLURAL_TAIL)
+        assert sample.prompt.startswith(head.format(t=t))
+        assert sample.prompt.endswith(tail.format(t=t, q=query))
+        prefix = sample.meta["answer_prefix"]
+        assert prefix == tail.format(t=t, q=query).split("?", 1)[1]
+        assert sample.prompt.endswith(prefix)
+
+
+def test_multiquery_lists_four_keys_the_ruler_way(samples):
+    sample = samples["niah_multiquery", 4096][0]
+    q = sample.meta["queries"]
+    assert len(q) == 4
+    assert f"for {q[0]}, {q[1]}, {q[2]}, and {q[3]} mentioned" in sample.prompt
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_needles_queries_and_answers_agree(tok, samples, variant):
+    args = get_task(variant).args
+    for sample in samples[variant, 4096]:
+        keys, values, queries = sample.meta["keys"], sample.meta["values"], sample.meta["queries"]
+        assert len(keys) == max(args["num_keys"], args["num_queries"]) == len(set(keys))
+        assert all(len(v) == args["num_values"] for v in values)
+        assert len(queries) == args["num_queries"] and set(queries) <= set(keys)
+        assert sample.answers == [v for k in queries for v in values[keys.index(k)]]
+        assert all(_matches(args["key_type"], k) for k in keys)
+        assert all(_matches(args["value_type"], v) for vs in values for v in vs)
+        needles = [
+            f"One of the special magic {args['value_type']} for {k} is: {v}."
+            for k, vs in zip(keys, values)
+            for v in vs
+        ]
+        for needle in needles:
+            assert sample.prompt.count(needle) == 1
+        # Each queried key appears in exactly one needle per value, even among decoys.
+        for k in queries:
+            assert sample.prompt.count(f" for {k} is: ") == args["num_values"]
+        # needle_positions point at the needles, in prompt order.
+        assert len(sample.needle_positions) == len(needles)
+        assert sample.needle_positions == sorted(sample.needle_positions)
+        found = {tok.decode(sample.input_ids[p:]).lstrip()[: len(needles[0]) + 40] for p in sample.needle_positions}
+        for needle in needles:
+            assert any(text.startswith(needle) for text in found)
+        assert 0.0 <= sample.depth <= 1.0
+
+
+@pytest.mark.parametrize("variant", ["niah_single_2", "niah_multikey_1", "niah_multivalue"])
+def test_essay_needles_sit_at_sentence_boundaries(tok, samples, variant):
+    for sample in samples[variant, 4096]:
+        assert round(sample.depth * 100) in ESSAY_DEPTHS
+        for position in sample.needle_positions:
+            before = tok.decode(sample.input_ids[:position]).rstrip()
+            assert before.endswith("afterwards.") or re.search(r"[.!?][\"')\]]*$", before), before[-80:]
+
+
+def test_noise_haystack_is_filler_lines(samples):
+    sample = samples["niah_single_1", 4096][0]
+    lines = sample.prompt.split("\n")[1:-1]
+    filler = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+    assert sum(line == filler for line in lines) == sample.meta["haystack_units"]
+    assert sum(line.startswith("One of the special magic") for line in lines) == 1
+
+
+def test_samples_are_pure_functions_of_identity(tok):
+    alone = next(iter(generate_samples("niah_multikey_2", [2048], 1, 5, tok)))
+    mixed = [s for s in generate_samples("niah_multikey_2", [1024, 2048], 1, 5, tok) if s.length == 2048][0]
+    assert alone.to_json() == mixed.to_json()
+    other_seed = next(iter(generate_samples("niah_multikey_2", [2048], 1, 6, tok)))
+    assert other_seed.prompt != alone.prompt
+
+
+def test_depths_place_a_single_needle(tok):
+    low, high = generate_samples("niah_single_1", [4096], 1, 0, tok, [0.0, 1.0])
+    assert low.depth == 0.0 and high.depth == 1.0
+    assert low.needle_positions[0] < 40 < 4000 - 200 < high.needle_positions[0]
+
+
+def test_essay_corpus_holds_128k_tokens_before_repeating(tok):
+    haystack = essay_haystack(tok)
+    assert haystack.estimate_tokens(haystack.size) >= 131072
+    sample = next(iter(generate_samples("niah_single_2", [131072], 1, 0, tok)))
+    assert sample.meta["haystack_repeats"] == 1
+    assert sample.n_tokens + 128 <= 131072
+
+
+@pytest.mark.slow
+def test_repetition_is_recorded(tok):
+    sample = next(iter(generate_samples("niah_single_2", [262144], 1, 0, tok)))
+    assert sample.meta["haystack_repeats"] == 2
+    assert sample.n_tokens + 128 <= 262144
+
+
+def test_string_match_metrics_as_ruler_defines_them():
+    preds = ["The numbers are 1234567 and 7654321.", "nothing here", "ABCDEF-12 is it"]
+    refs = [["1234567", "7654321", "1111111"], ["2222222"], ["abcdef-12"]]
+    # all: (2/3 + 0 + 1) / 3 * 100; part: (1 + 0 + 1) / 3 * 100
+    assert string_match_all(preds, refs) == round((2 / 3 + 0 + 1) / 3 * 100, 2) == 55.56
+    assert string_match_part(preds, refs) == 66.67
+    assert string_match_all(["x"], [["x"]]) == 100.0
+
+
+def test_per_sample_scores(tok, samples):
+    sample = samples["niah_multivalue", 1024][0]
+    a = sample.answers
+    assert score("string_match_all", " " + ", ".join(a), sample) == 1.0
+    assert score("string_match_all", f" {a[0]} and {a[1]}", sample) == 0.5
+    assert score("string_match_part", f" {a[2]}", sample) == 1.0
+    assert score("string_match_part", " 0000000", sample) == 0.0
