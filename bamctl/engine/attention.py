@@ -75,34 +75,65 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: A
     return (torch.softmax(logits, dim=-1) @ v.float()).to(q.dtype)
 
 
+def _toeplitz_bias(table: torch.Tensor, base: int, tq: int, tb: int) -> torch.Tensor:
+    """Bias for keys taken in reverse order: out[h, i, r] = table[h, clamp(base + i + r, 0)].
+
+    A distance-only bias is Toeplitz; with the key block reversed it becomes a Hankel
+    matrix, which is a strided *view* of one short vector (no (Tq, Tb) gather).
+    """
+    index = torch.arange(base, base + tq + tb - 1, device=table.device).clamp_(min=0, max=table.shape[1] - 1)
+    line = table[:, index].contiguous()  # (H, Tq + Tb - 1)
+    return line.as_strided((table.shape[0], tq, tb), (line.stride(0), 1, 1))
+
+
 def blockwise_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs, block_size: int = 1024
 ) -> torch.Tensor:
-    """Online-softmax attention over key blocks; never holds more than (Tq, block) logits."""
+    """Online-softmax attention over key blocks; never holds more than (Tq, block) logits.
+
+    Each key block is walked in reverse order so that the prior is a strided view
+    (see ``_toeplitz_bias``); the logits are then updated in place to keep memory
+    traffic low on CPUs.
+    """
     tq = q.shape[2]
-    q_positions = torch.arange(inputs.q_start, inputs.q_start + tq, device=q.device)
-    last_key = inputs.q_start + tq  # keys beyond the last query are never visible
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    qf = q.float() * scale
+    q_start = inputs.q_start
+    last_key = q_start + tq  # keys beyond the last query are never visible
+    qf = q.float() * (1.0 / math.sqrt(q.shape[-1]))
+    factor = None
+    if inputs.ssmax_scale is not None:
+        q_positions = torch.arange(q_start, last_key, device=q.device)
+        factor = inputs.ssmax_scale.float()[:, None, None] * _log_keys(q_positions)[None, :, None]  # (H, Tq, 1)
+    scale_bias = factor is not None and inputs.ssmax_scope == "logits"
     running_max = torch.full((*q.shape[:3], 1), float("-inf"), device=q.device)  # (B, H, Tq, 1)
     running_sum = torch.zeros_like(running_max)
     acc = torch.zeros(*q.shape[:3], v.shape[-1], device=q.device)  # (B, H, Tq, Dh)
     for start in range(0, last_key, block_size):
         stop = min(start + block_size, last_key)
-        k_positions = torch.arange(start, stop, device=q.device)
-        signed = q_positions[:, None] - k_positions[None, :]  # (Tq, Tb)
-        scores = qf @ k[:, :, start:stop].float().transpose(-1, -2)  # (B, H, Tq, Tb)
-        logits = _logits(scores, signed.clamp(min=0), q_positions, inputs)
-        if stop - 1 > inputs.q_start:  # block reaches past the first query: some keys are in its future
-            logits = logits.masked_fill(signed < 0, float("-inf"))
-        block_max = logits.amax(dim=-1, keepdim=True)
-        new_max = torch.maximum(running_max, block_max)
+        tb = stop - start
+        k_block = k[:, :, start:stop].float().flip(2)  # reversed: key r is at position stop - 1 - r
+        v_block = v[:, :, start:stop].float().flip(2)
+        logits = qf @ k_block.transpose(-1, -2)  # (B, H, Tq, Tb)
+        base = q_start - (stop - 1)  # distance of (query 0, reversed key 0)
+        if inputs.bias_table is not None:
+            bias = _toeplitz_bias(inputs.bias_table, base, tq, tb)
+            if scale_bias:
+                logits.add_(bias).mul_(factor)
+            else:
+                if factor is not None:
+                    logits.mul_(factor)
+                logits.add_(bias)
+        elif factor is not None:
+            logits.mul_(factor)
+        if base < 0:  # this block holds keys in the future of some queries
+            future = (torch.arange(tq, device=q.device)[:, None] + torch.arange(tb, device=q.device)[None, :]) < -base
+            logits.masked_fill_(future, float("-inf"))
+        new_max = torch.maximum(running_max, logits.amax(dim=-1, keepdim=True))
         # Rows that have seen only masked keys keep max = -inf; exp(-inf - -inf) would be NaN.
         safe_max = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)
         correction = torch.exp(running_max - safe_max)
-        weights = torch.exp(logits - safe_max)
+        weights = logits.sub_(safe_max).exp_()
         running_sum = running_sum * correction + weights.sum(dim=-1, keepdim=True)
-        acc = acc * correction + weights @ v[:, :, start:stop].float()
+        acc = acc * correction + weights @ v_block
         running_max = new_max
     return (acc / running_sum).to(q.dtype)
 

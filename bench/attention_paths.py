@@ -1,0 +1,116 @@
+"""Time and peak memory of each attention path against torch SDPA, per context length.
+
+Each (path, length) runs in a fresh subprocess so its peak resident memory is its own:
+we report the peak RSS growth over the process's RSS just before the call. The peer,
+torch's ``scaled_dot_product_attention`` (causal, no bias), runs on the same shapes in
+the same sweep. Our paths compute the BAM prior and SSMax; SDPA computes neither.
+
+    python bench/attention_paths.py                     # 1k..32k, 4 heads x 64 dims
+    python bench/attention_paths.py --max-length 64k --heads 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import torch
+
+CHUNK = 2048  # queries per call, as the engine streams them
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _run_one(path: str, length: int, heads: int, head_dim: int, repeats: int) -> dict:
+    from bamctl.engine.attention import AttentionInputs, KERNELS
+    from bamctl.positional import GGDPrior
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, heads, length, head_dim) for _ in range(3))
+    prior = GGDPrior(heads, init="alibi")
+    with torch.no_grad():
+        prior.theta_beta.copy_(torch.linspace(-0.5, 1.0, heads))
+        table = prior.distance_table(length)
+    scale = torch.ones(heads)
+
+    def ours():
+        kernel = KERNELS[path]
+        out = torch.empty_like(q)
+        for start in range(0, length, CHUNK):
+            stop = min(start + CHUNK, length)
+            inputs = AttentionInputs(q_start=start, bias_table=table, ssmax_scale=scale)
+            out[:, :, start:stop] = kernel(q[:, :, start:stop], k[:, :, :stop], v[:, :, :stop], inputs)
+        return out
+
+    def sdpa():
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    fn = sdpa if path == "sdpa" else ours
+    before = _rss_bytes()
+    with torch.inference_mode():
+        fn()  # warm-up, and the peak memory of one call
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+    return {"path": path, "length": length, "seconds": min(times), "peak_bytes": max(peak, 0)}
+
+
+def _parse_length(text: str) -> int:
+    return int(text[:-1]) * 1024 if text.lower().endswith("k") else int(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--min-length", default="1k")
+    parser.add_argument("--max-length", default="32k")
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--dense-max", default="8k", help="longest length for the dense path (n x n logits)")
+    parser.add_argument("--one", nargs=2, metavar=("PATH", "LENGTH"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        result = _run_one(args.one[0], int(args.one[1]), args.heads, args.head_dim, args.repeats)
+        print(json.dumps(result))
+        return
+
+    lengths, n = [], _parse_length(args.min_length)
+    while n <= _parse_length(args.max_length):
+        lengths.append(n)
+        n *= 2
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, 1 x {args.heads} heads x {args.head_dim} dims, float32, CPU")
+    header = f"{'length':>7} | {'path':>9} | {'seconds':>8} | {'peak MiB':>8} | {'time / sdpa':>11} | {'mem / sdpa':>10}"
+    print(header)
+    print("-" * len(header))
+    for length in lengths:
+        results = {}
+        for path in ("sdpa", "blockwise", "dense"):
+            if path == "dense" and length > _parse_length(args.dense_max):
+                continue
+            cmd = [sys.executable, __file__, "--one", path, str(length), "--heads", str(args.heads),
+                   "--head-dim", str(args.head_dim), "--repeats", str(args.repeats)]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                print(f"{length:>7} | {path:>9} | failed: {done.stderr.strip().splitlines()[-1:]}")
+                continue
+            results[path] = json.loads(done.stdout)
+        peer = results.get("sdpa")
+        for path, r in results.items():
+            ratio_t = r["seconds"] / peer["seconds"] if peer else float("nan")
+            ratio_m = r["peak_bytes"] / peer["peak_bytes"] if peer and peer["peak_bytes"] else float("nan")
+            print(f"{length:>7} | {path:>9} | {r['seconds']:>8.3f} | {r['peak_bytes'] / 2**20:>8.1f} | {ratio_t:>11.2f} | {ratio_m:>10.2f}")
+
+
+if __name__ == "__main__":
+    main()
