@@ -48,6 +48,9 @@ class ModelConfig:
     bam_train_mu: bool = False  # the prior's location stays at 0 unless asked
     train_length: int = 512  # context the model was trained on: the unit of "extrapolation x"
     tokenizer: str = "gpt2"
+    # Tokenizer ids this model has rows for (bamctl.vocab.VocabSubset), plus one UNK row;
+    # None: one row per tokenizer id. Lets tiny reference models stay tiny.
+    token_subset: list[int] | None = None
 
     def __post_init__(self):
         if self.pe not in PE_REGISTRY:
@@ -56,6 +59,8 @@ class ModelConfig:
             raise BamctlError(f"dim {self.dim} must split into {self.n_heads} heads of even size")
         if self.ssmax_scope not in ("logits", "content"):
             raise BamctlError(f"ssmax_scope must be 'logits' or 'content', not {self.ssmax_scope!r}")
+        if self.token_subset is not None and self.vocab_size != len(self.token_subset) + 1:
+            raise BamctlError(f"vocab_size {self.vocab_size} must be len(token_subset) + 1 = {len(self.token_subset) + 1}")
 
     @property
     def head_dim(self) -> int:

@@ -22,6 +22,7 @@ from bamctl.engine.attention import KERNELS, get_kernel
 from bamctl.engine.cache import KVCache
 from bamctl.errors import BamctlError
 from bamctl.model import ForwardState, Transformer
+from bamctl.vocab import VocabSubset
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 ATTENTION_CHOICES = ("auto", *KERNELS)
@@ -82,6 +83,19 @@ class StreamingEngine:
         self.chunk_size = chunk_size
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self.config = model.config
+        self.subset = None
+        if self.config.token_subset is not None:
+            from bamctl.tokenizer import get_tokenizer
+
+            self.subset = VocabSubset(self.config.token_subset, get_tokenizer(self.config.tokenizer).vocab_size)
+
+    # Callers speak tokenizer ids; a model with a vocabulary subset has its own rows.
+    def _model_ids(self, ids: Sequence[int]) -> torch.Tensor:
+        tokens = torch.as_tensor(list(ids), dtype=torch.long, device=self.device)
+        return tokens if self.subset is None else self.subset.to_model(tokens)
+
+    def _tokenizer_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids if self.subset is None else self.subset.to_tokenizer(ids)
 
     # -- the one loop everything else is built on ---------------------------------------
     def _stream(
@@ -92,7 +106,7 @@ class StreamingEngine:
     ) -> tuple[KVCache, ForwardState]:
         """Run ``ids`` through the model in chunks; ``on_hidden(start, hidden (T, C))`` per chunk."""
         cfg = self.config
-        tokens = torch.as_tensor(list(ids), dtype=torch.long, device=self.device)[None, :]  # (1, N)
+        tokens = self._model_ids(ids)[None, :]  # (1, N)
         cache = KVCache(cfg.n_layers, 1, cfg.n_heads, capacity, cfg.head_dim, self.dtype, self.device)
         state = ForwardState(kernel=self.kernel, cache=cache, max_distance=capacity - 1)
         for start in range(0, tokens.shape[1], self.chunk_size):
@@ -125,9 +139,9 @@ class StreamingEngine:
         ids = list(prompt_ids) + list(target_ids)
         positions = range(len(prompt_ids) - 1, len(ids) - 1)
         logprobs = torch.log_softmax(self.logits_at(ids, positions), dim=-1)
-        target = torch.as_tensor(list(target_ids), device=logprobs.device)
+        target = self._model_ids(target_ids)
         return ContinuationScore(
-            predicted_ids=logprobs.argmax(-1).tolist(),
+            predicted_ids=self._tokenizer_ids(logprobs.argmax(-1)).tolist(),
             logprobs=logprobs.gather(1, target[:, None])[:, 0].tolist(),
         )
 
@@ -137,16 +151,15 @@ class StreamingEngine:
         last: list[torch.Tensor] = []
         capacity = len(prompt_ids) + max_new_tokens
         cache, state = self._stream(prompt_ids, capacity, lambda start, hidden: last.append(hidden[-1]))
-        next_id = int(self._logits(last[-1][None]).argmax(-1))
+        next_id = self._logits(last[-1][None]).argmax(-1)  # (1,) model id
         out: list[int] = []
         position = len(prompt_ids)
         while len(out) < max_new_tokens:
-            out.append(next_id)
-            if next_id in stop_ids or len(out) == max_new_tokens:
+            out.append(int(self._tokenizer_ids(next_id)))
+            if out[-1] in stop_ids or len(out) == max_new_tokens:
                 break
             self.model.advance(state, position, 1)
-            token = torch.tensor([[next_id]], device=self.device)
-            next_id = int(self._logits(self.model.hidden(token, state)[0, -1:]).argmax(-1))
+            next_id = self._logits(self.model.hidden(next_id[None], state)[0, -1:]).argmax(-1)
             position += 1
         return out
 
@@ -155,7 +168,7 @@ class StreamingEngine:
         """NLL (float32, on CPU) of each token ids[t] for t in [score_from, len(ids)), given ids[:t]."""
         if not 1 <= score_from <= len(ids):
             raise ValueError(f"score_from must be in [1, {len(ids)}], got {score_from}")
-        targets = torch.as_tensor(list(ids), dtype=torch.long, device=self.device)
+        targets = self._model_ids(ids)
         pieces: list[torch.Tensor] = []
 
         def score(start: int, hidden: torch.Tensor) -> None:
