@@ -48,10 +48,15 @@ class Backend(Protocol):
 
 @dataclass(frozen=True)
 class EngineOptions:
+    """How to run a model; every evaluation command exposes these as options."""
+
     device: str = "auto"
     dtype: str = "auto"
     chunk_size: int = 2048
     attention: str = "auto"
+    tokenizer: str | None = None  # a tokenizer path or name overriding the model's own (external models)
+    beyond_max: str = "warn"  # past a model's configured max positions: "warn" and run, or "refuse"
+    chat_template: bool = False  # external chat models: wrap prompts in their template
 
 
 class NativeBackend:
