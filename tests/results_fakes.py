@@ -54,6 +54,7 @@ def fake_row(
         "score": score,
         "nll": nll,
         "n_scored": n_scored,
+        "position": 0 if perplexity else None,
         "seconds": 0.25,
         "tokens_per_s": (length - 3) / 0.25,
         "peak_mem_bytes": None if perplexity else 1 << 20,

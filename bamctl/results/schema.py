@@ -48,6 +48,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("score", pa.float64(), False, "metric in [0, 1] for accuracy tasks (1.0/0.0 for exact match, fraction found for string_match_all); mean token NLL (nll / n_scored) for perplexity"),
     Column("nll", pa.float64(), True, "perplexity only: SUM of the token negative log-likelihoods of the sample, nats"),
     Column("n_scored", pa.int64(), True, "perplexity only: number of tokens whose NLL is in `nll`"),
+    Column("position", pa.int64(), True, "perplexity only: first scored token of the span (sliding window's first new token, or bucket start); null otherwise"),
     Column("seconds", pa.float64(), False, "wall time spent on the sample"),
     Column("tokens_per_s", pa.float64(), False, "n_tokens / seconds"),
     Column("peak_mem_bytes", pa.int64(), True, "peak memory during the sample (GPU if on one, else process RSS); null when unknown"),
@@ -67,9 +68,9 @@ SCHEMA: pa.Schema = pa.schema(
 )
 
 # A sample is done when a row with the same key exists; reruns skip it.
-KEY_COLUMNS: tuple[str, ...] = ("model_hash", "task", "variant", "protocol", "length", "depth", "seed", "sample")
+KEY_COLUMNS: tuple[str, ...] = ("model_hash", "task", "variant", "protocol", "length", "depth", "seed", "sample", "position")
 
-ResumeKey = tuple[str, str, str, str, int, float | None, int, int]
+ResumeKey = tuple[str, str, str, str, int, float | None, int, int, int | None]
 
 
 def row_key(row: Mapping[str, Any]) -> ResumeKey:
@@ -88,7 +89,17 @@ def row_key(row: Mapping[str, Any]) -> ResumeKey:
         depth,
         int(row["seed"]),
         int(row["sample"]),
+        _optional_int(row.get("position")),
     )
+
+
+def _optional_int(value: Any) -> int | None:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):  # pandas' NA
+        return None
 
 
 def schema_version(schema: pa.Schema) -> int | None:

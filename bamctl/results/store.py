@@ -43,7 +43,7 @@ PART_SUFFIX = ".parquet"
 STALE_TEMP_SECONDS = 3600  # no append holds its temp file this long; older ones are crash leftovers
 
 # Deterministic row order for reads: same rows in, same table out.
-SORT_COLUMNS: tuple[str, ...] = ("task", "variant", "protocol", "model", "model_hash", "length", "depth", "seed", "sample")
+SORT_COLUMNS: tuple[str, ...] = ("task", "variant", "protocol", "model", "model_hash", "length", "depth", "seed", "sample", "position")
 
 Warn = Callable[[str], None]
 
