@@ -21,6 +21,7 @@ except ImportError:  # pragma: no cover - older typer on top of click
 from bamctl.cli import model_commands  # noqa: E402,F401
 from bamctl.cli import task_commands  # noqa: E402,F401
 from bamctl.cli import results_commands  # noqa: E402,F401
+from bamctl.cli import eval_commands  # noqa: E402,F401
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -76,4 +77,6 @@ def main(argv: list[str] | None = None) -> None:
             raise
         _fail(f"internal error: {type(err).__name__}: {err} (set BAMCTL_DEBUG=1 for the traceback)", 1)
     else:
+        if result == EXIT_INTERRUPTED:  # typer turns Ctrl-C into this return value
+            stderr.print("interrupted; finished work is kept")
         sys.exit(result if isinstance(result, int) else 0)

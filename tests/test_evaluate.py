@@ -1,0 +1,165 @@
+"""End-to-end evaluation: scores against the dense forward, resume after kills, compare, perplexity counts."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from bamctl.backends import EngineOptions, open_backend
+from bamctl.checkpoint import load_checkpoint, new_random_model, save_checkpoint
+from bamctl.cli import main
+from bamctl.evaluate import Evaluation, TaskRequest, default_lengths
+from bamctl.model import ModelConfig
+from bamctl.results.store import ResultStore
+from bamctl.tasks import generate_samples
+from bamctl.tokenizer import get_tokenizer
+
+VOLATILE = ["run_id", "created_at", "seconds", "tokens_per_s", "peak_mem_bytes", "git_revision"]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    paths = {}
+    for pe, seed in (("bam-ssmax", 0), ("rope", 1)):
+        model = new_random_model(ModelConfig.from_preset("micro", pe, train_length=128), seed)
+        paths[pe] = str(save_checkpoint(model, root / pe))
+    return paths
+
+
+def run_cli(*args):
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(args))
+    return exit_info.value.code
+
+
+def stable(frame):
+    keys = ["model", "task", "variant", "protocol", "length", "depth", "seed", "sample", "position"]
+    return frame.drop(columns=VOLATILE).sort_values(keys).reset_index(drop=True)
+
+
+def test_teacher_forced_passkey_score_equals_dense_forward(models, tmp_path):
+    backend = open_backend(models["bam-ssmax"], EngineOptions(device="cpu", chunk_size=64))
+    request = TaskRequest("passkey", [256], samples=2, seeds=[0], depths=[0.0, 0.5, 1.0])
+    stats = Evaluation(backend, request, ResultStore(tmp_path), model_name="m").run()
+    assert stats.written == 6
+    dense = load_checkpoint(models["bam-ssmax"]).model
+    tokenizer = get_tokenizer("gpt2")
+    samples = list(generate_samples("passkey", [256], 2, 0, tokenizer, [0.0, 0.5, 1.0]))
+    for sample, row in zip(samples, stats.rows):
+        ids = torch.tensor([sample.input_ids + sample.target_ids])
+        logits = dense(ids)[0, len(sample.input_ids) - 1 : -1]
+        predicted = logits.argmax(-1).tolist()
+        assert row["predicted"] == tokenizer.decode(predicted).strip()
+        assert row["correct"] == (predicted == sample.target_ids)
+        assert row["n_tokens"] == 256 and row["length"] == 256
+
+
+def test_sliding_perplexity_scores_every_token_once(models, tmp_path):
+    backend = open_backend(models["rope"], EngineOptions(device="cpu", chunk_size=50))
+    request = TaskRequest("ppl", [64, 128, 300], samples=1, seeds=[0], doc_tokens=300, stride=None)
+    rows = Evaluation(backend, request, ResultStore(tmp_path), model_name="m").run().rows
+    for window in (64, 128, 300):
+        assert sum(r["n_scored"] for r in rows if r["length"] == window) == 299
+    single = [r for r in rows if r["length"] == 300]
+    assert len(single) == 1
+    # Windows of the full document length see all context: equal to one full pass.
+    full = backend.token_nll(next(iter(Evaluation(backend, request, ResultStore(tmp_path), model_name="m").samples(0))).input_ids, 1)
+    assert single[0]["nll"] == pytest.approx(float(full.double().sum()), rel=1e-5)
+
+
+def test_bucket_perplexity_rows_cover_the_document(models, tmp_path):
+    backend = open_backend(models["rope"], EngineOptions(device="cpu"))
+    request = TaskRequest("ppl", [256], samples=1, seeds=[0], ppl_mode="buckets", bucket=100)
+    rows = Evaluation(backend, request, ResultStore(tmp_path), model_name="m").run().rows
+    assert [r["position"] for r in rows] == [0, 100, 200]
+    assert sum(r["n_scored"] for r in rows) == 255
+
+
+def test_compare_writes_table_plot_and_identical_sample_keys(models, tmp_path, capsys):
+    out = tmp_path / "res"
+    code = run_cli("compare", models["bam-ssmax"], models["rope"], "--lengths", "128,256", "--samples", "1", "--out", str(out), "--quiet")
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "bam-ssmax" in printed and "rope" in printed and "effective length" in printed
+    png = out / "compare-passkey.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    frame = ResultStore(out).read()
+    keys = {m: set(map(tuple, g[["length", "depth", "seed", "sample"]].itertuples(index=False))) for m, g in frame.groupby("model")}
+    assert keys["bam-ssmax"] == keys["rope"] and len(keys["rope"]) == 2 * 5
+
+
+def test_rerun_skips_done_samples_and_force_recomputes(models, tmp_path, capsys):
+    args = ["passkey", models["rope"], "--lengths", "128", "--samples", "1", "--out", str(tmp_path), "--quiet"]
+    assert run_cli(*args) == 0
+    first = ResultStore(tmp_path).part_files()
+    assert run_cli(*args) == 0
+    assert ResultStore(tmp_path).part_files() == first  # nothing new written
+    assert "skipped" in capsys.readouterr().err
+    assert run_cli(*args, "--force") == 0
+    assert len(ResultStore(tmp_path).part_files()) == 2 * len(first)
+    assert len(ResultStore(tmp_path).read()) == len(first)  # newest row per key
+
+
+def _passkey_process(model, out):
+    cmd = [sys.executable, "-m", "bamctl", "passkey", model, "--lengths", "128,256", "--samples", "2", "--out", str(out), "--quiet"]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_parts(out: Path, n: int, proc, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if len(list(out.glob("part-*.parquet"))) >= n:
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"process ended early: {proc.stderr.read()}")
+        time.sleep(0.05)
+    pytest.fail("no part files appeared")
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGKILL, -signal.SIGKILL), (signal.SIGINT, 130)])
+def test_interrupted_run_keeps_finished_rows_and_rerun_equals_uninterrupted(models, tmp_path, sig, code):
+    reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
+    assert run_cli("passkey", models["rope"], "--lengths", "128,256", "--samples", "2", "--out", str(reference), "--quiet") == 0
+    proc = _passkey_process(models["rope"], interrupted)
+    _wait_for_parts(interrupted, 3, proc)
+    proc.send_signal(sig)
+    proc.wait(timeout=60)
+    assert proc.returncode == code
+    kept = ResultStore(interrupted).read()
+    assert 3 <= len(kept) < 20
+    if sig == signal.SIGINT:
+        assert "interrupted" in proc.stderr.read()
+    rerun = _passkey_process(models["rope"], interrupted)
+    assert rerun.wait(timeout=300) == 0
+    expected, got = stable(ResultStore(reference).read()), stable(ResultStore(interrupted).read())
+    assert len(got) == 20
+    assert got.equals(expected)
+
+
+def test_default_lengths_double_from_training_length():
+    assert default_lengths([128]) == [128 * 2**i for i in range(7)]
+    assert default_lengths([128, 256])[0] == 128 and default_lengths([128, 256])[-1] == 256 * 64
+
+
+@pytest.mark.parametrize("task, extra", [("passkey", []), ("ppl", ["--doc-tokens", "400", "--stride", "64"])])
+def test_three_shards_give_exactly_the_unsharded_table(models, tmp_path, task, extra):
+    base = ["--lengths", "128,256", "--samples", "2", "--quiet", *extra]
+    command = ["compare", models["rope"], "--task", task] if task == "passkey" else ["ppl", models["rope"]]
+    assert run_cli(*command, *base, "--out", str(tmp_path / "whole")) == 0
+    for i in range(3):
+        assert run_cli(*command, *base, "--out", str(tmp_path / "sharded"), "--shard", f"{i}/3") == 0
+    whole, sharded = ResultStore(tmp_path / "whole").read(), ResultStore(tmp_path / "sharded").read()
+    assert len(sharded) == len(whole) > 3
+    assert stable(sharded).equals(stable(whole))
+
+
+@pytest.mark.parametrize("bad", ["3/3", "1", "a/b", "-1/2", "1/0"])
+def test_malformed_shard_is_refused(models, tmp_path, capsys, bad):
+    assert run_cli("passkey", models["rope"], "--lengths", "128", "--shard", bad, "--out", str(tmp_path)) == 2
+    assert "--shard" in capsys.readouterr().err
