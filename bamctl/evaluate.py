@@ -153,6 +153,7 @@ class Evaluation:
         self, *, force: bool = False, on_row: Callable[[dict], None] | None = None, shard: tuple[int, int] = (0, 1)
     ) -> RunStats:
         """Evaluate every sample not yet in the store; ``shard=(i, n)`` keeps samples i, i+n, i+2n, …"""
+        self.preflight()
         done = set() if force else self.store.done_keys()
         stats = RunStats()
         self._shard, self._unit = shard, -1
@@ -165,6 +166,13 @@ class Evaluation:
                     if on_row:
                         on_row(row)
         return stats
+
+    def preflight(self) -> None:
+        """Let the back-end refuse the longest context now rather than after hours of work."""
+        check = getattr(self.backend, "check_fits", None)
+        if check is not None:
+            spec = self.request.spec
+            check(max(self.request.lengths) + (spec.max_new_tokens or 0) + 16)  # 16: teacher-forced answer tokens
 
     # -- rows --------------------------------------------------------------------------------
     def _mine(self) -> bool:

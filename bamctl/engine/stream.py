@@ -89,6 +89,12 @@ class StreamingEngine:
 
             self.subset = VocabSubset(self.config.token_subset, get_tokenizer(self.config.tokenizer).vocab_size)
 
+    def check_fits(self, n_tokens: int) -> None:
+        """Refuse, before any work, a context that the memory here cannot hold."""
+        from bamctl.engine.memory import check_fits
+
+        check_fits(self.config, n_tokens, self.chunk_size, self.dtype, self.attention, self.device)
+
     # Callers speak tokenizer ids; a model with a vocabulary subset has its own rows.
     def _model_ids(self, ids: Sequence[int]) -> torch.Tensor:
         tokens = torch.as_tensor(list(ids), dtype=torch.long, device=self.device)

@@ -1,0 +1,90 @@
+"""Bad input and hostile conditions: one line on stderr, exit 2, nothing written or lost."""
+
+import pytest
+
+from bamctl.checkpoint import new_random_model, save_checkpoint
+from bamctl.cli import main
+from bamctl.engine import memory
+from bamctl.model import ModelConfig
+from bamctl.results.store import ResultStore
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("m") / "rope"
+    return str(save_checkpoint(new_random_model(ModelConfig.from_preset("micro", "rope", train_length=128), 0), path))
+
+
+def cli(capsys, *args):
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(args))
+    return exit_info.value.code, capsys.readouterr().err
+
+
+def test_length_that_cannot_fit_is_refused_before_any_work(model_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 200 * 2**20)  # a 200 MiB machine
+    code, err = cli(capsys, "passkey", model_dir, "--lengths", "512k", "--out", str(tmp_path))
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "GiB" in lines[0] and "tokens fit" in lines[0]
+    assert ResultStore(tmp_path).part_files() == []
+
+
+def test_estimate_grows_linearly_with_context():
+    config = ModelConfig.from_preset("tiny", "bam-ssmax")
+    import torch
+
+    sizes = [memory.estimate_bytes(config, n, 2048, torch.float32, "blockwise") for n in (32_768, 65_536, 131_072)]
+    assert sizes[2] - sizes[1] == pytest.approx(2 * (sizes[1] - sizes[0]), rel=1e-6)
+    dense = memory.estimate_bytes(config, 131_072, 2048, torch.float32, "dense")
+    assert dense > 2 * sizes[2]  # dense attention holds a chunk x n logits block
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--lengths", "1k..banana"], "length"),
+        (["--lengths", "0"], "length"),
+        (["--depths", "1.5"], "depth"),
+        (["--depths", "x"], "depth"),
+        (["--shard", "2/2"], "--shard"),
+        (["--seed", "a"], "--seed"),
+        (["--protocol", "nonsense"], "nonsense"),
+        (["--device", "tpu"], "device"),
+        (["--attention", "magic"], "attention"),
+        (["--chunk-size", "0"], "chunk"),
+    ],
+)
+def test_malformed_options_are_one_line(model_dir, tmp_path, capsys, args, fragment):
+    code, err = cli(capsys, "passkey", model_dir, "--out", str(tmp_path), *args)
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in err
+
+
+def test_unknown_model_and_task_suggest_close_matches(model_dir, tmp_path, capsys):
+    code, err = cli(capsys, "compare", model_dir, "--task", "pasky", "--out", str(tmp_path))
+    assert code == 2 and "did you mean" in err and "passkey" in err
+    code, err = cli(capsys, "passkey", "hf-model-that-is-not-here", "--out", str(tmp_path))
+    assert code == 2 and "unknown model" in err
+
+
+def test_corrupt_checkpoint_is_refused(model_dir, tmp_path, capsys):
+    import shutil
+    from pathlib import Path
+
+    broken = tmp_path / "broken"
+    shutil.copytree(model_dir, broken)
+    weights = Path(broken) / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-5] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    code, err = cli(capsys, "passkey", str(broken), "--out", str(tmp_path / "r"))
+    assert code == 2 and "corrupt" in err
+
+
+def test_unwritable_out_is_refused_up_front(model_dir, tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    code, err = cli(capsys, "passkey", model_dir, "--out", str(blocker / "results"))
+    assert code == 2 and "cannot write results" in err
