@@ -97,6 +97,9 @@ class NativeBackend:
     def token_nll(self, ids, score_from=1):
         return self.engine.token_nll(ids, score_from)
 
+    def check_fits(self, n_tokens: int) -> None:
+        self.engine.check_fits(n_tokens)
+
 
 # prefix -> factory(path, options). External back-ends add themselves here.
 PREFIXED_BACKENDS: dict[str, Callable[[str, EngineOptions], Backend]] = {}
