@@ -57,6 +57,7 @@ class EngineOptions:
     tokenizer: str | None = None  # a tokenizer path or name overriding the model's own (external models)
     beyond_max: str = "warn"  # past a model's configured max positions: "warn" and run, or "refuse"
     chat_template: bool = False  # external chat models: wrap prompts in their template
+    tensor_parallel: int = 1  # vLLM: GPUs one model is split over
 
 
 class NativeBackend:
@@ -101,8 +102,30 @@ class NativeBackend:
         self.engine.check_fits(n_tokens)
 
 
-# prefix -> factory(path, options). External back-ends add themselves here.
-PREFIXED_BACKENDS: dict[str, Callable[[str, EngineOptions], Backend]] = {}
+def _authors_backend(path: str, options: EngineOptions) -> Backend:
+    from bamctl.external.authors import AuthorsBackend
+
+    return AuthorsBackend(path, options)
+
+
+def _hf_backend(path: str, options: EngineOptions) -> Backend:
+    from bamctl.external.hf import HFBackend
+
+    return HFBackend(path, options)
+
+
+def _vllm_backend(path: str, options: EngineOptions) -> Backend:
+    from bamctl.external.vllm import VLLMBackend
+
+    return VLLMBackend(path, options)
+
+
+# prefix -> factory(path, options); each imports its heavy dependencies only when called.
+PREFIXED_BACKENDS: dict[str, Callable[[str, EngineOptions], Backend]] = {
+    "bam": _authors_backend,  # the BAM authors' model.pt + args.json
+    "hf": _hf_backend,  # a local Hugging Face causal LM
+    "vllm": _vllm_backend,  # the same through vLLM (GPU extra)
+}
 
 
 def open_backend(reference: str, options: EngineOptions = EngineOptions()) -> Backend:
@@ -114,4 +137,8 @@ def open_backend(reference: str, options: EngineOptions = EngineOptions()) -> Ba
             known = ", ".join(PREFIXED_BACKENDS) or "none installed yet"
             raise BamctlError(f"unknown back-end prefix {prefix!r} in {reference!r}{hint} (known: {known})")
         return PREFIXED_BACKENDS[prefix](rest, options)
+    from bamctl.external.authors import is_authors_checkpoint
+
+    if is_authors_checkpoint(reference):  # a bare path to the authors' model.pt + args.json
+        return _authors_backend(reference, options)
     return NativeBackend(reference, options)

@@ -24,6 +24,7 @@ from bamctl.engine.attention import AttentionInputs, dense_attention
 from bamctl.errors import BamctlError
 from bamctl.positional import (
     PE_REGISTRY,
+    SINUSOIDAL_LAYOUTS,
     apply_rotary,
     parse_pe_name,
     pe_label,
@@ -44,6 +45,10 @@ class ModelConfig:
     ssmax: bool = False  # Scalable-Softmax on top of the PE
     ssmax_scope: str = "logits"  # "logits": (content + prior) * s log n; "content": the authors' code
     rope_base: float = 10000.0
+    sinusoidal_base: float = 10000.0
+    # "vaswani": cos channel 2k+1 at the frequency of sin channel 2k; "bam": at its own
+    # frequency base^(-(2k+1)/dim), as the authors' code does (their checkpoints need it).
+    sinusoidal_layout: str = "vaswani"
     bam_init: str = "flat"  # "flat" (theta = 0, the authors' latest) or "alibi" (beta=1, ALiBi slopes)
     bam_train_mu: bool = False  # the prior's location stays at 0 unless asked
     train_length: int = 512  # context the model was trained on: the unit of "extrapolation x"
@@ -57,6 +62,8 @@ class ModelConfig:
             parse_pe_name(self.pe)  # raises with close matches
         if self.dim % self.n_heads or (self.dim // self.n_heads) % 2:
             raise BamctlError(f"dim {self.dim} must split into {self.n_heads} heads of even size")
+        if self.sinusoidal_layout not in SINUSOIDAL_LAYOUTS:
+            raise BamctlError(f"sinusoidal_layout must be one of {', '.join(SINUSOIDAL_LAYOUTS)}, not {self.sinusoidal_layout!r}")
         if self.ssmax_scope not in ("logits", "content"):
             raise BamctlError(f"ssmax_scope must be 'logits' or 'content', not {self.ssmax_scope!r}")
         if self.token_subset is not None and self.vocab_size != len(self.token_subset) + 1:
@@ -241,7 +248,8 @@ class Transformer(nn.Module):
         h = self.tok_embeddings(tokens)  # (B, T, C)
         if self.absolute_input:
             positions = torch.arange(state.start_pos, state.start_pos + tokens.shape[1], device=tokens.device)
-            h = h + sinusoidal_encoding(positions, self.config.dim).to(h.dtype)
+            cfg = self.config
+            h = h + sinusoidal_encoding(positions, cfg.dim, cfg.sinusoidal_base, cfg.sinusoidal_layout).to(h.dtype)
         for layer in self.layers:
             h = layer(h, state)
         return self.norm(h)

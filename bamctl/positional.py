@@ -108,14 +108,29 @@ class GGDPrior(nn.Module):
         return {"alpha": alpha, "beta": beta, "mu": self.mu.detach(), "scale": self.theta_alpha.detach().exp()}
 
 
-def sinusoidal_encoding(positions: torch.Tensor, dim: int) -> torch.Tensor:
-    """Vaswani et al.'s absolute encoding: sin on even channels, cos on odd. (T,) -> (T, dim)."""
-    half = torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32)
-    inv_freq = torch.exp(-math.log(10000.0) * half / dim)
-    angles = positions.float()[:, None] * inv_freq[None, :]  # (T, dim/2)
-    encoding = torch.zeros(positions.shape[0], dim, device=positions.device)
-    encoding[:, 0::2] = angles.sin()
-    encoding[:, 1::2] = angles.cos()[:, : dim // 2]
+SINUSOIDAL_LAYOUTS = ("vaswani", "bam")
+
+
+def sinusoidal_encoding(
+    positions: torch.Tensor, dim: int, base: float = 10000.0, layout: str = "vaswani"
+) -> torch.Tensor:
+    """Absolute sinusoids, sin on even channels and cos on odd ones. (T,) -> (T, dim).
+
+    ``layout="vaswani"``: channels 2k and 2k+1 share the frequency ``base^(-2k/dim)``
+    (Vaswani et al.). ``layout="bam"``: the authors' code gives the cos channel 2k+1 its
+    own frequency ``base^(-(2k+1)/dim)``; their checkpoints need it.
+    """
+    channel = torch.arange(dim, device=positions.device, dtype=torch.float32)
+    if layout == "vaswani":
+        inv_freq = torch.exp(-math.log(base) * (channel - channel.remainder(2)) / dim)  # 2k+1 -> 2k
+    elif layout == "bam":
+        inv_freq = torch.exp(channel * -(math.log(base) / dim))  # their order of operations, bit for bit
+    else:
+        raise BamctlError(f"unknown sinusoidal layout {layout!r}; use one of {', '.join(SINUSOIDAL_LAYOUTS)}")
+    angles = positions.float()[:, None] * inv_freq[None, :]  # (T, dim)
+    encoding = torch.empty(positions.shape[0], dim, device=positions.device)
+    encoding[:, 0::2] = angles[:, 0::2].sin()
+    encoding[:, 1::2] = angles[:, 1::2].cos()
     return encoding
 
 

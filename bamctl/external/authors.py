@@ -1,0 +1,299 @@
+"""The BAM authors' checkpoints: ``model.pt`` + ``args.json``, run by our streaming engine.
+
+Their training code (GitHub ``ArthurSBianchessi/BAM``, ``train.py`` and ``models/*.py``)
+saves a folder with
+
+- ``args.json``: ``{"args": <command-line arguments>, "model_args": <ModelArgs fields>}``;
+  ``args["position_encoding"]`` names the family, ``args["sequence_length"]`` the
+  training context;
+- ``model.pt``: a plain ``state_dict``, keys prefixed with ``module.`` (DDP) and/or
+  ``_orig_mod.`` (``torch.compile``) depending on how the run was launched.
+
+Their decoder is ours (RMSNorm, SwiGLU, no biases, untied head, same parameter names),
+so loading is a name mapping plus these differences, each checked by a test against a
+plain re-implementation of their forward:
+
+- prior parameters ``theta_alpha/theta_beta/theta_mu`` are ``(H, 1)``, or ``(1, H, 1, 1)``
+  in older checkpoints, and ``seq_scale`` is ``(1, H, 1)`` or ``(1, H, 1, 1)``: all become
+  our ``(H,)``;
+- a *global* prior (``--global_prior``: one ``prior.*`` at model level, shared by every
+  layer) is copied into each layer, which computes the same bias;
+- grouped-query checkpoints (``n_kv_heads < n_heads``, their llama presets) have their
+  key/value projections repeated per query head, exactly what their ``repeat_kv`` does;
+- SSMax scope follows their code per family: ``bam_ssmax`` scales content score and
+  prior together, ``(qk/sqrt(d) + prior) * log(n) * s`` (``ssmax_scope="logits"``);
+  ``alibi_ssmax`` adds the ALiBi bias after scaling (``"content"``);
+- rotary uses their ``rope_theta`` (default 500,000) in Meta's pair layout; sinusoidal
+  gives the cos channel ``2k+1`` its own frequency (``sinusoidal_layout="bam"``).
+
+Their earliest prior parametrisation (``prior.shape/scale/loc``) puts the epsilon inside
+the scaled distance; it is not the released one and is refused with a clear message.
+
+Their tokenizer is Mistral-7B-v0.3's (32,768 tokens), read from a local path; as in
+their evaluation, no BOS or EOS is added to prompts.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from bamctl.checkpoint import file_sha256
+from bamctl.errors import BamctlError
+from bamctl.model import ModelConfig, Transformer
+
+ARGS_FILE = "args.json"
+WEIGHTS_FILE = "model.pt"
+TOKENIZER_NAME = "mistral-7b-v0.3"
+TOKENIZER_HINT = "Mistral-7B-v0.3's tokenizer is needed: pass --tokenizer PATH"
+
+# their family -> (our PE, SSMax)
+FAMILIES: dict[str, tuple[str, bool]] = {
+    "nope": ("nope", False),
+    "nope_ssmax": ("nope", True),
+    "sinusoidal": ("sinusoidal", False),
+    "sinusoidal_ssmax": ("sinusoidal", True),
+    "rotary": ("rope", False),
+    "rotary_ssmax": ("rope", True),
+    "alibi": ("alibi", False),
+    "alibi_ssmax": ("alibi", True),
+    "bam": ("bam", False),
+    "bam_ssmax": ("bam", True),
+}
+# Where their SSMax multiplies, for the families with a distance bias (see module doc).
+SSMAX_SCOPE = {"bam": "logits", "alibi": "content"}
+# Their ModelArgs defaults for fields an args.json may lack.
+DEFAULT_ROPE_THETA = 500_000.0
+DEFAULT_SINUSOIDAL_THETA = 10_000.0
+PREFIXES = ("module.", "_orig_mod.")
+PRIOR_NAMES = ("theta_alpha", "theta_beta", "theta_mu")
+
+
+def is_authors_checkpoint(path: str | Path) -> bool:
+    path = Path(path).expanduser()
+    return (path / WEIGHTS_FILE).is_file() and (path / ARGS_FILE).is_file()
+
+
+def read_args(path: Path) -> tuple[dict, dict]:
+    """``(args, model_args)`` from ``args.json``."""
+    file = Path(path) / ARGS_FILE
+    try:
+        data = json.loads(file.read_text())
+    except OSError as err:
+        raise BamctlError(f"cannot read {file}: {err.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise BamctlError(f"{file} is not valid JSON ({err})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("args"), dict) or not isinstance(data.get("model_args"), dict):
+        raise BamctlError(f'{file} is not the authors\' format {{"args": …, "model_args": …}}')
+    return data["args"], data["model_args"]
+
+
+def strip_prefixes(key: str) -> str:
+    """``module._orig_mod.layers.0…`` -> ``layers.0…`` (DDP and torch.compile wrappers)."""
+    changed = True
+    while changed:
+        changed = False
+        for prefix in PREFIXES:
+            if key.startswith(prefix):
+                key, changed = key[len(prefix) :], True
+    return key
+
+
+def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    file = Path(path) / WEIGHTS_FILE
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch.load raises many kinds (pickle, zip, runtime)
+        raise BamctlError(f"cannot read {file}: {str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+    if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
+        state = state["model"]  # a training checkpoint holding the state dict under "model"
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise BamctlError(f"{file} is not a plain state dict of tensors")
+    return {strip_prefixes(k): v for k, v in state.items()}
+
+
+def authors_config(args: dict, model_args: dict, state: dict[str, torch.Tensor]) -> ModelConfig:
+    family = args.get("position_encoding")
+    if family not in FAMILIES:
+        close = difflib.get_close_matches(str(family), FAMILIES, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(FAMILIES)}"
+        raise BamctlError(f"args.json names position_encoding {family!r}, not a family bamctl can load{hint}")
+    pe, ssmax = FAMILIES[family]
+    if any(k.endswith(("prior.shape", "prior.scale", "prior.loc")) for k in state):
+        raise BamctlError(
+            "this checkpoint uses the authors' pre-release prior (prior.shape/scale/loc); "
+            "only the released theta_alpha/theta_beta/theta_mu parametrisation is supported"
+        )
+    try:
+        dim, n_layers, n_heads = int(model_args["dim"]), int(model_args["n_layers"]), int(model_args["n_heads"])
+        vocab_size, hidden = state["tok_embeddings.weight"].shape[0], state["layers.0.feed_forward.w1.weight"].shape[0]
+    except KeyError as err:
+        raise BamctlError(f"authors' checkpoint lacks {err.args[0]!r} (in args.json model_args or model.pt)") from None
+    if "vocab_size" in model_args and int(model_args["vocab_size"]) != vocab_size:
+        raise BamctlError(f"model_args.vocab_size {model_args['vocab_size']} disagrees with tok_embeddings ({vocab_size} rows)")
+    # Our FeedForward takes int(multiplier * dim): pick the multiplier that lands on their
+    # hidden size exactly (theirs may also have been rounded to `multiple_of`).
+    multiplier = hidden / dim
+    if int(multiplier * dim) != hidden:
+        multiplier = (hidden + 0.5) / dim
+    train_length = args.get("sequence_length") or model_args.get("max_seq_len") or 512
+    return ModelConfig(
+        vocab_size=vocab_size,
+        dim=dim,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        ffn_dim_multiplier=multiplier,
+        norm_eps=float(model_args.get("norm_eps", 1e-5)),
+        pe=pe,
+        ssmax=ssmax,
+        ssmax_scope=SSMAX_SCOPE.get(pe, "logits"),
+        rope_base=float(model_args.get("rope_theta", DEFAULT_ROPE_THETA)),
+        sinusoidal_base=float(model_args.get("sinusoidal_theta", DEFAULT_SINUSOIDAL_THETA)),
+        sinusoidal_layout="bam",
+        bam_train_mu=bool(model_args.get("train_theta_mu", False)),
+        train_length=int(train_length),
+        tokenizer=TOKENIZER_NAME,
+    )
+
+
+def _per_head(tensor: torch.Tensor, n_heads: int, name: str) -> torch.Tensor:
+    """(H, 1), (1, H, 1) or (1, H, 1, 1) -> (H,)."""
+    if tensor.numel() != n_heads or tensor.shape[-1] not in (1, n_heads):
+        raise BamctlError(f"{name} has shape {tuple(tensor.shape)}, expected {n_heads} per-head values")
+    return tensor.reshape(n_heads).clone()
+
+
+def convert_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, n_kv_heads: int | None = None) -> dict[str, torch.Tensor]:
+    """Their (prefix-free) state dict -> ours, for ``Transformer(cfg)``."""
+    H, Dh = cfg.n_heads, cfg.head_dim
+    global_prior = {name: state[f"prior.{name}"] for name in PRIOR_NAMES if f"prior.{name}" in state}
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        if key.startswith("prior."):
+            continue
+        match = re.fullmatch(r"layers\.(\d+)\.attention\.(seq_scale|prior\.(theta_\w+)|wk\.weight|wv\.weight)", key)
+        if match is None:
+            out[key] = value
+        elif match.group(2) == "seq_scale":
+            out[f"layers.{match.group(1)}.attention.ssmax_scale"] = _per_head(value, H, key)
+        elif match.group(3):
+            out[key] = _per_head(value, H, key)
+        else:  # wk / wv: repeat each key/value head for the query heads that share it
+            kv_heads = value.shape[0] // Dh
+            if kv_heads != H:
+                if n_kv_heads not in (None, kv_heads) or H % kv_heads:
+                    raise BamctlError(f"{key} has {kv_heads} heads, which cannot serve {H} query heads")
+                value = value.view(kv_heads, Dh, -1).repeat_interleave(H // kv_heads, dim=0).reshape(H * Dh, -1)
+            out[key] = value
+    if global_prior:
+        for layer in range(cfg.n_layers):
+            for name, value in global_prior.items():
+                out[f"layers.{layer}.attention.prior.{name}"] = _per_head(value, H, f"prior.{name}")
+    return out
+
+
+@dataclass
+class AuthorsCheckpoint:
+    model: Transformer
+    path: Path
+    sha256: str
+    family: str
+    args: dict = field(default_factory=dict)
+    model_args: dict = field(default_factory=dict)
+
+    @property
+    def model_hash(self) -> str:
+        return self.sha256[:16]
+
+
+def load_authors_checkpoint(path: str | Path) -> AuthorsCheckpoint:
+    path = Path(path).expanduser()
+    if not is_authors_checkpoint(path):
+        raise BamctlError(f"{path} is not an authors' BAM checkpoint (needs {WEIGHTS_FILE} and {ARGS_FILE})")
+    args, model_args = read_args(path)
+    state = read_state_dict(path)
+    cfg = authors_config(args, model_args, state)
+    ours = convert_state_dict(state, cfg, model_args.get("n_kv_heads"))
+    model = Transformer(cfg)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(ours))
+    unexpected = sorted(set(ours) - set(expected))
+    if missing or unexpected:
+        raise BamctlError(
+            f"{path / WEIGHTS_FILE} does not match a {args['position_encoding']} model of args.json: "
+            f"missing {missing[:3]}, unexpected {unexpected[:3]}"
+        )
+    wrong = [k for k, v in ours.items() if v.shape != expected[k].shape]
+    if wrong:
+        k = wrong[0]
+        raise BamctlError(f"{k} has shape {tuple(ours[k].shape)} in model.pt, expected {tuple(expected[k].shape)}")
+    model.load_state_dict({k: v.float() for k, v in ours.items()})
+    return AuthorsCheckpoint(model, path, file_sha256(path / WEIGHTS_FILE), args["position_encoding"], args, model_args)
+
+
+def _find_tokenizer(path: Path, spec: str | None):
+    from bamctl.external.hf_tokenizer import resolve_tokenizer
+
+    if spec:
+        return resolve_tokenizer(spec)
+    for beside in (path / "tokenizer", path / "tokenizer.json"):  # shipped with the checkpoint
+        if beside.exists():
+            return resolve_tokenizer(str(beside))
+    raise BamctlError(TOKENIZER_HINT)
+
+
+class AuthorsBackend:
+    """An authors' checkpoint run by bamctl's streaming engine, with their tokenizer.
+
+    Their models are base models trained without BOS: prompts go in as the task built
+    them. ``beyond_max`` does not apply (their ``max_seq_len`` only sizes tables that
+    their own code recomputes for longer inputs).
+    """
+
+    def __init__(self, reference: str, options):
+        from bamctl.backends import ModelInfo
+        from bamctl.engine.stream import StreamingEngine
+
+        path = Path(reference).expanduser()
+        if not is_authors_checkpoint(path):
+            raise BamctlError(f"{reference} is not an authors' BAM checkpoint (needs {WEIGHTS_FILE} and {ARGS_FILE})")
+        if options.chat_template:
+            raise BamctlError("the authors' BAM models are base models without a chat template; drop --chat-template")
+        self.tokenizer = _find_tokenizer(path, options.tokenizer)
+        checkpoint = load_authors_checkpoint(path)
+        config = checkpoint.model.config
+        if self.tokenizer.vocab_size > config.vocab_size:
+            raise BamctlError(
+                f"tokenizer {self.tokenizer.name} has {self.tokenizer.vocab_size} tokens but the model only "
+                f"{config.vocab_size} rows; {TOKENIZER_HINT}"
+            )
+        self.checkpoint = checkpoint
+        self.engine = StreamingEngine(
+            checkpoint.model, device=options.device, dtype=options.dtype,
+            chunk_size=options.chunk_size, attention=options.attention,
+        )
+        self.info = ModelInfo(
+            name=path.resolve().name,
+            model_hash=checkpoint.model_hash,
+            pe=config.pe,
+            ssmax=config.ssmax,
+            train_length=config.train_length,
+        )
+        self.device = str(self.engine.device)
+        self.dtype = str(self.engine.dtype).removeprefix("torch.")
+        self.attention = self.engine.attention
+
+    def score_continuation(self, prompt_ids, target_ids):
+        return self.engine.score_continuation(prompt_ids, target_ids)
+
+    def generate(self, prompt_ids, max_new_tokens):
+        eos = () if self.tokenizer.eos_id is None else (self.tokenizer.eos_id,)
+        return self.engine.generate(prompt_ids, max_new_tokens, stop_ids=eos)
+
+    def token_nll(self, ids, score_from=1):
+        return self.engine.token_nll(ids, score_from)

@@ -1,0 +1,327 @@
+"""``hf:PATH``: a local Hugging Face causal LM with its own tokenizer, in base-model mode.
+
+Answers the three request kinds with the model's own forward:
+
+- long inputs are prefilled in chunks of ``--chunk-size`` tokens into the model's KV cache
+  (``DynamicCache``), and the output head runs only on the rows a request needs
+  (``logits_to_keep``), so memory is the cache plus one chunk's activations;
+- lengths are the model's tokenizer's; nothing is ever truncated. Past the configured
+  ``max_position_embeddings`` the model runs anyway (extrapolation is the point) after
+  one warning line on stderr, or the request is refused with ``--beyond-max refuse``;
+- base mode by default: prompts go in as the task tokenised them. One BOS is put in
+  front of each request when the tokenizer's own plain call adds one (Llama, Mistral),
+  since that is what the model saw in training; it is never added per piece, never
+  counted in a task's length, and no EOS is ever added. ``--chat-template`` wraps the
+  prompt as one user turn of the model's template instead (generation and continuation
+  scoring only; perplexity always reads raw text).
+
+``PATH`` is a folder with ``config.json`` (``save_pretrained`` output), or a ``.gguf``
+file (or a folder holding exactly one), which transformers dequantises on load.
+Nothing is downloaded: loading is ``local_files_only``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from bamctl.errors import BamctlError
+
+INSTALL_HINT = "pip install 'bamctl[hf]'"
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
+FULL_HASH_LIMIT = 4 << 30  # above this many bytes of weights, hash a sample (see model_fingerprint)
+SAMPLE_BYTES = 16 << 20
+BEYOND_MAX = ("warn", "refuse")
+
+
+def import_transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise BamctlError(f"hf: models need transformers: {INSTALL_HINT}") from None
+    return transformers
+
+
+def locate(path: Path) -> tuple[Path, str | None]:
+    """(folder for from_pretrained, gguf file name or None)."""
+    if not path.exists():
+        raise BamctlError(f"hf: model path {path} does not exist")
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise BamctlError(f"hf: {path} is a file; give a model folder (config.json) or a .gguf file")
+        return path.parent, path.name
+    if (path / "config.json").is_file():
+        return path, None
+    ggufs = sorted(path.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return path, ggufs[0].name
+    what = f"{len(ggufs)} .gguf files; name one" if ggufs else "no config.json and no .gguf file"
+    raise BamctlError(f"hf: {path} is not a Hugging Face model folder ({what})")
+
+
+def model_fingerprint(folder: Path, gguf_file: str | None) -> str:
+    """SHA-256 over config and weights; past FULL_HASH_LIMIT bytes, over each weight
+    file's name, size, head and tail (hashing 100+ GB per run would cost minutes)."""
+    files = [folder / gguf_file] if gguf_file else sorted(p for p in folder.iterdir() if p.suffix in WEIGHT_SUFFIXES)
+    digest = hashlib.sha256()
+    config = folder / "config.json"
+    if config.is_file():
+        digest.update(config.read_bytes())
+    sample = sum(p.stat().st_size for p in files) > FULL_HASH_LIMIT
+    for file in files:
+        size = file.stat().st_size
+        digest.update(f"{file.name}:{size}".encode())
+        with open(file, "rb") as handle:
+            if not sample:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+            else:
+                digest.update(handle.read(SAMPLE_BYTES))
+                handle.seek(max(size - SAMPLE_BYTES, 0))
+                digest.update(handle.read(SAMPLE_BYTES))
+    return digest.hexdigest()
+
+
+def max_positions(config) -> int | None:
+    """The configured maximum context, under the names configs use for it."""
+    text = getattr(config, "get_text_config", lambda: config)()
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx"):
+        value = getattr(text, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def trained_length(config, fallback: int | None) -> int:
+    """Original context of a RoPE-scaled model, else its configured maximum."""
+    text = getattr(config, "get_text_config", lambda: config)()
+    for scaling in (getattr(text, "rope_scaling", None), getattr(text, "rope_parameters", None)):
+        if isinstance(scaling, dict) and scaling.get("original_max_position_embeddings"):
+            return int(scaling["original_max_position_embeddings"])
+    return int(fallback or 0)
+
+
+def positional_encoding(config) -> str:
+    text = getattr(config, "get_text_config", lambda: config)()
+    if getattr(text, "alibi", False) or text.model_type in ("bloom", "mpt"):
+        return "alibi"
+    if any(hasattr(text, name) for name in ("rope_theta", "rope_parameters", "rotary_dim", "rotary_emb_base")):
+        return "rope"
+    if text.model_type in ("gpt2", "opt", "gpt_neo", "gptj", "bert"):
+        return "learned"
+    return text.model_type
+
+
+class LengthPolicy:
+    """``--beyond-max``: warn once and run, or refuse, past the configured maximum."""
+
+    def __init__(self, model_name: str, limit: int | None, policy: str):
+        if policy not in BEYOND_MAX:
+            raise BamctlError(f"--beyond-max must be one of {', '.join(BEYOND_MAX)}, not {policy!r}")
+        self.model_name, self.limit, self.policy = model_name, limit, policy
+        self.warned = False
+
+    def check(self, n_tokens: int) -> None:
+        if self.limit is None or n_tokens <= self.limit:
+            return
+        if self.policy == "refuse":
+            raise BamctlError(
+                f"{n_tokens} tokens exceed {self.model_name}'s configured maximum of {self.limit} positions "
+                "(--beyond-max refuse); use --beyond-max warn to run past it"
+            )
+        if not self.warned:
+            self.warned = True
+            print(
+                f"warning: {self.model_name}: {n_tokens} tokens exceed its configured maximum of {self.limit} "
+                "positions; running beyond it (--beyond-max refuse to stop)",
+                file=sys.stderr,
+            )
+
+
+class RequestShaper:
+    """What goes in front of a request: one BOS (base mode) or the chat template."""
+
+    def __init__(self, tokenizer, chat_template: bool):
+        self.tokenizer = tokenizer
+        self.chat = chat_template
+        if chat_template and not getattr(tokenizer, "has_chat_template", False):
+            raise BamctlError(f"tokenizer {tokenizer.name} has no chat template; drop --chat-template")
+        self.prefix = list(getattr(tokenizer, "leading_special_ids", []))
+
+    def prompt(self, prompt_ids: Sequence[int]) -> list[int]:
+        if self.chat:
+            return self.tokenizer.chat_ids(prompt_ids)
+        return self.prefix + list(prompt_ids)
+
+
+class HFBackend:
+    def __init__(self, reference: str, options):
+        from bamctl.backends import ModelInfo
+        from bamctl.engine.stream import resolve_device, resolve_dtype
+        from bamctl.external.hf_tokenizer import load_hf_tokenizer, resolve_tokenizer
+
+        import_transformers()
+        from transformers import AutoModelForCausalLM
+
+        if options.chunk_size < 1:
+            raise BamctlError(f"--chunk-size must be a positive number of tokens, not {options.chunk_size}")
+        folder, gguf_file = locate(Path(reference).expanduser())
+        device = resolve_device(options.device)
+        dtype = resolve_dtype(options.dtype, device)
+        kwargs = {"local_files_only": True, **({"gguf_file": gguf_file} if gguf_file else {})}
+        try:
+            try:
+                model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, **kwargs)
+            except TypeError:  # transformers < 4.56 names it torch_dtype
+                model = AutoModelForCausalLM.from_pretrained(str(folder), torch_dtype=dtype, **kwargs)
+        except (OSError, ValueError, ImportError) as err:
+            raise BamctlError(f"hf: cannot load {reference}: {str(err).splitlines()[0]}") from None
+        self.model = model.to(device=device, dtype=dtype).eval()
+        self.tokenizer = resolve_tokenizer(options.tokenizer) if options.tokenizer else load_hf_tokenizer(folder, gguf_file)
+        name = gguf_file.removesuffix(".gguf") if gguf_file else folder.resolve().name
+        config = self.model.config
+        limit = max_positions(config)
+        self.lengths = LengthPolicy(name, limit, options.beyond_max)
+        self.shaper = RequestShaper(self.tokenizer, options.chat_template)
+        self.chunk_size = options.chunk_size
+        self.stop_ids = self._stop_ids()
+        parameters = inspect.signature(self.model.forward).parameters
+        # transformers 5 renamed past_key_values to cache; either takes a DynamicCache.
+        self.cache_arg = next((n for n in ("cache", "past_key_values") if n in parameters), None)
+        self.chunked = self.cache_arg is not None
+        self.keep_arg = next((n for n in ("logits_to_keep", "num_logits_to_keep") if n in parameters), None)
+        self.info = ModelInfo(
+            name=name,
+            model_hash=model_fingerprint(folder, gguf_file)[:16],
+            pe=positional_encoding(config),
+            ssmax=False,
+            train_length=trained_length(config, limit),
+        )
+        self.device = str(device)
+        self.dtype = str(dtype).removeprefix("torch.")
+        self.attention = str(getattr(config, "_attn_implementation", None) or "eager")
+
+    def _stop_ids(self) -> set[int]:
+        stops = set() if self.tokenizer.eos_id is None else {self.tokenizer.eos_id}
+        generation = getattr(self.model, "generation_config", None)
+        eos = getattr(generation, "eos_token_id", None)
+        stops.update([eos] if isinstance(eos, int) else list(eos or []))
+        return stops
+
+    # -- the one loop: chunks through the KV cache, logits only where asked --------------
+    def _forward(self, ids: torch.Tensor, cache, rows: list[int] | None):
+        """Logits (len(rows), V) for local ``rows`` of this chunk, and the cache after it."""
+        kwargs = {"input_ids": ids[None], "use_cache": self.chunked}
+        if self.chunked:
+            kwargs[self.cache_arg] = cache  # a DynamicCache, filled in place
+        if self.keep_arg == "logits_to_keep":
+            kwargs["logits_to_keep"] = torch.tensor(rows, device=ids.device) if rows else 1
+        out = self.model(**kwargs)
+        logits = out.logits[0]
+        if rows is None:
+            return None, cache
+        if self.keep_arg != "logits_to_keep":
+            logits = logits[rows]
+        return logits.float(), cache
+
+    def _stream(self, ids: list[int], rows_for: Callable[[int, int], list[int]], on_logits) -> object:
+        """Run ``ids`` in chunks; ``on_logits(start, rows, logits)`` where ``rows_for`` asks."""
+        tokens = torch.tensor(ids, dtype=torch.long, device=self.model.device)
+        cache = self._new_cache()
+        step = self.chunk_size if self.chunked else len(ids)
+        for start in range(0, len(ids), step):
+            stop = min(start + step, len(ids))
+            rows = rows_for(start, stop)
+            logits, cache = self._forward(tokens[start:stop], cache, rows or None)
+            if rows:
+                on_logits(start, rows, logits)
+        return cache
+
+    def _new_cache(self):
+        if not self.chunked:
+            return None
+        from transformers import DynamicCache
+
+        try:
+            return DynamicCache(config=self.model.config)
+        except TypeError:  # older transformers take no config
+            return DynamicCache()
+
+    def _logits_at(self, ids: list[int], positions: list[int]) -> torch.Tensor:
+        found: dict[int, torch.Tensor] = {}
+
+        def rows_for(start, stop):
+            return [p - start for p in positions if start <= p < stop]
+
+        def keep(start, rows, logits):
+            for r, row in zip(rows, logits):
+                found[start + r] = row
+
+        self._stream(ids, rows_for, keep)
+        return torch.stack([found[p] for p in positions])
+
+    # -- request kinds --------------------------------------------------------------------
+    @torch.inference_mode()
+    def score_continuation(self, prompt_ids: Sequence[int], target_ids: Sequence[int]):
+        from bamctl.engine.stream import ContinuationScore
+
+        prompt = self.shaper.prompt(prompt_ids)
+        ids = prompt + list(target_ids)
+        self.lengths.check(len(ids))
+        logprobs = torch.log_softmax(self._logits_at(ids, list(range(len(prompt) - 1, len(ids) - 1))), dim=-1)
+        target = torch.tensor(list(target_ids), dtype=torch.long, device=logprobs.device)
+        return ContinuationScore(
+            predicted_ids=logprobs.argmax(-1).tolist(),
+            logprobs=logprobs.gather(1, target[:, None])[:, 0].tolist(),
+        )
+
+    @torch.inference_mode()
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
+        """Greedy decoding; stops after the model's EOS (included, as the native engine does)."""
+        ids = self.shaper.prompt(prompt_ids)
+        self.lengths.check(len(ids) + max_new_tokens)
+        if max_new_tokens < 1:
+            return []
+        last: list[torch.Tensor] = []
+        cache = self._stream(ids, lambda start, stop: [stop - 1 - start] if stop == len(ids) else [], lambda s, r, l: last.append(l[-1]))
+        out: list[int] = []
+        next_id = int(last[-1].argmax())
+        while True:
+            out.append(next_id)
+            if next_id in self.stop_ids or len(out) == max_new_tokens:
+                return out
+            if self.chunked:
+                step = torch.tensor([next_id], dtype=torch.long, device=self.model.device)
+                logits, cache = self._forward(step, cache, [0])
+            else:  # no cache: the whole sequence again
+                logits = self._logits_at(ids + out, [len(ids) + len(out) - 1])
+            next_id = int(logits[-1].argmax())
+
+    @torch.inference_mode()
+    def token_nll(self, ids: Sequence[int], score_from: int = 1) -> torch.Tensor:
+        """NLL (float32, CPU) of ids[t] for t in [score_from, len(ids)); a BOS, if the model
+        takes one, goes in front but is neither scored nor counted."""
+        if not 1 <= score_from <= len(ids):
+            raise ValueError(f"score_from must be in [1, {len(ids)}], got {score_from}")
+        prefix = self.shaper.prefix
+        full = prefix + list(ids)
+        self.lengths.check(len(full))
+        first = len(prefix) + score_from  # first scored index in `full`
+        targets = torch.tensor(full, dtype=torch.long)
+        pieces: list[torch.Tensor] = []
+
+        def rows_for(start, stop):  # row r predicts full[start + r + 1]
+            return list(range(max(first - 1 - start, 0), min(stop, len(full) - 1) - start))
+
+        def score(start, rows, logits):
+            wanted = targets[start + rows[0] + 1 : start + rows[-1] + 2].to(logits.device)
+            pieces.append(F.cross_entropy(logits, wanted, reduction="none").cpu())
+
+        self._stream(full, rows_for, score)
+        return torch.cat(pieces) if pieces else torch.zeros(0)

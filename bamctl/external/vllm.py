@@ -1,0 +1,163 @@
+"""``vllm:PATH``: the ``hf:`` interface through vLLM, for GPUs and models larger than one.
+
+Same model folders, tokenizer, base/chat modes, BOS rule and ``--beyond-max`` policy as
+``bamctl.external.hf`` (shared code). Differences:
+
+- greedy decoding is ``SamplingParams(temperature=0)``; teacher-forced scoring and
+  perplexity read vLLM's ``prompt_logprobs`` (the rank-1 token is the argmax);
+- prefix caching is on, so prompts sharing a long prefix (passkey and RULER depths over
+  one haystack) reuse its KV blocks;
+- ``tensor_parallel`` (``EngineOptions.tensor_parallel`` when present, else 1) shards the
+  model over that many GPUs;
+- vLLM fixes its maximum length when the engine starts: the engine is started at the
+  first request, sized for the model's configured maximum or that request if longer,
+  and restarted (with a warning) when a later request needs more. Call ``reserve(n)``
+  before a sweep to size it once. Past the configured maximum the model's
+  ``max_position_embeddings`` is overridden so its position tables cover the length.
+
+vLLM is imported only here, only when a ``vllm:`` reference is opened.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from bamctl.errors import BamctlError
+
+INSTALL_HINT = "vLLM is not installed: pip install 'bamctl[vllm]' on a GPU machine"
+DTYPES = {"auto": "auto", "float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16"}
+
+
+def import_vllm():
+    try:
+        import vllm
+    except ImportError:
+        raise BamctlError(INSTALL_HINT) from None
+    return vllm
+
+
+class VLLMBackend:
+    def __init__(self, reference: str, options, *, tensor_parallel: int | None = None):
+        from bamctl.backends import ModelInfo
+        from bamctl.external.hf import (
+            LengthPolicy, RequestShaper, locate, max_positions, model_fingerprint, positional_encoding, trained_length,
+        )
+        from bamctl.external.hf_tokenizer import load_hf_tokenizer, resolve_tokenizer
+
+        self.vllm = import_vllm()
+        from transformers import AutoConfig
+
+        folder, gguf_file = locate(Path(reference).expanduser())
+        if options.dtype not in DTYPES:
+            raise BamctlError(f"unknown dtype {options.dtype!r}; use one of {', '.join(DTYPES)}")
+        self.model_path = str(folder / gguf_file) if gguf_file else str(folder)
+        self.tokenizer_path = options.tokenizer or str(folder)
+        self.tokenizer = resolve_tokenizer(options.tokenizer) if options.tokenizer else load_hf_tokenizer(folder, gguf_file)
+        try:
+            config = AutoConfig.from_pretrained(str(folder), local_files_only=True, **({"gguf_file": gguf_file} if gguf_file else {}))
+        except (OSError, ValueError) as err:
+            raise BamctlError(f"vllm: cannot read the config of {reference}: {str(err).splitlines()[0]}") from None
+        name = gguf_file.removesuffix(".gguf") if gguf_file else folder.resolve().name
+        self.limit = max_positions(config)
+        self.lengths = LengthPolicy(name, self.limit, options.beyond_max)
+        self.shaper = RequestShaper(self.tokenizer, options.chat_template)
+        self.tensor_parallel = int(tensor_parallel or getattr(options, "tensor_parallel", 1) or 1)
+        if self.tensor_parallel < 1:
+            raise BamctlError(f"--tensor-parallel must be at least 1, not {self.tensor_parallel}")
+        self.vllm_dtype = DTYPES[options.dtype]
+        generation_eos = getattr(config, "eos_token_id", None)
+        self.stop_ids = {i for i in ([generation_eos] if isinstance(generation_eos, int) else list(generation_eos or []))}
+        if self.tokenizer.eos_id is not None:
+            self.stop_ids.add(self.tokenizer.eos_id)
+        self.info = ModelInfo(
+            name=name,
+            model_hash=model_fingerprint(folder, gguf_file)[:16],
+            pe=positional_encoding(config),
+            ssmax=False,
+            train_length=trained_length(config, self.limit),
+        )
+        self.device = "cuda"
+        self.dtype = self.vllm_dtype
+        self.attention = "vllm"
+        self._llm = None
+        self._capacity = 0
+        self._reserved = 0
+
+    # -- the engine, sized on demand ------------------------------------------------------
+    def reserve(self, n_tokens: int) -> None:
+        """Size the engine for requests of up to ``n_tokens`` (prompt + generation)."""
+        self._reserved = max(self._reserved, n_tokens)
+
+    def _engine(self, n_tokens: int):
+        if self._llm is not None and n_tokens <= self._capacity:
+            return self._llm
+        capacity = max(n_tokens, self._reserved, self.limit or 0)
+        if self._llm is not None:
+            print(f"warning: restarting vLLM for {n_tokens} tokens (was sized for {self._capacity}); "
+                  "reserve the longest length first to avoid this", file=sys.stderr)
+            self._llm = None
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        kwargs = dict(
+            model=self.model_path,
+            tokenizer=self.tokenizer_path,
+            tensor_parallel_size=self.tensor_parallel,
+            enable_prefix_caching=True,
+            max_model_len=capacity,
+            dtype=self.vllm_dtype,
+            seed=0,
+        )
+        if self.limit is not None and capacity > self.limit:
+            # Past the configured maximum (the policy already warned or refused): let vLLM
+            # accept the length and size the model's position tables for it.
+            os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
+            kwargs["hf_overrides"] = {"max_position_embeddings": capacity}
+        self._llm = self.vllm.LLM(**kwargs)
+        self._capacity = capacity
+        return self._llm
+
+    def _run(self, ids: list[int], n_generate: int, **params):
+        llm = self._engine(len(ids) + n_generate)
+        sampling = self.vllm.SamplingParams(temperature=0.0, max_tokens=max(n_generate, 1), detokenize=False, **params)
+        prompt = {"prompt_token_ids": list(ids)}  # vllm.inputs.TokensPrompt is this TypedDict
+        return llm.generate([prompt], sampling, use_tqdm=False)[0]
+
+    # -- request kinds --------------------------------------------------------------------
+    def score_continuation(self, prompt_ids: Sequence[int], target_ids: Sequence[int]):
+        from bamctl.engine.stream import ContinuationScore
+
+        prompt = self.shaper.prompt(prompt_ids)
+        ids = prompt + list(target_ids)
+        self.lengths.check(len(ids))
+        entries = self._run(ids, 1, prompt_logprobs=1).prompt_logprobs  # entry t: log p(. | ids[:t])
+        predicted, logprobs = [], []
+        for t in range(len(prompt), len(ids)):
+            entry = entries[t]
+            predicted.append(next(token for token, lp in entry.items() if lp.rank == 1))
+            logprobs.append(float(entry[ids[t]].logprob))
+        return ContinuationScore(predicted_ids=predicted, logprobs=logprobs)
+
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
+        ids = self.shaper.prompt(prompt_ids)
+        self.lengths.check(len(ids) + max_new_tokens)
+        if max_new_tokens < 1:
+            return []
+        out = self._run(ids, max_new_tokens, stop_token_ids=sorted(self.stop_ids))
+        return [int(i) for i in out.outputs[0].token_ids]
+
+    def token_nll(self, ids: Sequence[int], score_from: int = 1) -> torch.Tensor:
+        if not 1 <= score_from <= len(ids):
+            raise ValueError(f"score_from must be in [1, {len(ids)}], got {score_from}")
+        prefix = self.shaper.prefix
+        full = prefix + list(ids)
+        self.lengths.check(len(full))
+        entries = self._run(full, 1, prompt_logprobs=0).prompt_logprobs
+        nll = [-float(entries[t][full[t]].logprob) for t in range(len(prefix) + score_from, len(full))]
+        return torch.tensor(nll, dtype=torch.float32)

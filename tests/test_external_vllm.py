@@ -1,0 +1,189 @@
+"""``vllm:PATH``. Real vLLM runs on a GPU machine (``scripts/gpu_check.sh``); here:
+
+- without vLLM the prefix answers one line saying how to install it;
+- with a stand-in ``vllm`` module that answers ``LLM.generate`` from a tiny Llama's own
+  forward pass, the back-end's reading of ``prompt_logprobs`` and outputs is held to
+  that forward (the request shapes are vLLM's: token prompts, ``SamplingParams``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bamctl.backends import EngineOptions, open_backend
+from bamctl.errors import BamctlError
+
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+def test_vllm_prefix_without_vllm_says_how_to_install(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # as if absent, even where it is installed
+    with pytest.raises(BamctlError) as err:
+        open_backend(f"vllm:{tmp_path}", EngineOptions())
+    message = str(err.value)
+    assert "\n" not in message and "pip install 'bamctl[vllm]'" in message and "GPU" in message
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="vLLM needs a GPU")
+@pytest.mark.skipif(not HAVE_VLLM, reason="vLLM not installed (GPU extra)")
+def test_real_vllm_matches_hf(tmp_path):
+    pytest.importorskip("transformers")
+    folder = _save_tiny_llama(tmp_path, hidden=256)  # head size 64: GPU attention kernels need it
+    ids = [3 + (7 * i) % 60 for i in range(40)]  # past its 32 positions: both run beyond
+    options = dict(dtype="float16")
+    hf = open_backend(f"hf:{folder}", EngineOptions(device="cuda", **options))
+    vl = open_backend(f"vllm:{folder}", EngineOptions(**options))
+    # Different kernels in float16: compare loosely (a near-tie may flip one argmax).
+    same = sum(a == b for a, b in zip(vl.generate(ids, 8), hf.generate(ids, 8)))
+    assert same >= 6
+    ours, theirs = vl.score_continuation(ids[:30], ids[30:]), hf.score_continuation(ids[:30], ids[30:])
+    assert sum(a == b for a, b in zip(ours.predicted_ids, theirs.predicted_ids)) >= 8
+    torch.testing.assert_close(vl.token_nll(ids), hf.token_nll(ids), atol=0.05, rtol=0.02)
+
+
+# -- a stand-in vllm module ---------------------------------------------------------------
+@dataclass
+class Logprob:
+    logprob: float
+    rank: int
+
+
+class SamplingParams:
+    def __init__(self, **kwargs):
+        self.__dict__.update(kwargs)
+
+
+class FakeLLM:
+    instances: list = []
+
+    def __init__(self, model: str, **kwargs):
+        from transformers import AutoModelForCausalLM
+
+        self.kwargs = kwargs
+        self.model = AutoModelForCausalLM.from_pretrained(model, local_files_only=True).eval()
+        FakeLLM.instances.append(self)
+
+    def _logits(self, ids):
+        with torch.no_grad():
+            return self.model(torch.tensor([ids])).logits[0].float()
+
+    def generate(self, prompts, params, use_tqdm=True):
+        (prompt,) = prompts
+        ids = list(prompt["prompt_token_ids"])
+        assert len(ids) <= self.kwargs["max_model_len"]
+        prompt_logprobs = None
+        if getattr(params, "prompt_logprobs", None) is not None:
+            logprobs = torch.log_softmax(self._logits(ids), -1)
+            prompt_logprobs = [None]
+            for t in range(1, len(ids)):
+                row = logprobs[t - 1]
+                ranks = (row > row[ids[t]]).sum().item() + 1
+                entry = {ids[t]: Logprob(row[ids[t]].item(), ranks)}
+                if params.prompt_logprobs >= 1:
+                    entry[int(row.argmax())] = Logprob(row.max().item(), 1)
+                prompt_logprobs.append(entry)
+        out, sequence = [], list(ids)
+        for _ in range(params.max_tokens):
+            out.append(int(self._logits(sequence)[-1].argmax()))
+            sequence.append(out[-1])
+            if out[-1] in getattr(params, "stop_token_ids", []):
+                break
+        completion = types.SimpleNamespace(token_ids=out)
+        return [types.SimpleNamespace(prompt_logprobs=prompt_logprobs, outputs=[completion])]
+
+
+def _save_tiny_llama(folder, hidden: int = 32):
+    import tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i + 3 for i in range(60)}}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.post_processor = tokenizers.processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>").save_pretrained(folder)
+    config = LlamaConfig(vocab_size=len(vocab), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(1)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(8.0 if p.dim() > 1 else 1.0)
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch, tmp_path):
+    pytest.importorskip("transformers", reason="transformers not installed (pip install 'bamctl[hf]')")
+    pytest.importorskip("tokenizers", reason="tokenizers not installed (pip install 'bamctl[hf]')")
+    module = types.ModuleType("vllm")
+    module.LLM, module.SamplingParams = FakeLLM, SamplingParams
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    FakeLLM.instances.clear()
+    folder = _save_tiny_llama(tmp_path / "tiny")
+    from transformers import AutoModelForCausalLM
+
+    return folder, AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True).eval()
+
+
+def _full(model, ids):
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+def test_requests_read_vllm_outputs_like_the_model_forward(fake_vllm):
+    folder, model = fake_vllm
+    backend = open_backend(f"vllm:{folder}", EngineOptions(tokenizer=None))
+    prompt, target = [5 + i for i in range(12)], [7, 8, 9]
+    logits = _full(model, [1] + prompt + target)  # one BOS in front, as hf: does
+    rows = logits[len(prompt) : len(prompt) + 3]
+    score = backend.score_continuation(prompt, target)
+    assert score.predicted_ids == rows.argmax(-1).tolist()
+    expected = torch.log_softmax(rows, -1).gather(1, torch.tensor(target)[:, None])[:, 0]
+    torch.testing.assert_close(torch.tensor(score.logprobs), expected, atol=1e-5, rtol=1e-5)
+    ids = [3 + (5 * i) % 60 for i in range(20)]
+    full = _full(model, [1] + ids)
+    torch.testing.assert_close(
+        backend.token_nll(ids, 3), F.cross_entropy(full[3:-1], torch.tensor(ids[3:]), reduction="none"), atol=1e-5, rtol=1e-5
+    )
+    with torch.no_grad():
+        greedy = model.generate(torch.tensor([[1] + prompt]), max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert backend.generate(prompt, 6) == greedy[0, len(prompt) + 1 :].tolist()
+    engine = FakeLLM.instances[0].kwargs
+    assert engine["enable_prefix_caching"] and engine["tensor_parallel_size"] == 1
+    assert len(FakeLLM.instances) == 1  # one engine for every request that fits
+
+
+def test_engine_grows_past_the_configured_maximum_with_a_warning(fake_vllm, capsys):
+    folder, _ = fake_vllm
+    backend = open_backend(f"vllm:{folder}", EngineOptions())
+    backend.generate([5, 6, 7], 2)
+    assert FakeLLM.instances[-1].kwargs["max_model_len"] == 32 and "hf_overrides" not in FakeLLM.instances[-1].kwargs
+    long = [3 + i % 60 for i in range(40)]
+    assert backend.token_nll(long).shape == (39,)
+    err = capsys.readouterr().err
+    assert "41 tokens exceed" in err and "restarting vLLM" in err
+    assert FakeLLM.instances[-1].kwargs["hf_overrides"] == {"max_position_embeddings": 42}  # + the one token vLLM samples
+    refuse = open_backend(f"vllm:{folder}", EngineOptions(beyond_max="refuse"))
+    with pytest.raises(BamctlError, match="exceed"):
+        refuse.token_nll(long)
+
+
+def test_tensor_parallel_and_reserve_size_the_engine_once(fake_vllm):
+    from bamctl.external.vllm import VLLMBackend
+
+    folder, _ = fake_vllm
+    backend = VLLMBackend(str(folder), EngineOptions(), tensor_parallel=2)
+    backend.reserve(64)
+    backend.generate([5, 6], 1)
+    backend.token_nll([3 + i % 60 for i in range(50)])
+    assert len(FakeLLM.instances) == 1
+    assert FakeLLM.instances[0].kwargs["tensor_parallel_size"] == 2 and FakeLLM.instances[0].kwargs["max_model_len"] == 64
