@@ -169,10 +169,12 @@ class Evaluation:
 
     def preflight(self) -> None:
         """Let the back-end refuse the longest context now rather than after hours of work."""
-        check = getattr(self.backend, "check_fits", None)
-        if check is not None:
-            spec = self.request.spec
-            check(max(self.request.lengths) + (spec.max_new_tokens or 0) + 16)  # 16: teacher-forced answer tokens
+        spec = self.request.spec
+        longest = max(self.request.lengths) + (spec.max_new_tokens or 0) + 16  # 16: teacher-forced answer tokens
+        for hook in ("check_fits", "reserve"):  # native engine: memory estimate; vLLM: size the engine once
+            method = getattr(self.backend, hook, None)
+            if method is not None:
+                method(longest)
 
     # -- rows --------------------------------------------------------------------------------
     def _mine(self) -> bool:

@@ -35,10 +35,17 @@ def _seeds(text: str) -> list[int]:
     return seeds
 
 
-def _engine_options(device: str, dtype: str, chunk_size: int, attention: str, tokenizer: str | None):
+def _engine_options(device, dtype, chunk_size, attention, tokenizer, beyond_max, chat_template, tensor_parallel):
     from bamctl.backends import EngineOptions
 
-    return EngineOptions(device=device, dtype=dtype, chunk_size=chunk_size, attention=attention, tokenizer=tokenizer)
+    if beyond_max not in ("warn", "refuse"):
+        raise BamctlError(f"--beyond-max must be warn or refuse, not {beyond_max!r}")
+    if tensor_parallel < 1:
+        raise BamctlError(f"--tensor-parallel must be at least 1, not {tensor_parallel}")
+    return EngineOptions(
+        device=device, dtype=dtype, chunk_size=chunk_size, attention=attention, tokenizer=tokenizer,
+        beyond_max=beyond_max, chat_template=chat_template, tensor_parallel=tensor_parallel,
+    )
 
 
 def _progress(quiet: bool):
@@ -163,6 +170,9 @@ def passkey(
     chunk_size: opt.ChunkSize = 2048,
     attention: opt.Attention = "auto",
     tokenizer: opt.Tokenizer = None,
+    beyond_max: opt.BeyondMax = "warn",
+    chat_template: opt.ChatTemplate = False,
+    tensor_parallel: opt.TensorParallel = 1,
     out: opt.Out = opt.DEFAULT_OUT,
     force: opt.Force = False,
     shard: opt.Shard = None,
@@ -178,7 +188,7 @@ def passkey(
     run_models(
         [model],
         lambda train: TaskRequest("passkey", _lengths(lengths, train), samples or DEFAULT_SAMPLES["passkey"], _seeds(seed), _depths(depths), variant=protocol),
-        engine=_engine_options(device, dtype, chunk_size, attention, tokenizer),
+        engine=_engine_options(device, dtype, chunk_size, attention, tokenizer, beyond_max, chat_template, tensor_parallel),
         out=out, force=force, quiet=quiet, json_output=json_output, shard=shard,
     )
 
@@ -196,6 +206,9 @@ def ruler(
     chunk_size: opt.ChunkSize = 2048,
     attention: opt.Attention = "auto",
     tokenizer: opt.Tokenizer = None,
+    beyond_max: opt.BeyondMax = "warn",
+    chat_template: opt.ChatTemplate = False,
+    tensor_parallel: opt.TensorParallel = 1,
     out: opt.Out = opt.DEFAULT_OUT,
     force: opt.Force = False,
     shard: opt.Shard = None,
@@ -212,7 +225,7 @@ def ruler(
         run_models(
             [model],
             lambda train, name=name: TaskRequest(name, _lengths(lengths, train), samples or RULER_DEFAULT_SAMPLES, _seeds(seed), _depths(depths)),
-            engine=_engine_options(device, dtype, chunk_size, attention, tokenizer),
+            engine=_engine_options(device, dtype, chunk_size, attention, tokenizer, beyond_max, chat_template, tensor_parallel),
             out=out, force=force, quiet=quiet, json_output=json_output, shard=shard,
         )
 
@@ -233,6 +246,9 @@ def ppl(
     chunk_size: opt.ChunkSize = 2048,
     attention: opt.Attention = "auto",
     tokenizer: opt.Tokenizer = None,
+    beyond_max: opt.BeyondMax = "warn",
+    chat_template: opt.ChatTemplate = False,
+    tensor_parallel: opt.TensorParallel = 1,
     out: opt.Out = opt.DEFAULT_OUT,
     force: opt.Force = False,
     shard: opt.Shard = None,
@@ -255,7 +271,7 @@ def ppl(
             "ppl", _lengths(lengths, train), samples or DEFAULT_SAMPLES["ppl"], _seeds(seed),
             options={"corpus_path": str(corpus)} if corpus else {}, ppl_mode=mode, stride=stride, bucket=bucket, doc_tokens=doc_tokens,
         ),
-        engine=_engine_options(device, dtype, chunk_size, attention, tokenizer),
+        engine=_engine_options(device, dtype, chunk_size, attention, tokenizer, beyond_max, chat_template, tensor_parallel),
         out=out, force=force, quiet=quiet, json_output=json_output, shard=shard,
     )
 
@@ -275,6 +291,9 @@ def compare(
     chunk_size: opt.ChunkSize = 2048,
     attention: opt.Attention = "auto",
     tokenizer: opt.Tokenizer = None,
+    beyond_max: opt.BeyondMax = "warn",
+    chat_template: opt.ChatTemplate = False,
+    tensor_parallel: opt.TensorParallel = 1,
     out: opt.Out = opt.DEFAULT_OUT,
     force: opt.Force = False,
     shard: opt.Shard = None,
@@ -295,7 +314,7 @@ def compare(
     run_models(
         models,
         lambda train: TaskRequest(task, _lengths(lengths, train), samples or default_samples, _seeds(seed), _depths(depths)),
-        engine=_engine_options(device, dtype, chunk_size, attention, tokenizer),
+        engine=_engine_options(device, dtype, chunk_size, attention, tokenizer, beyond_max, chat_template, tensor_parallel),
         out=out, force=force, quiet=quiet, json_output=json_output, shard=shard, threshold=threshold,
         plot=plot or out / f"compare-{task}.png",
     )

@@ -27,6 +27,12 @@ Dtype = Annotated[str, typer.Option(help="auto (bfloat16 on CUDA, float32 on CPU
 ChunkSize = Annotated[int, typer.Option(help="Tokens per prefill chunk: memory is weights + KV cache + one chunk's workspace.")]
 Attention = Annotated[str, typer.Option(help="Attention path: auto, blockwise (online softmax over key blocks) or dense (reference; n x n memory).")]
 Tokenizer = Annotated[Optional[str], typer.Option(help="Tokenizer name or local path overriding the model's own (external models).")]
+BeyondMax = Annotated[
+    str,
+    typer.Option(help="External models past their configured max positions: warn (run anyway; extrapolation is the point) or refuse."),
+]
+ChatTemplate = Annotated[bool, typer.Option(help="External chat models: wrap each prompt in the model's chat template (off: base-model mode).")]
+TensorParallel = Annotated[int, typer.Option(help="vllm: number of GPUs one model is split over.")]
 Out = Annotated[Path, typer.Option("--out", "-o", help="Results directory (Parquet part files, one row per sample).")]
 Force = Annotated[bool, typer.Option(help="Recompute samples already in the results directory instead of skipping them.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
