@@ -30,7 +30,8 @@ def _rss_bytes() -> int:
 
 
 def _run_one(path: str, length: int, heads: int, head_dim: int, repeats: int) -> dict:
-    from bamctl.engine.attention import AttentionInputs, KERNELS
+    from bamctl.engine.attention import AttentionInputs
+    from bamctl.engine.stream import kernel_for
     from bamctl.positional import GGDPrior
 
     torch.manual_seed(0)
@@ -42,7 +43,7 @@ def _run_one(path: str, length: int, heads: int, head_dim: int, repeats: int) ->
     scale = torch.ones(heads)
 
     def ours():
-        kernel = KERNELS[path]
+        kernel = kernel_for(path)
         out = torch.empty_like(q)
         for start in range(0, length, CHUNK):
             stop = min(start + CHUNK, length)
@@ -95,7 +96,7 @@ def main() -> None:
     print("-" * len(header))
     for length in lengths:
         results = {}
-        for path in ("sdpa", "blockwise", "dense"):
+        for path in ("sdpa", "flex", "blockwise", "dense"):
             if path == "dense" and length > _parse_length(args.dense_max):
                 continue
             cmd = [sys.executable, __file__, "--one", path, str(length), "--heads", str(args.heads),

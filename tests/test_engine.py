@@ -170,3 +170,14 @@ def test_score_continuation_matches_dense_argmax():
     assert score.predicted_ids == logits.argmax(-1).tolist()
     expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(target)[:, None])[:, 0]
     assert torch.allclose(torch.tensor(score.logprobs), expected, atol=1e-4)
+
+
+@pytest.mark.skipif(not __import__("bamctl.engine.flex", fromlist=["x"]).flex_available()[0], reason="compiled FlexAttention needs CUDA or an x86 CPU")
+def test_flex_path_equals_dense_reference_with_prior_ssmax_and_offsets():
+    # One model with every feature the score_mod handles (GGD prior + SSMax over the logits);
+    # 300 tokens in chunks of 128: offsets, a partial last chunk, KV lengths past a power of two.
+    model = random_model("bam-ssmax", seed=11)
+    ids = tokens(300, seed=11)
+    reference = model(torch.tensor([ids]))[0]
+    engine = StreamingEngine(model, device="cpu", dtype="float32", chunk_size=128, attention="flex")
+    assert torch.allclose(engine.logits_at(ids, list(range(300))), reference, atol=1e-4)

@@ -25,7 +25,8 @@ from bamctl.model import ForwardState, Transformer
 from bamctl.vocab import VocabSubset
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-ATTENTION_CHOICES = ("auto", *KERNELS)
+ATTENTION_CHOICES = ("auto", *KERNELS, "flex")
+CACHE_ROUND = 128  # KV cache capacity is a multiple of FlexAttention's block
 LOGIT_ROWS = 256  # rows of the output head computed at once: 256 x 50k floats = 51 MB
 
 
@@ -51,11 +52,25 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def resolve_attention(name: str, device: torch.device) -> str:
+    """auto: compiled FlexAttention on CUDA; blockwise on CPUs, where each new shape costs a compile."""
+    from bamctl.engine.flex import flex_available, require_flex
+
     if name == "auto":
-        return "blockwise"
+        return "flex" if device.type == "cuda" and flex_available()[0] else "blockwise"
+    if name == "flex":
+        require_flex()
+        return name
     if name not in KERNELS:
         raise BamctlError(f"unknown attention path {name!r}; use one of {', '.join(ATTENTION_CHOICES)}")
     return name
+
+
+def kernel_for(name: str):
+    if name == "flex":
+        from bamctl.engine.flex import flex_attention_kernel
+
+        return flex_attention_kernel
+    return get_kernel(name)
 
 
 @dataclass(frozen=True)
@@ -79,7 +94,7 @@ class StreamingEngine:
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.attention = resolve_attention(attention, self.device)
-        self.kernel = get_kernel(self.attention)
+        self.kernel = kernel_for(self.attention)
         self.chunk_size = chunk_size
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self.config = model.config
@@ -113,6 +128,7 @@ class StreamingEngine:
         """Run ``ids`` through the model in chunks; ``on_hidden(start, hidden (T, C))`` per chunk."""
         cfg = self.config
         tokens = self._model_ids(ids)[None, :]  # (1, N)
+        capacity = -(-capacity // CACHE_ROUND) * CACHE_ROUND  # whole blocks: fewer distinct kernel shapes
         cache = KVCache(cfg.n_layers, 1, cfg.n_heads, capacity, cfg.head_dim, self.dtype, self.device)
         state = ForwardState(kernel=self.kernel, cache=cache, max_distance=capacity - 1)
         for start in range(0, tokens.shape[1], self.chunk_size):
