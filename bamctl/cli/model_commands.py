@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -69,6 +69,12 @@ def _fmt(value: float) -> str:
 def inspect(
     model: Annotated[str, typer.Argument(help="Checkpoint directory or catalog name.")],
     json_output: Annotated[bool, typer.Option("--json", help="Print config, parameter count and per-head priors as JSON.")] = False,
+    plot: Annotated[Optional[Path], typer.Option(help="PNG: each head's prior (bias against distance, log axis), one panel per layer.")] = None,
+    max_distance: Annotated[Optional[int], typer.Option(help="--plot: longest distance drawn (default: 64x the training length).")] = None,
+    attention: Annotated[Optional[Path], typer.Option("--attention", help="PNG: where the last token of a passkey prompt attends, per layer and head; the key marked.")] = None,
+    length: Annotated[Optional[int], typer.Option(help="--attention: passkey prompt length in tokens (default: 4x the training length).")] = None,
+    depth: Annotated[float, typer.Option(help="--attention: depth of the key in the prompt, 0 to 1.")] = 0.5,
+    seed: Annotated[int, typer.Option(help="--attention: seed of the passkey sample.")] = 0,
 ) -> None:
     """Show a checkpoint's config, parameter count and, per layer and head, the learned prior.
 
@@ -76,12 +82,19 @@ def inspect(
     beta = 0, a flat prior), the scale exp(theta_alpha) and mu; for ALiBi the slope; with
     SSMax the learned s.
 
-    Example: bamctl inspect models/random-bam
+    Example: bamctl inspect bam --plot priors.png --attention attention.png --length 2048
     """
     from bamctl.catalog import resolve_model
 
     checkpoint = resolve_model(model)
     config = checkpoint.model.config
+    if plot is not None:
+        from bamctl.interpret import plot_priors
+
+        path = plot_priors(checkpoint.model, plot, max_distance or 64 * config.train_length)
+        Console(stderr=True).print(f"priors drawn to {path}")
+    if attention is not None:
+        _draw_attention(checkpoint, attention, length or 4 * config.train_length, depth, seed)
     heads = _prior_rows(checkpoint.model)
     if json_output:
         payload = {
@@ -112,6 +125,21 @@ def inspect(
         for row in heads:
             table.add_row(str(row["layer"]), str(row["head"]), *(_fmt(row[c]) for c in columns))
         stdout.print(table)
+
+
+def _draw_attention(checkpoint, path: Path, length: int, depth: float, seed: int) -> None:
+    from bamctl.engine.stream import StreamingEngine
+    from bamctl.interpret import plot_last_query_attention
+    from bamctl.tasks import generate_samples
+    from bamctl.tokenizer import get_tokenizer
+
+    config = checkpoint.model.config
+    sample = next(iter(generate_samples("passkey", [length], 1, seed, get_tokenizer(config.tokenizer), [depth])))
+    engine = StreamingEngine(checkpoint.model, device="cpu", dtype="float32")
+    weights = engine.last_query_attention(sample.input_ids)
+    title = f"{config.label}: last token of a {length:,}-token passkey prompt, key at depth {depth:g} (red)"
+    plot_last_query_attention(weights, sample.needle_positions, path, title)
+    Console(stderr=True).print(f"attention drawn to {path}")
 
 
 @app.command("models")

@@ -63,8 +63,8 @@ def _logits(
     return scores * factor + bias
 
 
-def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
-    """Reference: full (Tq, Tk) logits, causal mask, softmax. q: (B, H, Tq, Dh), k/v: (B, H, Tk, Dh)."""
+def attention_weights(q: torch.Tensor, k: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
+    """Softmax weights (B, H, Tq, Tk), float32: where each query attends."""
     tq, tk = q.shape[2], k.shape[2]
     q_positions = torch.arange(inputs.q_start, inputs.q_start + tq, device=q.device)
     k_positions = torch.arange(tk, device=q.device)
@@ -72,7 +72,12 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: A
     scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
     logits = _logits(scores, signed.clamp(min=0), q_positions, inputs)
     logits = logits.masked_fill(signed < 0, float("-inf"))
-    return (torch.softmax(logits, dim=-1) @ v.float()).to(q.dtype)
+    return torch.softmax(logits, dim=-1)
+
+
+def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
+    """Reference: full (Tq, Tk) logits, causal mask, softmax. q: (B, H, Tq, Dh), k/v: (B, H, Tk, Dh)."""
+    return (attention_weights(q, k, inputs) @ v.float()).to(q.dtype)
 
 
 def _toeplitz_bias(table: torch.Tensor, base: int, tq: int, tb: int) -> torch.Tensor:

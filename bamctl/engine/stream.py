@@ -186,6 +186,27 @@ class StreamingEngine:
         return out
 
     @torch.inference_mode()
+    def last_query_attention(self, ids: Sequence[int]) -> list[torch.Tensor]:
+        """Where the last token attends: per layer, softmax weights (H, len(ids)) on the CPU."""
+        from bamctl.engine.attention import attention_weights
+
+        weights: list[torch.Tensor] = []
+
+        def recording(q, k, v, inputs):
+            w = attention_weights(q, k, inputs)  # one query: (1, H, 1, N)
+            weights.append(w[0, :, -1].cpu())
+            return (w @ v.float()).to(q.dtype)
+
+        _, state = self._stream(ids[:-1], len(ids), lambda start, hidden: None) if len(ids) > 1 else (None, None)
+        if state is None:
+            cache = KVCache(self.config.n_layers, 1, self.config.n_heads, CACHE_ROUND, self.config.head_dim, self.dtype, self.device)
+            state = ForwardState(cache=cache, max_distance=0)
+        state.kernel = recording
+        self.model.advance(state, len(ids) - 1, 1)
+        self.model.hidden(self._model_ids(ids[-1:])[None, :], state)
+        return weights
+
+    @torch.inference_mode()
     def token_nll(self, ids: Sequence[int], score_from: int = 1) -> torch.Tensor:
         """NLL (float32, on CPU) of each token ids[t] for t in [score_from, len(ids)), given ids[:t]."""
         if not 1 <= score_from <= len(ids):
