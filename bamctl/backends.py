@@ -60,15 +60,15 @@ class EngineOptions:
     tensor_parallel: int = 1  # vLLM: GPUs one model is split over
 
 
-class NativeBackend:
-    """A bamctl checkpoint run by the streaming engine."""
+class EngineBackend:
+    """A ``bamctl.model.Transformer`` run by the streaming engine, with a tokenizer."""
 
-    def __init__(self, reference: str, options: EngineOptions):
-        from bamctl.catalog import resolve_model
+    def __init__(self, checkpoint, tokenizer: Tokenizer, name: str, options: EngineOptions):
         from bamctl.engine.stream import StreamingEngine
 
-        checkpoint = resolve_model(reference)
         config = checkpoint.model.config
+        self.checkpoint = checkpoint
+        self.tokenizer = tokenizer
         self.engine = StreamingEngine(
             checkpoint.model,
             device=options.device,
@@ -76,9 +76,8 @@ class NativeBackend:
             chunk_size=options.chunk_size,
             attention=options.attention,
         )
-        self.tokenizer = get_tokenizer(config.tokenizer)
         self.info = ModelInfo(
-            name=reference.rstrip("/").split("/")[-1],
+            name=name,
             model_hash=checkpoint.model_hash,
             pe=config.pe,
             ssmax=config.ssmax,
@@ -100,6 +99,17 @@ class NativeBackend:
 
     def check_fits(self, n_tokens: int) -> None:
         self.engine.check_fits(n_tokens)
+
+
+class NativeBackend(EngineBackend):
+    """A bamctl checkpoint (catalog name or directory)."""
+
+    def __init__(self, reference: str, options: EngineOptions):
+        from bamctl.catalog import resolve_model
+
+        checkpoint = resolve_model(reference)
+        tokenizer = get_tokenizer(options.tokenizer or checkpoint.model.config.tokenizer)
+        super().__init__(checkpoint, tokenizer, reference.rstrip("/").split("/")[-1], options)
 
 
 def _authors_backend(path: str, options: EngineOptions) -> Backend:

@@ -43,6 +43,7 @@ from pathlib import Path
 
 import torch
 
+from bamctl.backends import EngineBackend
 from bamctl.checkpoint import file_sha256
 from bamctl.errors import BamctlError
 from bamctl.model import ModelConfig, Transformer
@@ -247,7 +248,7 @@ def _find_tokenizer(path: Path, spec: str | None):
     raise BamctlError(TOKENIZER_HINT)
 
 
-class AuthorsBackend:
+class AuthorsBackend(EngineBackend):
     """An authors' checkpoint run by bamctl's streaming engine, with their tokenizer.
 
     Their models are base models trained without BOS: prompts go in as the task built
@@ -256,9 +257,6 @@ class AuthorsBackend:
     """
 
     def __init__(self, reference: str, options):
-        from bamctl.backends import ModelInfo
-        from bamctl.engine.stream import StreamingEngine
-
         path = Path(reference).expanduser()
         if not is_authors_checkpoint(path):
             raise BamctlError(f"{reference} is not an authors' BAM checkpoint (needs {WEIGHTS_FILE} and {ARGS_FILE})")
@@ -272,28 +270,4 @@ class AuthorsBackend:
                 f"tokenizer {self.tokenizer.name} has {self.tokenizer.vocab_size} tokens but the model only "
                 f"{config.vocab_size} rows; {TOKENIZER_HINT}"
             )
-        self.checkpoint = checkpoint
-        self.engine = StreamingEngine(
-            checkpoint.model, device=options.device, dtype=options.dtype,
-            chunk_size=options.chunk_size, attention=options.attention,
-        )
-        self.info = ModelInfo(
-            name=path.resolve().name,
-            model_hash=checkpoint.model_hash,
-            pe=config.pe,
-            ssmax=config.ssmax,
-            train_length=config.train_length,
-        )
-        self.device = str(self.engine.device)
-        self.dtype = str(self.engine.dtype).removeprefix("torch.")
-        self.attention = self.engine.attention
-
-    def score_continuation(self, prompt_ids, target_ids):
-        return self.engine.score_continuation(prompt_ids, target_ids)
-
-    def generate(self, prompt_ids, max_new_tokens):
-        eos = () if self.tokenizer.eos_id is None else (self.tokenizer.eos_id,)
-        return self.engine.generate(prompt_ids, max_new_tokens, stop_ids=eos)
-
-    def token_nll(self, ids, score_from=1):
-        return self.engine.token_nll(ids, score_from)
+        super().__init__(checkpoint, self.tokenizer, path.resolve().name, options)
