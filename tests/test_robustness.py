@@ -88,3 +88,33 @@ def test_unwritable_out_is_refused_up_front(model_dir, tmp_path, capsys):
     blocker.write_text("not a directory")
     code, err = cli(capsys, "passkey", model_dir, "--out", str(blocker / "results"))
     assert code == 2 and "cannot write results" in err
+
+
+def test_two_processes_writing_one_directory_lose_and_duplicate_nothing(model_dir, tmp_path):
+    import subprocess
+    import sys
+
+    def start(seed):
+        cmd = [sys.executable, "-m", "bamctl", "passkey", model_dir, "--lengths", "128,256", "--samples", "2",
+               "--seed", seed, "--out", str(tmp_path), "--quiet"]
+        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    first, second = start("0"), start("1")
+    assert first.wait(timeout=300) == 0, first.stderr.read()
+    assert second.wait(timeout=300) == 0, second.stderr.read()
+    frame = ResultStore(tmp_path).read(dedupe=False)
+    assert len(frame) == 2 * 2 * 5 * 2  # seeds x lengths x depths x samples
+    assert not frame.duplicated(["seed", "length", "depth", "sample"]).any()
+
+
+def test_foreign_and_truncated_parquet_files_are_reported_and_skipped(model_dir, tmp_path, capsys):
+    assert cli(capsys, "passkey", model_dir, "--lengths", "128", "--samples", "1", "--out", str(tmp_path), "--quiet")[0] == 0
+    good = ResultStore(tmp_path).part_files()[0]
+    (tmp_path / "part-0-truncated.parquet").write_bytes(good.read_bytes()[: len(good.read_bytes()) // 2])
+    import pandas as pd
+
+    pd.DataFrame({"x": [1, 2]}).to_parquet(tmp_path / "foreign.parquet")
+    code, err = cli(capsys, "results", "show", "--dir", str(tmp_path))
+    assert code == 0
+    assert "truncated" in err and "foreign.parquet" in err
+    assert len(ResultStore(tmp_path).read()) == 5
