@@ -83,6 +83,7 @@ def _atomic_write(target: Path, write) -> None:
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; checkpoints are meant to be shared
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):

@@ -21,6 +21,7 @@ except ImportError:  # pragma: no cover - older typer on top of click
 from bamctl.cli import model_commands  # noqa: E402,F401
 from bamctl.cli import task_commands  # noqa: E402,F401
 from bamctl.cli import results_commands  # noqa: E402,F401
+from bamctl.cli import train_commands  # noqa: E402,F401
 from bamctl.cli import eval_commands  # noqa: E402,F401
 
 EXIT_USAGE = 2

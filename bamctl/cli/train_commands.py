@@ -1,0 +1,80 @@
+"""Training command: ``train`` runs a recipe (``baselines/*.toml``) into a checkpoint directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from bamctl.cli.app import app
+
+stdout = Console(highlight=False)
+stderr = Console(stderr=True, highlight=False)
+
+
+def _progress_display(total: int):
+    """A rich progress bar on stderr (step, loss, tokens/s, ETA); None when stderr is not a terminal."""
+    if not stderr.is_terminal:
+        return None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    return Progress(
+        TextColumn("[bold]train"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}"),
+        TextColumn("{task.fields[speed]} tok/s"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=stderr,
+        transient=False,
+    )
+
+
+@app.command()
+def train(
+    recipe: Annotated[Path, typer.Option("--recipe", "-r", help="Recipe TOML file, e.g. baselines/bam.toml (model, PE, data mix, optimiser, schedule, steps, seed).")],
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Checkpoint directory to write (config.json, model.safetensors, and train_state.pt while running). Default: baselines/NAME beside the recipe.")] = None,
+    steps: Annotated[Optional[int], typer.Option(help="Override the recipe's number of optimiser steps.")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Override the recipe's seed (model init, text windows, key depths).")] = None,
+    device: Annotated[str, typer.Option(help="auto (CUDA when present), cpu, cuda or cuda:N. On CUDA the forward pass runs under bfloat16 autocast.")] = "auto",
+    data: Annotated[Optional[Path], typer.Option("--data", help="Folder of training text: *.txt files, or pre-tokenised GPT-2 shards (*.npy, *.bin uint16, llm.c headers accepted). Replaces the shipped corpus.")] = None,
+    restart: Annotated[bool, typer.Option("--restart", help="Ignore a saved training state or finished checkpoint in --out and train from step 0.")] = False,
+) -> None:
+    """Train a model from a recipe; an interrupted run resumes where it last saved.
+
+    The run saves a training state (weights, optimiser, step) every save_every (a recipe key)
+    steps and on Ctrl-C; running the same command again continues from it and reaches
+    the same weights. A finished run leaves a core-format checkpoint whose config.json
+    holds the full recipe and its provenance (losses, steps, wall time, torch version).
+
+    Example: bamctl train --recipe baselines/bam.toml --out models/bam --device cpu
+    """
+    from bamctl.train import STATE_FILE, load_recipe
+    from bamctl.train import train as run_training
+
+    spec = load_recipe(recipe).with_overrides(steps=steps, seed=seed)
+    target = out if out is not None else recipe.parent / spec.name
+    resuming = (target / STATE_FILE).exists() and not restart
+    progress = _progress_display(spec.train.steps)
+    if resuming:
+        stderr.print(f"resuming {target} from its saved training state")
+
+    if progress is None:
+        result = run_training(spec, target, device=device, data_dir=data, restart=restart)
+    else:
+        with progress:
+            task = progress.add_task("train", total=spec.train.steps, loss="-", speed="-")
+
+            def show(report) -> None:
+                progress.update(task, completed=report.step, loss=f"{report.loss:.4f}", speed=f"{report.tokens_per_s:,.0f}")
+
+            result = run_training(spec, target, device=device, data_dir=data, restart=restart, on_step=show)
+    final = result.provenance
+    stdout.print(
+        f"wrote {spec.name} ({spec.model.pe}, {spec.train.steps} steps, final loss {final['final_loss']:.4f}, "
+        f"{result.wall_time_s:.0f} s) to {target}"
+    )

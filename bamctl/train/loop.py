@@ -1,0 +1,313 @@
+"""The training loop: AdamW with a positional group, warm-up + cosine, resumable.
+
+Resuming: every ``save_every`` steps (and when Ctrl-C or SIGTERM arrives, between two
+steps) the run writes ``train_state.pt`` beside its checkpoint, atomically: weights,
+optimiser moments, the step, the losses so far. Batches are a pure function of the
+step (``bamctl.train.data``), so a resumed run replays exactly what an uninterrupted
+run would have done; on a CPU with the recipe's thread count the weights match bit
+for bit. A finished run deletes the state file and leaves a core-format checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import tempfile
+import threading
+import time
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from bamctl.checkpoint import CONFIG_FILE, new_random_model, save_checkpoint
+from bamctl.errors import BamctlError
+from bamctl.model import Transformer
+from bamctl.train.data import IGNORE, BatchMaker, text_tokens
+from bamctl.train.recipe import Recipe
+from bamctl.train.vocab import build_token_subset
+from bamctl.vocab import VocabSubset
+
+STATE_FILE = "train_state.pt"
+LOSS_CURVE_POINTS = 100  # losses kept in the checkpoint's provenance, evenly spaced
+
+
+@dataclass(frozen=True)
+class StepReport:
+    step: int  # steps done
+    steps: int  # steps in the run
+    loss: float
+    lr: float
+    tokens_per_s: float
+    resumed_from: int
+
+
+@dataclass
+class TrainResult:
+    out: Path | None
+    losses: list[float]
+    steps: int
+    wall_time_s: float
+    resumed_from: int = 0
+    provenance: dict = field(default_factory=dict)
+
+
+def lr_at(step: int, recipe: Recipe) -> float:
+    """Linear warm-up over ``warmup_steps``, then cosine from lr to ``min_lr_ratio * lr`` at the last step."""
+    lr, warmup, steps = recipe.optim.lr, recipe.schedule.warmup_steps, recipe.train.steps
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = (step - warmup) / max(steps - warmup - 1, 1)
+    floor = lr * recipe.schedule.min_lr_ratio
+    return floor + 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0))) * (lr - floor)
+
+
+def param_groups(model: Transformer, recipe: Recipe) -> list[dict]:
+    """Three AdamW groups: matrices with weight decay; norms without; positional (theta, s) without,
+    at its own lr scale — as the BAM authors train their priors."""
+    positional = {id(p) for p in model.positional_parameters()}
+    groups = {"decay": [], "no_decay": [], "positional": []}
+    for p in model.parameters():
+        if not p.requires_grad:
+            continue
+        key = "positional" if id(p) in positional else "decay" if p.dim() >= 2 else "no_decay"
+        groups[key].append(p)
+    o = recipe.optim
+    return [
+        {"name": "decay", "params": groups["decay"], "weight_decay": o.weight_decay, "lr_scale": 1.0},
+        {"name": "no_decay", "params": groups["no_decay"], "weight_decay": 0.0, "lr_scale": 1.0},
+        {"name": "positional", "params": groups["positional"], "weight_decay": 0.0, "lr_scale": o.positional_lr_scale},
+    ]
+
+
+def make_optimizer(model: Transformer, recipe: Recipe) -> torch.optim.AdamW:
+    o = recipe.optim
+    return torch.optim.AdamW(param_groups(model, recipe), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+
+
+@contextmanager
+def _cpu_threads(device: torch.device, threads: int):
+    """The recipe's thread count on CPU (losses then reproduce exactly), restored afterwards."""
+    if device.type != "cpu":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextmanager
+def _stop_requests():
+    """Turn SIGINT/SIGTERM into a flag checked between steps, so a state is never saved mid-update."""
+    flag = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in previous:
+        signal.signal(sig, lambda *_: flag.set())
+    try:
+        yield flag
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _atomic_torch_save(payload: dict, target: Path) -> None:
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    os.close(fd)
+    try:
+        torch.save(payload, tmp)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+@dataclass
+class Setup:
+    """Everything a run needs before its first step."""
+
+    recipe: Recipe
+    model: Transformer
+    batches: BatchMaker
+    device: torch.device
+    data_source: str
+
+
+def prepare(recipe: Recipe, *, device: str = "cpu", data_dir: Path | None = None) -> Setup:
+    """Data, token subset and the seeded initial model for ``recipe``."""
+    from bamctl.engine.stream import resolve_device
+    from bamctl.tokenizer import get_tokenizer
+
+    resolved = resolve_device(device)
+    tokenizer = get_tokenizer("gpt2")
+    text = text_tokens(recipe, tokenizer, data_dir)
+    token_subset = build_token_subset(tokenizer, text, recipe.data.vocab_size)
+    model = new_random_model(recipe.model_config(token_subset), recipe.train.seed).to(resolved)
+    subset = VocabSubset(token_subset, tokenizer.vocab_size) if token_subset is not None else None
+    source = "none" if text is None else text.name
+    return Setup(recipe, model, BatchMaker(recipe, tokenizer, text, subset), resolved, source)
+
+
+def _step(setup: Setup, optimizer, step: int) -> float:
+    """One optimiser step (all micro-batches); returns the mean loss."""
+    recipe, model = setup.recipe, setup.model
+    lr = lr_at(step, recipe)
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group["lr_scale"]
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if setup.device.type == "cuda" else nullcontext()
+    total = 0.0
+    accum = recipe.train.grad_accum
+    for micro in range(accum):
+        inputs, targets = setup.batches.batch(step, micro)
+        inputs, targets = inputs.to(setup.device), targets.to(setup.device)
+        with autocast:
+            logits = model(inputs)  # (B, T, V), float32
+        loss = row_mean_loss(logits, targets)
+        (loss / accum).backward()
+        total += loss.item()
+    if recipe.optim.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.optim.grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return total / accum
+
+
+def row_mean_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean over rows of each row's mean token loss: a passkey row scoring 15 key digits
+    weighs as much as a text row scoring 128 tokens, so the mix fraction is the loss share."""
+    per_token = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="none")
+    per_token = per_token.view(targets.shape)  # (B, T)
+    counts = (targets != IGNORE).sum(1)  # (B,)
+    scored = counts > 0
+    return (per_token.sum(1)[scored] / counts[scored]).mean()
+
+
+def first_losses(recipe: Recipe, n: int = 3, *, data_dir: Path | None = None) -> list[float]:
+    """The first ``n`` step losses from the recipe's seed, on CPU, writing nothing."""
+    setup = prepare(recipe, device="cpu", data_dir=data_dir)
+    optimizer = make_optimizer(setup.model, recipe)
+    with _cpu_threads(setup.device, recipe.train.cpu_threads):
+        setup.model.train()
+        return [_step(setup, optimizer, step) for step in range(n)]
+
+
+def _loss_curve(losses: list[float]) -> list[list[float]]:
+    stride = max(1, len(losses) // LOSS_CURVE_POINTS)
+    return [[i + 1, round(losses[i], 5)] for i in range(stride - 1, len(losses), stride)]
+
+
+def train(
+    recipe: Recipe,
+    out: Path,
+    *,
+    device: str = "auto",
+    data_dir: Path | None = None,
+    restart: bool = False,
+    on_step: Callable[[StepReport], None] | None = None,
+) -> TrainResult:
+    """Train ``recipe`` into checkpoint directory ``out``, resuming from ``out/train_state.pt`` if there.
+
+    ``on_step`` is called after every step (progress display); an exception it raises
+    stops the run like Ctrl-C does, after the state is saved.
+    """
+    out = Path(out)
+    state_path = out / STATE_FILE
+    fingerprint = recipe.fingerprint()
+    if restart and state_path.exists():
+        state_path.unlink()
+    if not restart and not state_path.exists() and (out / CONFIG_FILE).exists():
+        raise BamctlError(f"{out} already holds a finished checkpoint; pass --restart to train it again")
+    setup = prepare(recipe, device=device, data_dir=data_dir)
+    model, steps = setup.model, recipe.train.steps
+    optimizer = make_optimizer(model, recipe)
+    losses: list[float] = []
+    start, wall_before, resumes = 0, 0.0, []
+    if state_path.exists():
+        state = torch.load(state_path, map_location=setup.device, weights_only=True)
+        if state.get("fingerprint") != fingerprint:
+            raise BamctlError(
+                f"{state_path} belongs to another recipe (fingerprint {state.get('fingerprint')}, this one {fingerprint}); "
+                "pass --restart to discard it"
+            )
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start, losses, wall_before, resumes = state["step"], list(state["losses"]), state["wall_time_s"], list(state["resumes"])
+        resumes.append(start)
+        if start > steps:
+            raise BamctlError(f"{state_path} is at step {start}, past this run's {steps} steps")
+    out.mkdir(parents=True, exist_ok=True)
+    tokens_per_step = recipe.train.batch_size * recipe.train.grad_accum * recipe.model.train_length
+    began = time.perf_counter()
+
+    def provenance(done: int, finished: bool) -> dict:
+        import platform
+
+        return {
+            "created_by": "bamctl train",
+            "finished": finished,
+            "steps": done,
+            "final_loss": round(losses[-1], 6) if losses else None,
+            "mean_loss_last_10": round(sum(losses[-10:]) / len(losses[-10:]), 6) if losses else None,
+            "first_losses": [round(v, 6) for v in losses[:5]],
+            "loss_curve": _loss_curve(losses),
+            "tokens_seen": done * tokens_per_step,
+            "wall_time_s": round(wall_before + time.perf_counter() - began, 2),
+            "resumed_at_steps": resumes,
+            "device": str(setup.device),
+            "cpu_threads": recipe.train.cpu_threads if setup.device.type == "cpu" else None,
+            "torch_version": torch.__version__,
+            "python": platform.python_version(),
+            "data": setup.data_source,
+            "recipe_fingerprint": fingerprint,
+            "saved_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
+
+    def save(done: int, finished: bool) -> None:
+        save_checkpoint(model, out, recipe=recipe.to_dict(), provenance=provenance(done, finished))
+        if finished:
+            state_path.unlink(missing_ok=True)
+            return
+        payload = {
+            "fingerprint": fingerprint,
+            "step": done,
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "losses": losses,
+            "wall_time_s": wall_before + time.perf_counter() - began,
+            "resumes": resumes,
+        }
+        _atomic_torch_save(payload, state_path)
+
+    with _cpu_threads(setup.device, recipe.train.cpu_threads), _stop_requests() as stop:
+        model.train()
+        last = time.perf_counter()
+        for step in range(start, steps):
+            losses.append(_step(setup, optimizer, step))
+            done = step + 1
+            now = time.perf_counter()
+            report = StepReport(done, steps, losses[-1], lr_at(step, recipe), tokens_per_step / max(now - last, 1e-9), start)
+            last = now
+            try:
+                if on_step is not None:
+                    on_step(report)
+            except BaseException:
+                save(done, finished=done == steps)
+                raise
+            if stop.is_set():
+                save(done, finished=done == steps)
+                raise KeyboardInterrupt
+            if done % recipe.train.save_every == 0 and done < steps:
+                save(done, finished=False)
+        save(steps, finished=True)
+    wall = wall_before + time.perf_counter() - began
+    return TrainResult(out, losses, steps, wall, start, provenance(steps, True))

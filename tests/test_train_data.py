@@ -1,0 +1,119 @@
+"""Training data: pure batches, the passkey/text mix, seeds disjoint from evaluation, the token subset."""
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bamctl.errors import BamctlError
+from bamctl.tasks import generate_samples
+from bamctl.tokenizer import get_tokenizer
+from bamctl.train import PASSKEY_SEED_OFFSET, build_token_subset, is_passkey_row, passkey_token_ids, prepare, recipe_from_dict
+from bamctl.train.data import IGNORE, TokenShards, directory_tokens, passkey_row, shipped_text_tokens
+from tests.test_train_recipe import BASE
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return get_tokenizer("gpt2")
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.25, 0.3, 0.5, 1.0])
+def test_mix_gives_exactly_the_fraction_over_any_run_of_rows(fraction):
+    rows = [is_passkey_row(g, fraction) for g in range(1000)]
+    assert sum(rows) == int(1000 * fraction)
+    # evenly spread: every window of 20 rows is within one row of the fraction
+    assert all(abs(sum(rows[i : i + 20]) - 20 * fraction) <= 1 for i in range(0, 980))
+
+
+def test_batches_are_pure_and_follow_the_mix(tokenizer):
+    setup = prepare(recipe_from_dict(BASE))
+    first = setup.batches.batch(3)
+    again = setup.batches.batch(3)
+    assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+    assert not torch.equal(first[0], setup.batches.batch(4)[0])
+    inputs, targets = first
+    assert inputs.shape == targets.shape == (2, 96)
+    assert torch.equal(inputs[:, 1:][targets[:, :-1] != IGNORE], targets[:, :-1][targets[:, :-1] != IGNORE])
+    kinds = [setup.batches.row(step, 0, r)[1] for step in range(20) for r in range(2)]
+    assert kinds.count("passkey") == 20 and kinds.count("text") == 20
+
+
+def test_passkey_rows_hold_a_prompt_of_varied_length_and_use_seeds_above_evaluation(tokenizer):
+    from bamctl.tasks.passkey import QUESTION
+
+    setup = prepare(recipe_from_dict(BASE))
+    recipe = setup.recipe
+    question = tokenizer.encode(" " + QUESTION)
+    answer_ends = set()
+    for step in range(10):
+        # with fraction 0.5, odd global rows are passkey prompts
+        ids, kind, scored = setup.batches.row(step, 0, 1)
+        assert kind == "passkey" and len(ids) == recipe.model.train_length + 1
+        # the loss scores the key's digits only: two copies in the needle and the answer
+        key = [ids[i] for i in scored[-5:]]
+        assert len(scored) == 15 and [ids[i] for i in scored] == key * 3
+        assert ids[scored[-5] - len(question) : scored[-5]] == question
+        answer_ends.add(scored[-1])
+        targets = setup.batches.batch(step)[1][1]
+        assert (targets != IGNORE).nonzero()[:, 0].tolist() == [i - 1 for i in scored]
+    assert len(answer_ends) > 3  # the answer is not always at the row's end
+    # passkey sample seeds start at the offset, far above evaluation seeds
+    assert recipe.data.passkey_seed_offset >= PASSKEY_SEED_OFFSET
+    train_prompts = {tuple(passkey_row(tokenizer, 97, PASSKEY_SEED_OFFSET + g, 0.5)[0]) for g in range(50)}
+    for seed in range(10):
+        for sample in generate_samples("passkey", [92], 4, seed, tokenizer):
+            assert tuple(sample.input_ids + sample.target_ids) not in train_prompts
+
+
+def test_token_subset_holds_every_passkey_piece_then_frequent_text(tokenizer):
+    text = shipped_text_tokens(tokenizer)
+    subset = build_token_subset(tokenizer, text, 300)
+    pieces = passkey_token_ids(tokenizer)
+    assert len(subset) == 300 and len(set(subset)) == 300
+    assert subset[: len(pieces)] == pieces
+    for sample in generate_samples("passkey", [200, 1000], 2, 0, tokenizer):
+        assert set(sample.input_ids + sample.target_ids) <= set(pieces)
+    counts = np.bincount(text.head(10**9), minlength=tokenizer.vocab_size)
+    assert counts[subset[len(pieces)]] == max(counts[i] for i in range(len(counts)) if i not in pieces)
+    assert build_token_subset(tokenizer, text, 0) is None
+    with pytest.raises(BamctlError, match="passkey prompt needs"):
+        build_token_subset(tokenizer, text, 10)
+
+
+def test_training_text_is_the_train_corpus_only(tokenizer):
+    from bamctl.tasks.texts import shipped_corpus
+
+    assert shipped_text_tokens(tokenizer).name == "shipped corpus 'train'"
+    assert not set(shipped_corpus("train").files) & set(shipped_corpus("ppl").files)
+
+
+def test_data_folder_reads_text_npy_and_llmc_shards(tmp_path, tokenizer):
+    (tmp_path / "a.txt").write_text("The sky is blue. " * 20)
+    np.save(tmp_path / "b.npy", np.arange(100, 300, dtype=np.uint16))
+    header = np.zeros(256, dtype=np.int32)
+    header[:3] = [20240520, 1, 50]
+    with open(tmp_path / "c.bin", "wb") as handle:
+        handle.write(header.tobytes() + np.full(50, 7, dtype=np.uint16).tobytes())
+    shards = directory_tokens(tmp_path, tokenizer)
+    assert [len(a) for a in shards.arrays] == [len(tokenizer.encode("The sky is blue. " * 20)) + 1, 200, 50]
+    windows = [shards.window(40, u) for u in np.linspace(0, 0.999, 50)]
+    assert all(len(w) == 40 for w in windows)
+    assert any((w == 7).all() for w in windows) and any((np.diff(w) == 1).all() and w[0] >= 100 for w in windows)
+    with pytest.raises(BamctlError, match="no run of"):
+        TokenShards([np.arange(5)], "x").window(10, 0.5)
+    with pytest.raises(BamctlError, match="no .txt"):
+        (tmp_path / "empty").mkdir()
+        directory_tokens(tmp_path / "empty", tokenizer)
+
+
+def test_data_dir_recipe_without_data_fails_in_one_line():
+    recipe = recipe_from_dict(BASE)
+    recipe = replace(recipe, data=replace(recipe.data, text="data-dir"))
+    with pytest.raises(BamctlError, match="pass --data DIR"):
+        prepare(recipe)
+    retrieval_only = replace(recipe, data=replace(recipe.data, text="none", passkey_fraction=1.0))
+    with pytest.raises(BamctlError, match="--data does not apply"):
+        prepare(retrieval_only, data_dir=Path("."))

@@ -1,0 +1,155 @@
+"""The training loop: optimiser groups, schedule, resume after an interruption, the CLI end to end."""
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bamctl.checkpoint import load_checkpoint
+from bamctl.errors import BamctlError
+from bamctl.train import STATE_FILE, first_losses, load_recipe, lr_at, param_groups, prepare, recipe_from_dict, train
+from bamctl.train.loop import make_optimizer
+from tests.test_train_recipe import BASE
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Interrupt(Exception):
+    pass
+
+
+def micro_recipe(**train):
+    recipe = recipe_from_dict(BASE)
+    return replace(recipe, train=replace(recipe.train, **train)) if train else recipe
+
+
+def test_positional_parameters_have_their_own_group_without_weight_decay():
+    recipe = micro_recipe()
+    model = prepare(recipe).model
+    groups = {g["name"]: g for g in make_optimizer(model, recipe).param_groups}
+    positional = {id(p) for p in model.positional_parameters() if p.requires_grad}
+    assert {id(p) for p in groups["positional"]["params"]} == positional and len(positional) == 3  # alpha, beta, s
+    assert groups["positional"]["weight_decay"] == 0.0 and groups["no_decay"]["weight_decay"] == 0.0
+    assert groups["decay"]["weight_decay"] == recipe.optim.weight_decay > 0
+    assert all(p.dim() >= 2 for p in groups["decay"]["params"])
+    assert not positional & {id(p) for p in groups["decay"]["params"] + groups["no_decay"]["params"]}
+    assert sum(len(g["params"]) for g in param_groups(model, recipe)) == sum(1 for p in model.parameters() if p.requires_grad)
+
+
+def test_schedule_warms_up_then_decays_by_cosine_to_the_floor():
+    recipe = recipe_from_dict({**BASE, "train": {**BASE["train"], "steps": 102}, "schedule": {"warmup_steps": 2, "min_lr_ratio": 0.1}})
+    lrs = [lr_at(step, recipe) for step in range(102)]
+    assert lrs[0] == pytest.approx(5e-4) and lrs[1] == pytest.approx(1e-3)
+    assert lrs[2] == pytest.approx(1e-3) and lrs[-1] == pytest.approx(1e-4)
+    assert lrs[52] == pytest.approx(1e-4 + 0.5 * 0.9e-3 * (1 + math.cos(math.pi * 50 / 99)))
+    assert all(a >= b for a, b in zip(lrs[2:], lrs[3:]))
+
+
+def test_interrupted_run_resumes_to_the_same_losses_and_weights(tmp_path):
+    recipe = micro_recipe(steps=6, save_every=2)
+    straight = train(recipe, tmp_path / "straight", device="cpu")
+
+    def stop_at_3(report):
+        if report.step == 3:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        train(recipe, tmp_path / "resumed", device="cpu", on_step=stop_at_3)
+    assert (tmp_path / "resumed" / STATE_FILE).exists()
+    assert load_checkpoint(tmp_path / "resumed").provenance["steps"] == 3  # the last save is loadable
+    resumed = train(recipe, tmp_path / "resumed", device="cpu")
+    assert resumed.resumed_from == 3 and resumed.losses == straight.losses
+    assert not (tmp_path / "resumed" / STATE_FILE).exists()
+    a, b = load_checkpoint(tmp_path / "straight"), load_checkpoint(tmp_path / "resumed")
+    for (name, x), (_, y) in zip(a.model.state_dict().items(), b.model.state_dict().items()):
+        assert torch.equal(x, y), name
+    assert b.provenance["resumed_at_steps"] == [3] and b.provenance["finished"]
+    assert b.recipe == recipe.to_dict()
+
+
+def test_finished_or_foreign_state_needs_restart(tmp_path):
+    recipe = micro_recipe(steps=2, save_every=1)
+    train(recipe, tmp_path / "m", device="cpu")
+    with pytest.raises(BamctlError, match="--restart"):
+        train(recipe, tmp_path / "m", device="cpu")
+
+    def stop(report):
+        raise Interrupt
+
+    with pytest.raises(Interrupt):
+        train(recipe, tmp_path / "m", device="cpu", restart=True, on_step=stop)
+    with pytest.raises(BamctlError, match="another recipe"):
+        train(recipe.with_overrides(seed=5), tmp_path / "m", device="cpu")
+
+
+def test_loss_weighs_every_row_equally_whatever_it_scores():
+    from bamctl.train.loop import row_mean_loss
+
+    logits = torch.zeros(2, 4, 3)
+    logits[0, :, 0] = 5.0  # row 0 predicts id 0 everywhere
+    targets = torch.tensor([[0, 0, 0, 0], [-100, -100, 1, -100]])
+    per_row = [torch.nn.functional.cross_entropy(logits[0], targets[0]), torch.nn.functional.cross_entropy(logits[1, 2:3], targets[1, 2:3])]
+    assert row_mean_loss(logits, targets).item() == pytest.approx((per_row[0] + per_row[1]).item() / 2)
+
+
+def test_first_losses_are_deterministic_and_seed_dependent():
+    recipe = micro_recipe()
+    assert first_losses(recipe, 2) == first_losses(recipe, 2)
+    assert first_losses(recipe.with_overrides(seed=1), 2) != first_losses(recipe, 2)
+
+
+def test_cli_train_writes_a_loadable_checkpoint_with_recipe_and_provenance(tmp_path, capsys):
+    from bamctl.cli import main
+    from bamctl.engine.stream import StreamingEngine
+    from bamctl.tasks import generate_samples
+    from bamctl.tokenizer import get_tokenizer
+
+    path = tmp_path / "micro.toml"
+    path.write_text(
+        'name = "micro-cli"\n'
+        '[model]\npreset = "micro"\npe = "bam"\ntrain_length = 80\ndim = 32\nn_layers = 1\nn_heads = 2\n'
+        '[data]\ntext = "train"\npasskey_fraction = 0.5\nvocab_size = 200\n'
+        '[optim]\nlr = 1e-3\nbetas = [0.9, 0.95]\nweight_decay = 0.1\ngrad_clip = 1.0\n'
+        '[schedule]\nwarmup_steps = 1\nmin_lr_ratio = 0.1\n'
+        '[train]\nsteps = 10\nbatch_size = 2\nseed = 0\nsave_every = 5\n'
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--recipe", str(path), "--steps", "3", "--seed", "2", "--device", "cpu"])
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 0, captured.err
+    assert captured.err == ""  # not a terminal: no progress display
+    out = tmp_path / "micro-cli"  # default: beside the recipe, named after it
+    checkpoint = load_checkpoint(out)
+    config = checkpoint.model.config
+    assert config.pe == "bam" and config.train_length == 80 and len(config.token_subset) == 200
+    assert checkpoint.recipe["train"]["steps"] == 3 and checkpoint.recipe["train"]["seed"] == 2
+    prov = checkpoint.provenance
+    assert prov["steps"] == 3 and prov["finished"] and len(prov["first_losses"]) == 3
+    assert prov["torch_version"] == torch.__version__ and prov["wall_time_s"] > 0
+    sample = next(generate_samples("passkey", [120], 1, 0, get_tokenizer("gpt2")))
+    assert len(StreamingEngine(checkpoint.model, device="cpu").score_continuation(sample.input_ids, sample.target_ids).predicted_ids) == 5
+
+
+def test_paper_recipe_smoke_runs_on_a_tiny_override_with_a_text_folder(tmp_path):
+    recipe = load_recipe(REPO / "baselines" / "paper-l12-bam-ssmax.toml")
+    assert (recipe.model.preset, recipe.model.pe, recipe.model.train_length) == ("l12", "bam-ssmax", 512)
+    assert recipe.data.text == "data-dir" and recipe.data.vocab_size == 0
+    with pytest.raises(BamctlError, match="--data"):
+        prepare(recipe)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "doc1.txt").write_text("It was a bright cold day in April, and the clocks were striking. " * 30)
+    np.save(data / "shard.npy", np.arange(1000, 3000, dtype=np.uint16))
+    tiny = replace(
+        recipe,
+        model=replace(recipe.model, preset="micro", train_length=64),
+        train=replace(recipe.train, steps=2, batch_size=2, grad_accum=2, save_every=1),
+    )
+    result = train(tiny, tmp_path / "out", device="cpu", data_dir=data)
+    assert len(result.losses) == 2 and all(math.isfinite(v) for v in result.losses)
+    checkpoint = load_checkpoint(tmp_path / "out")
+    assert checkpoint.model.config.token_subset is None and checkpoint.model.config.ssmax
+    assert checkpoint.provenance["data"] == f"--data {data}"
