@@ -17,6 +17,10 @@ try:  # typer >= 0.17 vendors its own copy of click
 except ImportError:  # pragma: no cover - older typer on top of click
     from click import exceptions as click_errors
 
+# Ctrl-C and early exits as the installed typer/click spell them.
+ABORTS = tuple({KeyboardInterrupt, typer.Abort, getattr(click_errors, "Abort", typer.Abort)})
+EXITS = tuple({typer.Exit, getattr(click_errors, "Exit", typer.Exit)})
+
 # Each module registers its commands on `app` when imported.
 from bamctl.cli import model_commands  # noqa: E402,F401
 from bamctl.cli import task_commands  # noqa: E402,F401
@@ -68,10 +72,10 @@ def main(argv: list[str] | None = None) -> None:
         if debug:
             raise
         _fail(err.format_message().replace("[", r"\["), EXIT_USAGE)
-    except (KeyboardInterrupt, click_errors.Abort, typer.Abort):
+    except ABORTS:
         stderr.print("interrupted; finished work is kept")
         sys.exit(EXIT_INTERRUPTED)
-    except (click_errors.Exit, typer.Exit) as err:
+    except EXITS as err:
         sys.exit(err.exit_code)
     except Exception as err:  # a bug, not bad input: say so, keep the traceback one variable away
         if debug:

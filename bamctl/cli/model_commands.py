@@ -112,10 +112,12 @@ def inspect(
     summary.add_row("parameters", f"{checkpoint.model.n_params():,}")
     summary.add_row("layers × heads × dim", f"{config.n_layers} × {config.n_heads} × {config.dim}")
     summary.add_row("training length", f"{config.train_length:,}")
-    summary.add_row("tokenizer", f"{config.tokenizer} (vocab {config.vocab_size:,})")
+    rows = f"{len(config.token_subset)} of its ids + UNK" if config.token_subset else f"vocab {config.vocab_size:,}"
+    summary.add_row("tokenizer", f"{config.tokenizer} ({rows})")
     summary.add_row("weights sha256", checkpoint.sha256[:16])
-    if checkpoint.recipe:
-        summary.add_row("recipe", json.dumps(checkpoint.recipe))
+    if checkpoint.recipe:  # the full recipe is in config.json and in --json
+        recipe = checkpoint.recipe
+        summary.add_row("recipe", recipe.get("description") or recipe.get("name") or recipe.get("kind", "?"))
     stdout.print(summary)
     columns = [key for key in heads[0] if key not in ("layer", "head")] if heads else []
     if columns:
