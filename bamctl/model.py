@@ -177,26 +177,30 @@ class Attention(nn.Module):
         self.ssmax_scale = nn.Parameter(torch.ones(cfg.n_heads)) if cfg.ssmax else None
         self.ssmax_scope = cfg.ssmax_scope
 
-    def forward(self, x: torch.Tensor, state: ForwardState) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, state: ForwardState, keep_from: int = 0) -> torch.Tensor:
+        """Outputs for rows ``keep_from:`` of the chunk; keys and values for all of its rows."""
         B, T, C = x.shape
-        q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
+        Q = T - keep_from  # queries asked for: a suffix of the chunk
         k = self.wk(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
         v = self.wv(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
+        q = self.wq(x[:, keep_from:]).view(B, Q, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, Q, Dh)
         if self.rotary:
             cos, sin = state.rotary
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            q, k = apply_rotary(q, cos[keep_from:], sin[keep_from:]), apply_rotary(k, cos, sin)
         if state.cache is not None:
             k, v = state.cache.store(self.layer_id, state.start_pos, k, v)  # (B, H, start+T, Dh)
         elif state.start_pos:
             raise ValueError("a chunk after position 0 needs a KV cache")
+        if Q == 0:
+            return x[:, T:]  # (B, 0, C): only this chunk's keys and values were wanted
         inputs = AttentionInputs(
-            q_start=state.start_pos,
+            q_start=state.start_pos + keep_from,
             bias_table=state.bias_table(self.layer_id, self.prior) if self.prior is not None else None,
             ssmax_scale=self.ssmax_scale,
             ssmax_scope=self.ssmax_scope,
         )
-        y = state.kernel(q, k, v, inputs)  # (B, H, T, Dh)
-        return self.wo(y.transpose(1, 2).reshape(B, T, C))
+        y = state.kernel(q, k, v, inputs)  # (B, H, Q, Dh)
+        return self.wo(y.transpose(1, 2).reshape(B, Q, C))
 
 
 class TransformerBlock(nn.Module):
@@ -207,8 +211,8 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.feed_forward = FeedForward(cfg)
 
-    def forward(self, x: torch.Tensor, state: ForwardState) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), state)
+    def forward(self, x: torch.Tensor, state: ForwardState, keep_from: int = 0) -> torch.Tensor:
+        h = x[:, keep_from:] + self.attention(self.attention_norm(x), state, keep_from)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -243,16 +247,21 @@ class Transformer(nn.Module):
             state.rotary = rotary_angles(positions, self.config.head_dim, self.config.rope_base)
         return state
 
-    def hidden(self, tokens: torch.Tensor, state: ForwardState) -> torch.Tensor:
-        """Final-normed hidden states of a chunk. tokens: (B, T) -> (B, T, C)."""
+    def hidden(self, tokens: torch.Tensor, state: ForwardState, keep_from: int = 0) -> torch.Tensor:
+        """Final-normed hidden states of a chunk's rows ``keep_from:``. tokens: (B, T) -> (B, T - keep_from, C).
+
+        Earlier layers need every row (later rows attend to them); the last layer only
+        the rows asked for, plus every row's keys and values for the cache. Scoring a
+        5-token answer after a long prompt thus skips most of the last layer.
+        """
         h = self.tok_embeddings(tokens)  # (B, T, C)
         if self.absolute_input:
             positions = torch.arange(state.start_pos, state.start_pos + tokens.shape[1], device=tokens.device)
             cfg = self.config
             h = h + sinusoidal_encoding(positions, cfg.dim, cfg.sinusoidal_base, cfg.sinusoidal_layout).to(h.dtype)
-        for layer in self.layers:
+        for layer in self.layers[:-1]:
             h = layer(h, state)
-        return self.norm(h)
+        return self.norm(self.layers[-1](h, state, keep_from))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Dense full-sequence logits (B, T, V): the training path and the test reference."""

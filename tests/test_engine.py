@@ -181,3 +181,16 @@ def test_flex_path_equals_dense_reference_with_prior_ssmax_and_offsets():
     reference = model(torch.tensor([ids]))[0]
     engine = StreamingEngine(model, device="cpu", dtype="float32", chunk_size=128, attention="flex")
     assert torch.allclose(engine.logits_at(ids, list(range(300))), reference, atol=1e-4)
+
+
+@pytest.mark.parametrize("pe", ["bam-ssmax", "rope", "sinusoidal"])
+@pytest.mark.parametrize("chunk_size", [4, 13, 64])
+def test_scoring_a_suffix_skips_nothing_it_needs(pe, chunk_size):
+    # Only rows >= the first asked-for position go through the last layer; the rest
+    # of the chunk (and whole earlier chunks) still feed keys and values to the cache.
+    model = random_model(pe, seed=7)
+    ids = tokens()
+    reference = model(torch.tensor([ids]))[0]
+    engine = StreamingEngine(model, device="cpu", dtype="float32", chunk_size=chunk_size)
+    positions = [44, 30, 31, 40]
+    assert torch.allclose(engine.logits_at(ids, positions), reference[positions], atol=1e-4)

@@ -124,8 +124,13 @@ class StreamingEngine:
         ids: Sequence[int],
         capacity: int,
         on_hidden: Callable[[int, torch.Tensor], None],
+        first_needed: int = 0,
     ) -> tuple[KVCache, ForwardState]:
-        """Run ``ids`` through the model in chunks; ``on_hidden(start, hidden (T, C))`` per chunk."""
+        """Run ``ids`` through the model in chunks; ``on_hidden(position, hidden (R, C))`` per chunk.
+
+        Only hidden rows of positions ``>= first_needed`` are computed through the last
+        layer; ``position`` is the position of the chunk's first returned row.
+        """
         cfg = self.config
         tokens = self._model_ids(ids)[None, :]  # (1, N)
         capacity = -(-capacity // CACHE_ROUND) * CACHE_ROUND  # whole blocks: fewer distinct kernel shapes
@@ -134,7 +139,8 @@ class StreamingEngine:
         for start in range(0, tokens.shape[1], self.chunk_size):
             chunk = tokens[:, start : start + self.chunk_size]
             self.model.advance(state, start, chunk.shape[1])
-            on_hidden(start, self.model.hidden(chunk, state)[0])
+            keep_from = min(max(first_needed - start, 0), chunk.shape[1])
+            on_hidden(start + keep_from, self.model.hidden(chunk, state, keep_from)[0])
         return cache, state
 
     def _logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:
@@ -152,7 +158,7 @@ class StreamingEngine:
                 if start <= p < start + hidden.shape[0]:
                     rows[p] = hidden[p - start]
 
-        self._stream(ids, len(ids), keep)
+        self._stream(ids, len(ids), keep, first_needed=wanted[0])
         return self._logits(torch.stack([rows[p] for p in positions]))
 
     @torch.inference_mode()
@@ -172,7 +178,10 @@ class StreamingEngine:
         """Greedy decoding: prefill the prompt, then one token per step from the cache."""
         last: list[torch.Tensor] = []
         capacity = len(prompt_ids) + max_new_tokens
-        cache, state = self._stream(prompt_ids, capacity, lambda start, hidden: last.append(hidden[-1]))
+        cache, state = self._stream(
+            prompt_ids, capacity, lambda start, hidden: last.append(hidden[-1]) if len(hidden) else None,
+            first_needed=len(prompt_ids) - 1,
+        )
         next_id = self._logits(last[-1][None]).argmax(-1)  # (1,) model id
         out: list[int] = []
         position = len(prompt_ids)
@@ -197,7 +206,7 @@ class StreamingEngine:
             weights.append(w[0, :, -1].cpu())
             return (w @ v.float()).to(q.dtype)
 
-        _, state = self._stream(ids[:-1], len(ids), lambda start, hidden: None) if len(ids) > 1 else (None, None)
+        _, state = self._stream(ids[:-1], len(ids), lambda start, hidden: None, first_needed=len(ids)) if len(ids) > 1 else (None, None)
         if state is None:
             cache = KVCache(self.config.n_layers, 1, self.config.n_heads, CACHE_ROUND, self.config.head_dim, self.dtype, self.device)
             state = ForwardState(cache=cache, max_distance=0)
@@ -223,5 +232,5 @@ class StreamingEngine:
                 logits = self._logits(hidden[lo:hi])
                 pieces.append(F.cross_entropy(logits, targets[start + lo + 1 : start + hi + 1], reduction="none").cpu())
 
-        self._stream(ids, len(ids), score)
+        self._stream(ids, len(ids), score, first_needed=score_from - 1)
         return torch.cat(pieces) if pieces else torch.zeros(0)
