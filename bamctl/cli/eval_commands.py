@@ -126,6 +126,7 @@ def _report(store, request, backends, names, *, json_output: bool, threshold: fl
         & frame["model"].isin(names)
         & frame["length"].isin(request.lengths)
         & frame["seed"].isin(request.seeds)
+        & (frame["sample"] < request.samples)
     ]
     if request.variant is not None or request.spec.variant:
         frame = frame[frame["variant"] == request.spec.variant]
