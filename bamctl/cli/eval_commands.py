@@ -18,7 +18,8 @@ from bamctl.cli import options as opt
 from bamctl.cli.app import app
 from bamctl.errors import BamctlError
 
-stdout = Console(highlight=False)
+# Tables to a pipe or file keep their full width instead of being cut at 80 columns.
+stdout = Console(highlight=False, width=None if sys.stdout.isatty() else 1000)
 stderr = Console(stderr=True, highlight=False)
 
 DEFAULT_SAMPLES = {"passkey": 4, "ppl": 1}  # passkey: x 5 default depths = 20 per length
