@@ -27,6 +27,7 @@ from bamctl.errors import BamctlError
 
 BLOCK = 128  # FlexAttention's default block size, for queries and keys
 MIN_QUERIES = BLOCK  # fewer queries than this: the blockwise kernel
+_FAILED_SHAPES: set = set()  # shapes the compiler failed on: straight to blockwise next time
 
 
 def flex_available() -> tuple[bool, str]:
@@ -120,10 +121,26 @@ def flex_attention_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inp
     compute = torch.float32 if q.device.type == "cpu" else q.dtype
     if scale is not None:
         scale = scale.to(torch.float32)
-    out = _compiled()(
-        q_pad.to(compute), k_full.to(compute), v_full.to(compute), score_mod=score_mod, block_mask=block_mask
-    )
+    shape = (tq_pad, kv_len, tuple(k.shape), table is None, scale is None, inputs.ssmax_scope)
+    if shape in _FAILED_SHAPES:
+        return blockwise_attention(q, k, v, inputs)
+    try:
+        out = _compiled()(
+            q_pad.to(compute), k_full.to(compute), v_full.to(compute), score_mod=score_mod, block_mask=block_mask
+        )
+    except Exception as err:  # a compiler failure for one shape must not lose a long run
+        _FAILED_SHAPES.add(shape)
+        _warn_once(f"FlexAttention failed to compile for {tq_pad} queries x {kv_len} keys "
+                   f"({type(err).__name__}); using the blockwise path for this shape")
+        return blockwise_attention(q, k, v, inputs)
     return out[:, :, :tq].to(q.dtype)
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    import sys
+
+    print(f"warning: {message}", file=sys.stderr)
 
 
 def _capacity(t: torch.Tensor) -> int:
