@@ -15,6 +15,7 @@ import torch
 from matplotlib.figure import Figure
 
 from bamctl.errors import BamctlError
+from bamctl.results.plots import save_figure
 
 
 def prior_curves(model, max_distance: int) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -49,7 +50,7 @@ def plot_priors(model, path: Path, max_distance: int) -> Path:
         ax.legend(fontsize="x-small")
     axes[0].set_ylabel("prior bias (logits)")
     fig.suptitle(f"{config.label}: learned priors (dashed: training length {config.train_length})")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_last_query_attention(weights: list[torch.Tensor], needle_positions: list[int], path: Path, title: str) -> Path:
@@ -69,7 +70,7 @@ def plot_last_query_attention(weights: list[torch.Tensor], needle_positions: lis
         ax.legend(fontsize="x-small")
     axes[0].set_ylabel("attention of the last token")
     fig.suptitle(title)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _betas(model) -> list[list[float]] | None:
@@ -77,13 +78,3 @@ def _betas(model) -> list[list[float]] | None:
     if not all(hasattr(p, "theta_beta") for p in priors):
         return None
     return [p.theta_beta.detach().cpu().tolist() for p in priors]
-
-
-def _save(fig: Figure, path: Path) -> Path:
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=120)
-    except OSError as err:
-        raise BamctlError(f"cannot write {path}: {err.strerror}") from None
-    return path

@@ -60,7 +60,7 @@ def plot_curves(
         ax.set_title(s.title)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="small")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_heatmap(frame: pd.DataFrame, path: str | Path, *, models: Sequence[str] | None = None) -> Path:
@@ -105,10 +105,11 @@ def plot_heatmap(frame: pd.DataFrame, path: str | Path, *, models: Sequence[str]
                         ink = "white" if v < 0.2 or v > 0.85 else "black"  # legible on the dark ends of RdYlGn
                         ax.text(x, y, f"{v:.2f}", ha="center", va="center", fontsize=7, color=ink)
     fig.colorbar(image, ax=axes.ravel().tolist(), label="mean score", shrink=0.8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
-def _save(fig: Figure, path: str | Path) -> Path:
+def save_figure(fig: Figure, path: str | Path) -> Path:
+    """Write ``fig`` as a PNG, creating folders; an unwritable path is one BamctlError."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
