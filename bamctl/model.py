@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bamctl.engine.attention import AttentionInputs, dense_attention
-from bamctl.errors import BamctlError
+from bamctl.errors import BamctlError, did_you_mean
 from bamctl.positional import (
     PE_REGISTRY,
     SINUSOIDAL_LAYOUTS,
@@ -92,11 +92,7 @@ class ModelConfig:
     def from_preset(cls, preset: str, pe: str, **overrides) -> "ModelConfig":
         base, ssmax = parse_pe_name(pe)
         if preset not in PRESETS:
-            import difflib
-
-            close = difflib.get_close_matches(preset, PRESETS, n=3)
-            hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(PRESETS)}"
-            raise BamctlError(f"unknown preset {preset!r}{hint}")
+            raise BamctlError(f"unknown preset {preset!r}{did_you_mean(preset, PRESETS)}")
         return cls(**{**PRESETS[preset], "pe": base, "ssmax": ssmax, **overrides})
 
 

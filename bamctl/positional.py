@@ -15,7 +15,6 @@ arXiv 2501.19399) by the suffix ``-ssmax``: that is a model switch, not a PE.
 
 from __future__ import annotations
 
-import difflib
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -23,7 +22,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from bamctl.errors import BamctlError
+from bamctl.errors import BamctlError, did_you_mean
 
 # exp() of anything above this would overflow float32 once SSMax multiplies it by
 # s * log(n); -exp(80) = -5.5e34 is already "minus infinity" for a softmax.
@@ -183,9 +182,7 @@ def parse_pe_name(name: str) -> tuple[str, bool]:
     base, ssmax = (name[: -len(SSMAX_SUFFIX)], True) if name.endswith(SSMAX_SUFFIX) else (name, False)
     if base not in PE_REGISTRY:
         choices = [*PE_REGISTRY, *(f"{n}{SSMAX_SUFFIX}" for n in PE_REGISTRY)]
-        close = difflib.get_close_matches(name, choices, n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(choices)}"
-        raise BamctlError(f"unknown positional encoding {name!r}{hint}")
+        raise BamctlError(f"unknown positional encoding {name!r}{did_you_mean(name, choices)}")
     return base, ssmax
 
 

@@ -9,14 +9,13 @@ MIT, from the ``openai-whisper`` source package; identical to tiktoken's
 from __future__ import annotations
 
 import base64
-import difflib
 import hashlib
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
-from bamctl.errors import BamctlError
+from bamctl.errors import BamctlError, did_you_mean
 
 ASSETS = Path(__file__).parent / "assets"
 GPT2_RANKS = ASSETS / "gpt2.tiktoken"
@@ -110,7 +109,5 @@ def get_tokenizer(name: str) -> Tokenizer:
     try:
         factory = TOKENIZERS[name]
     except KeyError:
-        close = difflib.get_close_matches(name, TOKENIZERS, n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(TOKENIZERS)}"
-        raise BamctlError(f"unknown tokenizer {name!r}{hint}") from None
+        raise BamctlError(f"unknown tokenizer {name!r}{did_you_mean(name, TOKENIZERS)}") from None
     return factory()

@@ -35,7 +35,6 @@ their evaluation, no BOS or EOS is added to prompts.
 
 from __future__ import annotations
 
-import difflib
 import json
 import re
 from dataclasses import dataclass, field
@@ -45,7 +44,7 @@ import torch
 
 from bamctl.backends import EngineBackend
 from bamctl.checkpoint import file_sha256
-from bamctl.errors import BamctlError
+from bamctl.errors import BamctlError, did_you_mean
 from bamctl.model import ModelConfig, Transformer
 
 ARGS_FILE = "args.json"
@@ -121,9 +120,9 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
 def authors_config(args: dict, model_args: dict, state: dict[str, torch.Tensor]) -> ModelConfig:
     family = args.get("position_encoding")
     if family not in FAMILIES:
-        close = difflib.get_close_matches(str(family), FAMILIES, n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(FAMILIES)}"
-        raise BamctlError(f"args.json names position_encoding {family!r}, not a family bamctl can load{hint}")
+        raise BamctlError(
+            f"args.json names position_encoding {family!r}, not a family bamctl can load{did_you_mean(family, FAMILIES)}"
+        )
     pe, ssmax = FAMILIES[family]
     if any(k.endswith(("prior.shape", "prior.scale", "prior.loc")) for k in state):
         raise BamctlError(

@@ -8,12 +8,11 @@ to 2 decimals. Our per-sample scores are the same quantities before the mean.
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from typing import Callable, Sequence
 
-from bamctl.errors import BamctlError
+from bamctl.errors import BamctlError, did_you_mean
 from bamctl.tasks.passkey import passkey_digit_hits
 from bamctl.tasks.sample import Sample
 
@@ -95,7 +94,5 @@ def score(metric: str, prediction, sample: Sample) -> float:
     try:
         function = METRICS[metric]
     except KeyError:
-        close = difflib.get_close_matches(metric, METRICS, n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(METRICS)}"
-        raise BamctlError(f"unknown metric {metric!r}{hint}") from None
+        raise BamctlError(f"unknown metric {metric!r}{did_you_mean(metric, METRICS)}") from None
     return function(prediction, sample)

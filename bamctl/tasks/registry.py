@@ -7,13 +7,12 @@ when none is asked for (passkey: ``authors`` or ``landmark``).
 
 from __future__ import annotations
 
-import difflib
 import inspect
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Callable, Iterator
 
-from bamctl.errors import BamctlError
+from bamctl.errors import BamctlError, did_you_mean
 from bamctl.lengths import parse_depths
 from bamctl.tasks.metrics import METRICS
 from bamctl.tasks.passkey import passkey_sample
@@ -47,9 +46,7 @@ class TaskVariant:
 
 
 def _did_you_mean(kind: str, name: str, known: list[str]) -> BamctlError:
-    close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
-    hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(known)}"
-    return BamctlError(f"unknown {kind} {name!r}{hint}")
+    return BamctlError(f"unknown {kind} {name!r}{did_you_mean(name, known, cutoff=0.5)}")
 
 
 def _variant(task: str, variant: str, table: dict, base: dict, source: str) -> TaskVariant:

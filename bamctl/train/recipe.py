@@ -16,13 +16,12 @@ Every mistake is a :class:`BamctlError` naming the file and the key.
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
-from bamctl.errors import BamctlError
+from bamctl.errors import BamctlError, did_you_mean
 from bamctl.model import PRESETS, ModelConfig
 from bamctl.positional import parse_pe_name
 
@@ -129,9 +128,6 @@ class Recipe:
         return recipe
 
 
-def _did_you_mean(name: str, known) -> str:
-    close = difflib.get_close_matches(name, list(known), n=2)
-    return f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(known)}"
 
 
 def _typed(value, kind, where: str):
@@ -158,7 +154,7 @@ def _section(cls, table, where: str, *, open_keys: bool = False):
     for key, value in table.items():
         if key not in known or key == "overrides":
             if not open_keys:
-                raise BamctlError(f"{where} has unknown key {key!r}{_did_you_mean(key, [k for k in known if k != 'overrides'])}")
+                raise BamctlError(f"{where} has unknown key {key!r}{did_you_mean(key, [k for k in known if k != 'overrides'])}")
             extra[key] = value
             continue
         values[key] = _typed(value, _TYPES[cls][key], f"{where}.{key}")
@@ -191,7 +187,7 @@ def recipe_from_dict(data: dict, source: str = "recipe") -> Recipe:
     top = {"name", "description", "expected_losses", *SECTIONS}
     for key in data:
         if key not in top:
-            raise BamctlError(f"{source}: unknown key {key!r}{_did_you_mean(key, sorted(top))}")
+            raise BamctlError(f"{source}: unknown key {key!r}{did_you_mean(key, sorted(top))}")
     missing = [key for key in ("name", *SECTIONS) if key not in data]
     if missing:
         raise BamctlError(f"{source}: recipe lacks {', '.join(missing)}")
@@ -216,7 +212,7 @@ def _check(recipe: Recipe, source: str) -> None:
     """Cross-field checks; each failure names the key to fix."""
     m, d, o, s, t = recipe.model, recipe.data, recipe.optim, recipe.schedule, recipe.train
     if m.preset not in PRESETS:
-        raise BamctlError(f"{source}: [model] preset {m.preset!r} is unknown{_did_you_mean(m.preset, PRESETS)}")
+        raise BamctlError(f"{source}: [model] preset {m.preset!r} is unknown{did_you_mean(m.preset, PRESETS)}")
     try:
         parse_pe_name(m.pe)
     except BamctlError as err:
@@ -224,7 +220,7 @@ def _check(recipe: Recipe, source: str) -> None:
     model_fields = {f.name for f in fields(ModelConfig)} - _DERIVED_MODEL_FIELDS
     for key in m.overrides:
         if key not in model_fields:
-            raise BamctlError(f"{source}: [model] has unknown key {key!r}{_did_you_mean(key, sorted(model_fields))}")
+            raise BamctlError(f"{source}: [model] has unknown key {key!r}{did_you_mean(key, sorted(model_fields))}")
     if m.train_length < 8:
         raise BamctlError(f"{source}: [model] train_length must be at least 8 tokens, not {m.train_length}")
     if d.text not in TEXT_SOURCES:
