@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from bamctl.checkpoint import new_random_model
 from bamctl.engine.attention import AttentionInputs, blockwise_attention, dense_attention
+from bamctl.engine.fused import fused_attention
 from bamctl.engine.stream import StreamingEngine
 from bamctl.model import ModelConfig
 from bamctl.positional import PE_REGISTRY
@@ -33,7 +34,7 @@ def tokens(n=N_TOKENS, seed=0):
 
 @pytest.mark.parametrize("pe", ALL_PES)
 @pytest.mark.parametrize("chunk_size", [5, 9, 15, N_TOKENS, 64])  # 5, 9, 15 divide 45; 64 > 45
-@pytest.mark.parametrize("kernel", ["dense", "blockwise"])
+@pytest.mark.parametrize("kernel", ["dense", "blockwise", "fused"])
 def test_streamed_logits_equal_dense_reference(pe, chunk_size, kernel):
     model = random_model(pe)
     ids = tokens()
@@ -41,6 +42,8 @@ def test_streamed_logits_equal_dense_reference(pe, chunk_size, kernel):
     engine = StreamingEngine(model, device="cpu", dtype="float32", chunk_size=chunk_size, attention=kernel)
     if kernel == "blockwise":  # small key blocks, so chunks span several blocks and partial ones
         engine.kernel = partial(blockwise_attention, block_size=7)
+    if kernel == "fused":  # small query blocks and mask tiles: past, diagonal and tile merges all run
+        engine.kernel = partial(fused_attention, rows=4, tile=6)
     streamed = engine.logits_at(ids, list(range(len(ids))))
     assert torch.allclose(streamed, reference, atol=1e-4, rtol=0), (streamed - reference).abs().max()
 

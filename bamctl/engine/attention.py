@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 
-from bamctl.errors import BamctlError
 
 
 EXP_FLOOR = -80.0  # see blockwise_attention
@@ -149,16 +148,3 @@ def blockwise_attention(
         acc = acc * correction + weights @ v_block
         running_max = new_max
     return (acc / running_sum).to(q.dtype)
-
-
-KERNELS: dict[str, Callable[..., torch.Tensor]] = {
-    "dense": dense_attention,
-    "blockwise": blockwise_attention,
-}
-
-
-def get_kernel(name: str) -> Callable[..., torch.Tensor]:
-    try:
-        return KERNELS[name]
-    except KeyError:
-        raise BamctlError(f"unknown attention path {name!r}; known: {', '.join(KERNELS)}") from None

@@ -18,14 +18,23 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from bamctl.engine.attention import KERNELS, get_kernel
+from bamctl.engine.attention import blockwise_attention, dense_attention
+from bamctl.engine.flex import flex_attention_kernel, flex_available, require_flex
+from bamctl.engine.fused import fused_attention, fused_available
 from bamctl.engine.cache import KVCache
 from bamctl.errors import BamctlError
 from bamctl.model import ForwardState, Transformer
 from bamctl.vocab import VocabSubset
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-ATTENTION_CHOICES = ("auto", *KERNELS, "flex")
+# Attention paths by name; every one computes the same logits (bamctl.engine.attention).
+ATTENTION_PATHS: dict[str, Callable] = {
+    "dense": dense_attention,  # the reference: (Tq, Tk) logits
+    "blockwise": blockwise_attention,  # online softmax over key blocks, plain torch ops
+    "fused": fused_attention,  # torch's fused CPU kernel, prior as a strided mask
+    "flex": flex_attention_kernel,  # compiled FlexAttention: CUDA, or x86 CPUs
+}
+ATTENTION_CHOICES = ("auto", *ATTENTION_PATHS)
 CACHE_ROUND = 128  # KV cache capacity is a multiple of FlexAttention's block
 LOGIT_ROWS = 256  # rows of the output head computed at once: 256 x 50k floats = 51 MB
 
@@ -52,25 +61,20 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def resolve_attention(name: str, device: torch.device) -> str:
-    """auto: compiled FlexAttention on CUDA; blockwise on CPUs, where each new shape costs a compile."""
-    from bamctl.engine.flex import flex_available, require_flex
-
+    """auto: compiled FlexAttention on CUDA, the fused kernel on CPUs (blockwise where torch lacks it)."""
     if name == "auto":
-        return "flex" if device.type == "cuda" and flex_available()[0] else "blockwise"
+        if device.type == "cuda":
+            return "flex" if flex_available()[0] else "blockwise"
+        return "fused" if fused_available()[0] else "blockwise"
     if name == "flex":
         require_flex()
-        return name
-    if name not in KERNELS:
+    if name not in ATTENTION_PATHS:
         raise BamctlError(f"unknown attention path {name!r}; use one of {', '.join(ATTENTION_CHOICES)}")
     return name
 
 
 def kernel_for(name: str):
-    if name == "flex":
-        from bamctl.engine.flex import flex_attention_kernel
-
-        return flex_attention_kernel
-    return get_kernel(name)
+    return ATTENTION_PATHS[name]
 
 
 @dataclass(frozen=True)
