@@ -7,6 +7,7 @@ the same sweep. Our paths compute the BAM prior and SSMax; SDPA computes neither
 
     python bench/attention_paths.py                     # 1k..32k, 4 heads x 64 dims
     python bench/attention_paths.py --max-length 64k --heads 8
+    python bench/attention_paths.py --lengths 4k,16k,64k --paths sdpa,fused --ssmax-scope content
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def _rss_bytes() -> int:
         return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _run_one(path: str, length: int, heads: int, head_dim: int, repeats: int) -> dict:
+def _run_one(path: str, length: int, heads: int, head_dim: int, repeats: int, scope: str) -> dict:
     from bamctl.engine.attention import AttentionInputs
     from bamctl.engine.stream import kernel_for
     from bamctl.positional import GGDPrior
@@ -47,7 +48,7 @@ def _run_one(path: str, length: int, heads: int, head_dim: int, repeats: int) ->
         out = torch.empty_like(q)
         for start in range(0, length, CHUNK):
             stop = min(start + CHUNK, length)
-            inputs = AttentionInputs(q_start=start, bias_table=table, ssmax_scale=scale)
+            inputs = AttentionInputs(q_start=start, bias_table=table, ssmax_scale=scale, ssmax_scope=scope)
             out[:, :, start:stop] = kernel(q[:, :, start:stop], k[:, :, :stop], v[:, :, :stop], inputs)
         return out
 
@@ -75,6 +76,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--min-length", default="1k")
     parser.add_argument("--max-length", default="32k")
+    parser.add_argument("--lengths", help="comma list of lengths instead of doubling from --min-length")
+    parser.add_argument("--paths", default="sdpa,fused,flex,blockwise,dense", help="comma list; sdpa is the peer")
+    parser.add_argument("--ssmax-scope", default="logits", choices=["logits", "content"],
+                        help="SSMax over content and prior (the authors' BAM) or content only (their ALiBi)")
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
@@ -82,7 +87,7 @@ def main() -> None:
     parser.add_argument("--one", nargs=2, metavar=("PATH", "LENGTH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        result = _run_one(args.one[0], int(args.one[1]), args.heads, args.head_dim, args.repeats)
+        result = _run_one(args.one[0], int(args.one[1]), args.heads, args.head_dim, args.repeats, args.ssmax_scope)
         print(json.dumps(result))
         return
 
@@ -90,17 +95,20 @@ def main() -> None:
     while n <= _parse_length(args.max_length):
         lengths.append(n)
         n *= 2
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, 1 x {args.heads} heads x {args.head_dim} dims, float32, CPU")
+    if args.lengths:
+        lengths = [_parse_length(x) for x in args.lengths.split(",")]
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, 1 x {args.heads} heads x {args.head_dim} dims, "
+          f"float32, CPU; SSMax scope: {args.ssmax_scope}")
     header = f"{'length':>7} | {'path':>9} | {'seconds':>8} | {'peak MiB':>8} | {'time / sdpa':>11} | {'mem / sdpa':>10}"
     print(header)
     print("-" * len(header))
     for length in lengths:
         results = {}
-        for path in ("sdpa", "flex", "blockwise", "dense"):
+        for path in args.paths.split(","):
             if path == "dense" and length > _parse_length(args.dense_max):
                 continue
             cmd = [sys.executable, __file__, "--one", path, str(length), "--heads", str(args.heads),
-                   "--head-dim", str(args.head_dim), "--repeats", str(args.repeats)]
+                   "--head-dim", str(args.head_dim), "--repeats", str(args.repeats), "--ssmax-scope", args.ssmax_scope]
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode != 0:
                 print(f"{length:>7} | {path:>9} | failed: {done.stderr.strip().splitlines()[-1:]}")

@@ -24,7 +24,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", default="8k,32k,128k")
     parser.add_argument("--model", default=None)
-    parser.add_argument("--attention", default="blockwise")
+    parser.add_argument("--attention", default="auto")
     args = parser.parse_args()
     model = args.model or default_model()
     print(f"model {model}, attention {args.attention}, 1 sample per length, CPU")

@@ -32,7 +32,7 @@ ids = sample.input_ids + sample.target_ids
 # naive: one dense forward over the whole sequence (n x n logits per head)
 engine = StreamingEngine(model, device="cpu", dtype="float32",
                          chunk_size=len(ids) if side == "naive" else 2048,
-                         attention="dense" if side == "naive" else "blockwise")
+                         attention="dense" if side == "naive" else "auto")
 start = time.perf_counter()
 engine.score_continuation(sample.input_ids, sample.target_ids)
 print(f"{time.perf_counter() - start:.3f}")

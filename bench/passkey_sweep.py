@@ -26,7 +26,7 @@ def main() -> None:
     parser.add_argument("--lengths", default="128..8k")
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--model", default=None)
-    parser.add_argument("--attention", default="blockwise")
+    parser.add_argument("--attention", default="auto")
     args = parser.parse_args()
     path = args.model or default_model()
     engine = StreamingEngine(resolve_model(path).model, device="cpu", attention=args.attention)

@@ -32,6 +32,9 @@ from bamctl.engine.attention import AttentionInputs, blockwise_attention, dense_
 ROWS = 1024  # queries per kernel call: >= 768 lets the kernel tile them by 256; the diagonal square is ROWS^2
 TILE_BYTES = 8 << 20  # a materialised (logits-scope) mask tile: small enough to be read back from cache
 TILE_QUANTUM = 512  # the kernel walks keys 512 at a time; tiles are whole multiples of that
+# Reused buffers for the materialised masks. A fresh multi-MiB tensor costs one page fault
+# per 4 KiB on first touch, which at 1k tokens took longer than the attention itself.
+_SCRATCH: dict[str, torch.Tensor] = {}
 
 
 def fused_available() -> tuple[bool, str]:
@@ -55,6 +58,16 @@ def _flash(q, k, v, mask, causal: bool, scale: float) -> tuple[torch.Tensor, tor
     )
 
 
+def _scratch(name: str, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """A buffer of ``shape`` reused from call to call (one per name; grown when too small)."""
+    numel = math.prod(shape)
+    buffer = _SCRATCH.get(name)
+    if buffer is None or buffer.numel() < numel or buffer.device != device:
+        with torch.inference_mode(False):  # a normal tensor: usable in and out of inference mode
+            buffer = _SCRATCH[name] = torch.empty(numel, device=device)
+    return buffer[:numel].view(shape)
+
+
 def _merge(out: torch.Tensor, lse: torch.Tensor, part: torch.Tensor, part_lse: torch.Tensor):
     """Combine two softmax-weighted averages over disjoint key sets, given their log-sum-exps."""
     top = torch.maximum(lse, part_lse)
@@ -65,9 +78,21 @@ def _merge(out: torch.Tensor, lse: torch.Tensor, part: torch.Tensor, part_lse: t
 
 
 def _prior_line(table: torch.Tensor, top: int, length: int) -> torch.Tensor:
-    """(H, length) with line[h, t] = b_h(top - t): distances top, top - 1, …, all >= 1 here."""
-    distance = torch.arange(top, top - length, -1, device=table.device).clamp_(max=table.shape[1] - 1)
+    """(H, length) with line[h, t] = b_h(top - t), the distance clamped to the table's range."""
+    distance = torch.arange(top, top - length, -1, device=table.device).clamp_(0, table.shape[1] - 1)
     return table[:, distance]
+
+
+def _diagonal_prior(table: torch.Tensor, rows: int) -> torch.Tensor:
+    """(1, H, R, R) mask for a block's causal square: out[0, h, r, c] = b_h(r - c).
+
+    A Toeplitz matrix needs a negative stride, which torch views cannot have: it is
+    copied out of the Hankel view upside down (``flip``: 10x faster than gathering an
+    (R, R) index). Entries above the diagonal are never read: the kernel skips them.
+    """
+    line = _prior_line(table, rows - 1, 2 * rows - 1)  # line[t] = b(rows - 1 - t), 0 past the diagonal
+    hankel = line.as_strided((table.shape[0], rows, rows), (line.stride(0), 1, 1))  # hankel[r] = toeplitz[rows - 1 - r]
+    return hankel.flip(1)[None]
 
 
 def fused_attention(
@@ -93,15 +118,10 @@ def fused_attention(
         factor = inputs.ssmax_scale.float()[:, None] * torch.log(positions + 1.0)[None, :]
         qf = qf * factor[None, :, :, None]
     scaled_prior = factor is not None and table is not None and inputs.ssmax_scope == "logits"
-
-    diagonal_prior = None  # (H, R, R) b_h(r - c) for the causal square; the future is skipped
-    if table is not None:
-        offsets = torch.arange(min(rows, tq), device=q.device)
-        distance = (offsets[:, None] - offsets[None, :]).clamp_(0, table.shape[1] - 1)
-        diagonal_prior = table[:, distance]
-
     if tile is None:
         tile = max(TILE_QUANTUM, TILE_BYTES // (4 * heads * rows) // TILE_QUANTUM * TILE_QUANTUM)
+
+    diagonal = _diagonal_prior(table, min(rows, tq)) if table is not None else None  # the same for every block
     out = torch.empty(batch, heads, tq, head_dim, device=q.device)
     for a in range(0, tq, rows):
         n_rows = min(rows, tq - a)
@@ -109,10 +129,9 @@ def fused_attention(
         q_block = qf[:, :, a:a + n_rows]
         row_factor = factor[:, a:a + n_rows] if scaled_prior else None  # (H, R)
 
-        mask = None
-        if diagonal_prior is not None:
-            mask = diagonal_prior[:, :n_rows, :n_rows]
-            mask = (mask * row_factor[:, :, None] if row_factor is not None else mask)[None]
+        mask = None if diagonal is None else diagonal[:, :, :n_rows, :n_rows]
+        if row_factor is not None:
+            mask = torch.mul(mask, row_factor[None, :, :, None], out=_scratch("diagonal", mask.shape, q.device))
         block_out, block_lse = _flash(
             q_block, kf[:, :, first:first + n_rows], vf[:, :, first:first + n_rows], mask, True, scale
         )
@@ -138,7 +157,6 @@ def _past(q_block, kf, vf, first: int, table, row_factor, scale: float, tile: in
     else:
         tile = min(tile, first)
         factor_reversed = row_factor.flip(1)[None, :, :, None]  # (1, H, R, 1)
-        buffer = torch.empty(heads * rows * tile, device=q_block.device)  # reused: fresh pages cost faults
     out = lse = None
     for start in range(0, first, tile):
         stop = min(start + tile, first)
@@ -147,7 +165,7 @@ def _past(q_block, kf, vf, first: int, table, row_factor, scale: float, tile: in
         line = _prior_line(table, first + rows - 1 - start, rows + width - 1)
         mask = line.as_strided((1, heads, rows, width), (0, line.stride(0), 1, 1))
         if row_factor is not None:
-            mask = torch.mul(mask, factor_reversed, out=buffer[: heads * rows * width].view(1, heads, rows, width))
+            mask = torch.mul(mask, factor_reversed, out=_scratch("tile", (1, heads, rows, width), q_block.device))
         part, part_lse = _flash(q_reversed, kf[:, :, start:stop], vf[:, :, start:stop], mask, False, scale)
         out, lse = (part, part_lse) if out is None else _merge(out, lse, part, part_lse)
     return out.flip(2), lse.flip(2)
