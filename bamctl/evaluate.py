@@ -157,14 +157,18 @@ class Evaluation:
         done = set() if force else self.store.done_keys()
         stats = RunStats()
         self._shard, self._unit = shard, -1
-        for seed in self.request.seeds:
-            for sample in self.samples(seed):
-                for row in self._rows(sample, done, stats):
-                    self.store.append([row])
-                    stats.written += 1
-                    stats.rows.append(row)
-                    if on_row:
-                        on_row(row)
+        parts = []  # one per row while running, so a kill loses at most the row in flight
+        try:
+            for seed in self.request.seeds:
+                for sample in self.samples(seed):
+                    for row in self._rows(sample, done, stats):
+                        parts.append(self.store.append([row]))
+                        stats.written += 1
+                        stats.rows.append(row)
+                        if on_row:
+                            on_row(row)
+        finally:  # also on Ctrl-C: one file per run keeps later reads fast
+            self.store.merge(parts)
         return stats
 
     def preflight(self) -> None:

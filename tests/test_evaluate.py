@@ -98,12 +98,15 @@ def test_rerun_skips_done_samples_and_force_recomputes(models, tmp_path, capsys)
     args = ["passkey", models["rope"], "--lengths", "128", "--samples", "1", "--out", str(tmp_path), "--quiet"]
     assert run_cli(*args) == 0
     first = ResultStore(tmp_path).part_files()
+    rows = len(ResultStore(tmp_path).read())
+    assert len(first) == 1 and rows == 5  # the run's per-row parts were merged into one file
     assert run_cli(*args) == 0
     assert ResultStore(tmp_path).part_files() == first  # nothing new written
     assert "skipped" in capsys.readouterr().err
     assert run_cli(*args, "--force") == 0
-    assert len(ResultStore(tmp_path).part_files()) == 2 * len(first)
-    assert len(ResultStore(tmp_path).read()) == len(first)  # newest row per key
+    assert len(ResultStore(tmp_path).part_files()) == 2
+    assert len(ResultStore(tmp_path).read(dedupe=False)) == 2 * rows
+    assert len(ResultStore(tmp_path).read()) == rows  # newest row per key
 
 
 def _passkey_process(model, out):
@@ -135,6 +138,7 @@ def test_interrupted_run_keeps_finished_rows_and_rerun_equals_uninterrupted(mode
     assert 3 <= len(kept) < 20
     if sig == signal.SIGINT:
         assert "interrupted" in proc.stderr.read()
+        assert len(ResultStore(interrupted).part_files()) == 1  # Ctrl-C still merges the run's parts
     rerun = _passkey_process(models["rope"], interrupted)
     assert rerun.wait(timeout=300) == 0
     expected, got = stable(ResultStore(reference).read()), stable(ResultStore(interrupted).read())

@@ -102,3 +102,18 @@ def test_every_option_has_help():
         for param in command.params:
             if param.name != "help":
                 assert getattr(param, "help", None), f"{' '.join(path)} --{param.name} has no help"
+
+
+def test_compact_merges_part_files_and_the_summary_is_unchanged(store_dir, capsys):
+    _, before, _ = run(["results", "show", "--dir", str(store_dir), "--json"], capsys)
+    assert len(ResultStore(store_dir).part_files()) == 2
+    code, _, err = run(["results", "compact", "--dir", str(store_dir)], capsys)
+    assert code == 0 and "2 part files -> 1" in err
+    assert len(ResultStore(store_dir).part_files()) == 1
+    _, after, _ = run(["results", "show", "--dir", str(store_dir), "--json"], capsys)
+    assert json.loads(after) == json.loads(before)
+
+
+def test_compact_of_an_empty_directory_is_one_clear_error(tmp_path, capsys):
+    code, out, err = run(["results", "compact", "--dir", str(tmp_path / "none")], capsys)
+    assert code == 2 and out == "" and err.strip().count("\n") == 0 and "no results in" in err

@@ -133,6 +133,37 @@ def test_compact_merges_parts_keeping_the_newest_rows(tmp_path):
     assert warnings == []
 
 
+def test_merge_replaces_a_runs_parts_by_one_and_leaves_other_files_alone(tmp_path):
+    store, warnings = quiet_store(tmp_path)
+    other = store.append([fake_row(sample=9, run_id="another process")])
+    mine = [store.append([fake_row(sample=i)]) for i in range(4)]
+    before = store.read_table()
+    merged = store.merge(mine)
+    assert sorted(store.part_files()) == sorted([other, merged])
+    assert store.read_table().equals(before)
+    assert store.read_table(dedupe=False).num_rows == 5  # nothing duplicated
+    assert warnings == []
+
+
+def test_a_read_racing_a_merge_lists_again_and_misses_nothing(tmp_path, monkeypatch):
+    store, warnings = quiet_store(tmp_path)
+    mine = [store.append([fake_row(sample=i)]) for i in range(3)]
+    expected = store.read_table()
+    reader = ResultStore(tmp_path)
+    real_read = ResultStore._read_part
+    raced = []
+
+    def read_after_a_merge(self, path, columns):
+        if not raced:  # another process's run ends between this reader's listing and its reads
+            raced.append(None)
+            raced[0] = ResultStore(tmp_path).merge(mine)
+        return real_read(self, path, columns)
+
+    monkeypatch.setattr(ResultStore, "_read_part", read_after_a_merge)
+    assert reader.read_table().equals(expected)
+    assert reader.part_files() == raced
+
+
 def test_unwritable_directory_is_one_clear_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")

@@ -1,4 +1,5 @@
-"""Read-only commands over stored results: ``results show``, ``results export``, ``plot curves|heatmap``.
+"""Commands over stored results: ``results show``, ``results export``, ``plot curves|heatmap``, and
+``results compact``, the one that rewrites files (it merges part files; rows are unchanged).
 
 Nothing here runs a model: every number comes from the Parquet rows in a results directory.
 Heavy imports (pandas, pyarrow, matplotlib) happen inside the commands, so `bamctl --help`
@@ -96,6 +97,26 @@ def show(
         typer.echo(json.dumps(summaries_to_json(summaries), indent=2))
     else:
         _stdout().print(render_summaries(summaries))
+
+
+@results_app.command("compact")
+def compact(directory: DirOption = Path("results")) -> None:
+    """Merge a results directory's part files into one, keeping the newest row per sample.
+
+    Each run already merges its own rows into one file when it ends; directories written by
+    older versions, or by runs that were killed, may hold one file per row, which makes every
+    read slower. Run it when no evaluation is writing to the directory.
+
+    Example: bamctl results compact --dir results/main
+    """
+    from bamctl.results.store import ResultStore
+
+    store = ResultStore(directory)
+    before = len(store.part_files())
+    if not before:
+        raise BamctlError(f"no results in {directory}")
+    store.compact()
+    typer.echo(f"{directory}: {before} part files -> {len(store.part_files())}", err=True)
 
 
 @results_app.command("export")

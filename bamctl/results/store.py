@@ -5,6 +5,8 @@ to a hidden temp name in the same directory (`.part-....tmp`), fsynced, then ren
 `os.replace`, which is atomic on POSIX: a reader sees a complete file or none, so a kill -9 at
 any moment loses nothing appended before and never leaves a half file visible. Names are
 unique, so any number of processes may append to one directory at once without locks.
+An evaluation appends one row per part (a kill loses at most the row in flight) and `merge`s
+its own parts into one when it ends, so a directory keeps about one file per run.
 Hidden (`.`/`_`) files are ignored by bamctl and by pyarrow/polars/duckdb globbing alike.
 
 Duplicates: the same resume key (`schema.KEY_COLUMNS`) can be written twice, by two runs
@@ -108,6 +110,26 @@ class ResultStore:
             raise self._write_error(err) from err
         return final
 
+    def merge(self, parts: list[Path]) -> Path | None:
+        """Replace ``parts`` (files this process wrote) by one part file holding their rows.
+
+        A run writes one part per row, so a crash loses nothing; merging them when the run
+        ends keeps the directory at one file per run, which keeps reads fast (each file
+        costs a footer read). Only the given files are touched, so concurrent appenders are
+        unaffected; a crash between writing the merged file and deleting the parts only
+        leaves duplicates, which readers drop; a reader racing the deletion re-lists.
+        """
+        if len(parts) < 2:
+            return parts[0] if parts else None
+        try:
+            tables = [self._read_part(part, None) for part in parts]
+            path = self._write(pa.concat_tables(tables))
+        except (FileNotFoundError, _BadFile, BamctlError):  # compacted away, or a full disk: the parts stay valid
+            return None
+        for part in parts:
+            part.unlink(missing_ok=True)
+        return path
+
     def compact(self) -> Path | None:
         """Merge all readable part files into one (newest row per key), then delete the merged parts.
 
@@ -181,14 +203,28 @@ class ResultStore:
 
     # ---- internals -----------------------------------------------------------------------
 
-    def _load(self, columns: list[str] | None) -> tuple[list[Path], list[pa.Table]]:
-        """Readable part files and their tables, conformed to SCHEMA; bad files warned about once."""
+    def _load(self, columns: list[str] | None, attempts: int = 5) -> tuple[list[Path], list[pa.Table]]:
+        """Readable part files and their tables, conformed to SCHEMA; bad files warned about once.
+
+        A part that vanishes between the listing and its read was merged by a finishing run
+        (or a compaction) whose merged file the listing may have missed: list again.
+        """
+        for _ in range(attempts - 1):
+            try:
+                return self._load_once(columns, vanished_ok=False)
+            except FileNotFoundError:
+                continue
+        return self._load_once(columns, vanished_ok=True)
+
+    def _load_once(self, columns: list[str] | None, vanished_ok: bool) -> tuple[list[Path], list[pa.Table]]:
         parts: list[Path] = []
         tables: list[pa.Table] = []
         for path in self.part_files():
             try:
                 table = self._read_part(path, columns)
-            except FileNotFoundError:  # removed by a concurrent compaction after the listing
+            except FileNotFoundError:
+                if not vanished_ok:
+                    raise
                 continue
             except _BadFile as bad:
                 if path not in self._warned:
