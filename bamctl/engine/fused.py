@@ -73,7 +73,7 @@ def _merge(out: torch.Tensor, lse: torch.Tensor, part: torch.Tensor, part_lse: t
     top = torch.maximum(lse, part_lse)
     w, w_part = (lse - top).exp_(), (part_lse - top).exp_()
     total = w + w_part
-    out.mul_((w / total)[..., None]).add_(part.mul_((w_part / total)[..., None]))
+    out.lerp_(part, (w_part / total)[..., None])  # both are averages: one pass instead of three
     return out, total.log_().add_(top)
 
 
