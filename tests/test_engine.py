@@ -34,7 +34,7 @@ def tokens(n=N_TOKENS, seed=0):
 
 @pytest.mark.parametrize("pe", ALL_PES)
 @pytest.mark.parametrize("chunk_size", [5, 9, 15, N_TOKENS, 64])  # 5, 9, 15 divide 45; 64 > 45
-@pytest.mark.parametrize("kernel", ["dense", "blockwise", "fused"])
+@pytest.mark.parametrize("kernel", ["dense", "blockwise", "fused", "native"])
 def test_streamed_logits_equal_dense_reference(pe, chunk_size, kernel):
     model = random_model(pe)
     ids = tokens()

@@ -3,11 +3,8 @@
 import pytest
 import torch
 
-from bamctl.checkpoint import new_random_model
 from bamctl.engine import fused
 from bamctl.engine.attention import AttentionInputs, dense_attention
-from bamctl.engine.stream import StreamingEngine, resolve_attention
-from bamctl.model import ModelConfig
 from bamctl.positional import GGDPrior
 
 pytestmark = pytest.mark.skipif(not fused.fused_available()[0], reason="this torch has no fused CPU attention kernel")
@@ -71,12 +68,6 @@ def test_with_gradients_asked_for_it_falls_back_to_a_differentiable_path():
     out = fused.fused_attention(q, k, v, AttentionInputs(q_start=0, bias_table=table, ssmax_scale=None))
     out.sum().backward()
     assert table.grad is not None and torch.isfinite(table.grad).all() and table.grad.abs().sum() > 0
-
-
-def test_fused_is_the_default_on_cpus():
-    model = new_random_model(ModelConfig.from_preset("micro", "bam-ssmax", vocab_size=101), 0)
-    assert StreamingEngine(model, device="cpu").attention == "fused"
-    assert resolve_attention("fused", torch.device("cpu")) == "fused"
 
 
 @torch.inference_mode()

@@ -25,7 +25,7 @@ Depths = Annotated[
 Device = Annotated[str, typer.Option(help="auto (CUDA when present, else CPU), cpu, cuda or cuda:N.")]
 Dtype = Annotated[str, typer.Option(help="auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat16 or float16.")]
 ChunkSize = Annotated[int, typer.Option(help="Tokens per prefill chunk: memory is weights + KV cache + one chunk's workspace.")]
-Attention = Annotated[str, typer.Option(help="Attention path: auto (flex on CUDA, fused on CPU), fused (torch's fused CPU kernel), flex (compiled FlexAttention), blockwise (online softmax over key blocks) or dense (reference; n x n memory).")]
+Attention = Annotated[str, typer.Option(help="Attention path: auto (flex on CUDA, native on CPU), native (our C++ CPU kernel, compiled once), fused (torch's fused CPU kernel), flex (compiled FlexAttention), blockwise (online softmax over key blocks) or dense (reference; n x n memory).")]
 Tokenizer = Annotated[Optional[str], typer.Option(help="Tokenizer name or local path overriding the model's own (external models).")]
 BeyondMax = Annotated[
     str,

@@ -44,7 +44,7 @@ def fused_available() -> tuple[bool, str]:
     return True, ""
 
 
-def _needs_grad(*tensors) -> bool:
+def needs_grad(*tensors) -> bool:
     if not torch.is_grad_enabled():
         return False
     inputs = tensors[-1]
@@ -103,7 +103,7 @@ def fused_attention(
     ``rows``: queries per call; ``tile``: keys per materialised mask tile (default from
     ``TILE_BYTES``). Both only trade speed; the tests shrink them to cover every branch.
     """
-    if _needs_grad(q, k, v, inputs):
+    if needs_grad(q, k, v, inputs):
         return dense_attention(q, k, v, inputs)  # the fused kernel has no backward for its mask
     if q.device.type != "cpu" or not fused_available()[0]:
         return blockwise_attention(q, k, v, inputs)

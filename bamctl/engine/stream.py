@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from bamctl.engine.attention import blockwise_attention, dense_attention
 from bamctl.engine.flex import flex_attention_kernel, flex_available, require_flex
 from bamctl.engine.fused import fused_attention, fused_available
+from bamctl.engine.native import native_attention, native_available
 from bamctl.engine.cache import KVCache
 from bamctl.errors import BamctlError
 from bamctl.model import ForwardState, Transformer
@@ -31,6 +32,7 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 ATTENTION_PATHS: dict[str, Callable] = {
     "dense": dense_attention,  # the reference: (Tq, Tk) logits
     "blockwise": blockwise_attention,  # online softmax over key blocks, plain torch ops
+    "native": native_attention,  # our C++ CPU kernel: prior and SSMax inside the online softmax
     "fused": fused_attention,  # torch's fused CPU kernel, prior as a strided mask
     "flex": flex_attention_kernel,  # compiled FlexAttention: CUDA, or x86 CPUs
 }
@@ -61,10 +63,12 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def resolve_attention(name: str, device: torch.device) -> str:
-    """auto: compiled FlexAttention on CUDA, the fused kernel on CPUs (blockwise where torch lacks it)."""
+    """auto: compiled FlexAttention on CUDA; on CPUs our C++ kernel, else torch's fused kernel, else blockwise."""
     if name == "auto":
         if device.type == "cuda":
             return "flex" if flex_available()[0] else "blockwise"
+        if native_available()[0]:
+            return "native"
         return "fused" if fused_available()[0] else "blockwise"
     if name == "flex":
         require_flex()

@@ -1,0 +1,108 @@
+"""Our own CPU attention kernel (``csrc/bam_attention.cpp``), compiled on first use.
+
+torch's fused CPU kernel (``bamctl.engine.fused``) takes the prior only as an additive
+mask; SSMax over the whole logits scales the prior row by row, which no strided view can
+express, so that path must materialise mask tiles. This kernel reads the prior from one
+line per head and scales it per row as it goes, inside the online softmax: one pass, no
+mask, no merges, and the causal future is never visited. It is a plain flash-attention
+loop in C++ (query blocks in parallel, key blocks with a running max and sum), calling
+the BLAS that torch links for its two products.
+
+It is compiled once per machine with ``torch.utils.cpp_extension`` (about a minute; cached
+under ``torch.utils.cpp_extension.get_default_build_root()``). Where that fails (no C++
+compiler, no Python headers) the engine says so once and uses the fused path.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+from bamctl.engine.attention import AttentionInputs, dense_attention
+from bamctl.engine.fused import fused_attention, needs_grad
+
+SOURCE = Path(__file__).with_name("csrc") / "bam_attention.cpp"
+
+
+def _flags() -> list[str]:
+    """Compiler flags: AVX2 + FMA vector code where torch itself runs AVX2 or better."""
+    flags = ["-O3", "-fopenmp"]  # OpenMP: at::parallel_for runs on torch's OpenMP threads
+    capability = torch.backends.cpu.get_cpu_capability() if hasattr(torch.backends, "cpu") else "DEFAULT"
+    if capability.startswith(("AVX2", "AVX512")):
+        flags += ["-mavx2", "-mfma", "-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2"]
+    return flags
+
+
+def _module_name(flags: list[str]) -> str:
+    """A name per source, flags and torch version, so an edit or an upgrade rebuilds."""
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode() + torch.__version__.encode())
+    return f"bamctl_attention_{digest.hexdigest()[:12]}"
+
+
+@functools.cache
+def _extension():
+    """The compiled module, or the one-line reason it could not be built."""
+    try:
+        from torch.utils.cpp_extension import get_default_build_root, load
+
+        flags = _flags()
+        name = _module_name(flags)
+        if not (Path(get_default_build_root()) / name / f"{name}.so").is_file():
+            print("compiling bamctl's CPU attention kernel (once per machine, about a minute)…", file=sys.stderr)
+        return load(name=name, sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
+    except Exception as err:  # no compiler, no headers, no ninja: the fused path still works
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return reason[:200]
+
+
+def native_available() -> tuple[bool, str]:
+    """Whether the kernel is built (building it if needed), and why not."""
+    module = _extension()
+    if isinstance(module, str):
+        return False, f"bamctl's C++ attention kernel could not be compiled: {module}"
+    return True, ""
+
+
+@functools.cache
+def _warn_fallback(why: str) -> None:
+    print(f"warning: {why}; using the fused attention path", file=sys.stderr)
+
+
+def _prior_reversed(table: torch.Tensor, length: int) -> torch.Tensor:
+    """(H, length) with out[h, t] = b_h(length - 1 - t): the kernel walks keys forward through it."""
+    distance = torch.arange(length - 1, -1, -1, device=table.device).clamp_(max=table.shape[1] - 1)
+    return table[:, distance].float().contiguous()
+
+
+def native_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
+    """Drop-in for the other kernels on CPUs. q: (B, H, Tq, Dh), k/v: (B, H, Tk, Dh)."""
+    if needs_grad(q, k, v, inputs):
+        return dense_attention(q, k, v, inputs)  # the kernel has no backward
+    ok, why = native_available()
+    if not ok or q.device.type != "cpu":
+        if not ok:
+            _warn_fallback(why)
+        return fused_attention(q, k, v, inputs)
+    tq, head_dim = q.shape[2], q.shape[3]
+    q0 = inputs.q_start
+    qf = q.float() * (1.0 / math.sqrt(head_dim))
+    prior_scale = None
+    if inputs.ssmax_scale is not None:
+        positions = torch.arange(q0, q0 + tq, device=q.device, dtype=torch.float32)
+        factor = inputs.ssmax_scale.float()[:, None] * torch.log(positions + 1.0)[None, :]  # (H, Tq): c_h(i)
+        qf = qf * factor[None, :, :, None]
+        if inputs.bias_table is not None and inputs.ssmax_scope == "logits":
+            prior_scale = factor.contiguous()
+    prior = _prior_reversed(inputs.bias_table, q0 + tq) if inputs.bias_table is not None else None
+    kf, vf = k.float(), v.float()
+    if kf.stride(-1) != 1:
+        kf = kf.contiguous()
+    if vf.stride(-1) != 1:
+        vf = vf.contiguous()
+    out, _lse = _extension().bam_attention(qf, kf, vf, prior, prior_scale, q0)
+    return out.to(q.dtype)
