@@ -5,8 +5,8 @@ SwiGLU MLP, no linear biases, untied output head. Parameter names follow theirs
 (``tok_embeddings``, ``layers.N.attention.wq``, ``feed_forward.w1``…) so their
 checkpoints load by a name mapping alone. The positional encoding is a registry entry
 (``bamctl.positional``); the attention kernel is chosen by the caller
-(``bamctl.engine``): dense for training and as the reference, fused, blockwise or
-flex for long contexts.
+(``bamctl.engine``): dense for training and as the reference; native, fused,
+blockwise or flex for long contexts.
 
 Shapes: B batch, T tokens in this chunk, H heads, Dh head dim, C model dim.
 """

@@ -9,7 +9,7 @@ loop in C++ (query blocks in parallel, key blocks with a running max and sum), c
 the BLAS that torch links for its two products.
 
 It is compiled once per machine with ``torch.utils.cpp_extension`` (about a minute; cached
-under ``torch.utils.cpp_extension.get_default_build_root()``). Where that fails (no C++
+under ``~/.cache/torch_extensions``, or ``$TORCH_EXTENSIONS_DIR``). Where that fails (no C++
 compiler, no Python headers) the engine says so once and uses the fused path.
 """
 
@@ -48,16 +48,26 @@ def _module_name(flags: list[str]) -> str:
 def _extension():
     """The compiled module, or the one-line reason it could not be built."""
     try:
-        from torch.utils.cpp_extension import get_default_build_root, load
+        from torch.utils.cpp_extension import load
 
         flags = _flags()
         name = _module_name(flags)
-        if not (Path(get_default_build_root()) / name / f"{name}.so").is_file():
+        if not _built(name):
             print("compiling bamctl's CPU attention kernel (once per machine, about a minute)…", file=sys.stderr)
         return load(name=name, sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as err:  # no compiler, no headers, no ninja: the fused path still works
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         return reason[:200]
+
+
+def _built(name: str) -> bool:
+    """Whether a previous process already compiled this module (only decides whether to announce a build)."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory  # where load() puts it
+
+        return (Path(_get_build_directory(name, verbose=False)) / f"{name}.so").is_file()
+    except Exception:  # a private helper: if it moves, we merely stay silent
+        return True
 
 
 def native_available() -> tuple[bool, str]:
