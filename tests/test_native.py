@@ -7,6 +7,7 @@ from bamctl.checkpoint import new_random_model
 from bamctl.engine import native
 from bamctl.engine.attention import AttentionInputs, dense_attention
 from bamctl.engine.stream import StreamingEngine
+from bamctl.errors import BamctlError
 from bamctl.model import ModelConfig
 from bamctl.positional import GGDPrior
 
@@ -89,3 +90,5 @@ def test_a_kernel_that_cannot_be_built_falls_back_to_the_fused_path_with_one_war
     assert err.count("warning:") == 1 and "g++: command not found" in err and "fused" in err
     model = new_random_model(ModelConfig.from_preset("micro", "bam", vocab_size=101), 0)
     assert StreamingEngine(model, device="cpu").attention == "fused"
+    with pytest.raises(BamctlError, match="--attention native is not available: .*g\\+\\+: command not found; use --attention fused"):
+        StreamingEngine(model, device="cpu", attention="native")

@@ -72,6 +72,8 @@ def resolve_attention(name: str, device: torch.device) -> str:
         return "fused" if fused_available()[0] else "blockwise"
     if name == "flex":
         require_flex()
+    if name == "native" and not native_available()[0]:
+        raise BamctlError(f"--attention native is not available: {native_available()[1]}; use --attention fused")
     if name not in ATTENTION_PATHS:
         raise BamctlError(f"unknown attention path {name!r}; use one of {', '.join(ATTENTION_CHOICES)}")
     return name
