@@ -9,6 +9,7 @@ from bamctl.engine.attention import AttentionInputs, dense_attention
 from bamctl.engine.stream import StreamingEngine
 from bamctl.errors import BamctlError
 from bamctl.model import ModelConfig
+from bamctl.positional import GGDPrior
 
 from test_cpu_kernels import HEAD_DIM, HEADS, prior_table
 
@@ -35,3 +36,23 @@ def test_a_kernel_that_cannot_be_built_falls_back_to_the_fused_path_with_one_war
     assert StreamingEngine(model, device="cpu").attention == "fused"
     with pytest.raises(BamctlError, match="--attention native is not available: .*g\\+\\+: command not found; use --attention fused"):
         StreamingEngine(model, device="cpu", attention="native")
+
+
+@needs_kernel
+@pytest.mark.parametrize("beta,skips", [((1.0, 1.3), True), ((0.0, 0.0), False)])
+@torch.inference_mode()
+def test_key_blocks_a_steep_prior_zeroes_are_skipped_and_the_result_is_unchanged(beta, skips):
+    # A steep prior (alpha = e^-1 per token, beta >= 1) puts far keys below exp(-110) of the
+    # nearest ones: those key blocks are never read. A flat prior (beta = 0) skips nothing.
+    prior = GGDPrior(HEADS, init="alibi")
+    with torch.no_grad():
+        prior.theta_beta.copy_(torch.linspace(*beta, HEADS))
+        prior.theta_alpha.fill_(-1.0)
+        table = prior.distance_table(4096)
+    q, k, v = (torch.randn(1, HEADS, n, HEAD_DIM) for n in (1024, 4096, 4096))
+    inputs = AttentionInputs(q_start=4096 - 1024, bias_table=table, ssmax_scale=torch.ones(HEADS))
+    native.SKIPPED_BLOCKS[:] = [0, 0]
+    got = native.native_attention(q, k, v, inputs)
+    skipped, blocks = native.SKIPPED_BLOCKS
+    assert blocks > 0 and (skipped > blocks // 2 if skips else skipped == 0)
+    assert torch.allclose(got, dense_attention(q, k, v, inputs), atol=1e-4)

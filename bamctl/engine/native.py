@@ -27,6 +27,9 @@ from bamctl.engine.attention import AttentionInputs, dense_attention
 from bamctl.engine.fused import fused_attention, needs_grad
 
 SOURCE = Path(__file__).with_name("csrc") / "bam_attention.cpp"
+# Key blocks skipped (their weights provably 0 in float32) and visited, summed over calls:
+# for benchmarks and tests; nothing depends on it.
+SKIPPED_BLOCKS = [0, 0]
 
 
 def _flags() -> list[str]:
@@ -114,5 +117,7 @@ def native_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: 
         kf = kf.contiguous()
     if vf.stride(-1) != 1:
         vf = vf.contiguous()
-    out, _lse = _extension().bam_attention(qf, kf, vf, prior, prior_scale, q0)
+    out, _lse, blocks = _extension().bam_attention(qf, kf, vf, prior, prior_scale, q0)
+    SKIPPED_BLOCKS[0] += int(blocks[0])
+    SKIPPED_BLOCKS[1] += int(blocks[1])
     return out.to(q.dtype)

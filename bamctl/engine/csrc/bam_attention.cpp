@@ -8,6 +8,14 @@
 // are consecutive floats: prior_rev[h, t] = b_h(L - 1 - t), i.e. b_h(i - j) sits at
 // t = L - 1 - i + j. Nothing of size (queries x keys) is ever built.
 //
+// Exact skipping: a key block that lies wholly in the past of a query block is skipped
+// when, for every query r of the block, an upper bound of its logits there,
+//     |q_r| * max_j |k_j| + p_r * (max or min of the prior over the block),
+// lies more than kSkipMargin below the largest logit r has already seen. Its softmax
+// weights would be below exp(-110) ~ 1e-48 of that logit's: exactly 0 in float32, as in
+// the reference. Key blocks are walked nearest first so that this largest logit is
+// known early; a steep prior (most BAM heads learn one) then never reads the far past.
+//
 // Tiling follows the usual CPU flash-attention layout: blocks of queries in parallel,
 // key blocks in sequence with an online softmax (running max and sum), the two products
 // as BLAS calls; keys in a query's future are never visited. The BLAS is the one torch
@@ -20,6 +28,8 @@
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
+#include <atomic>
+#include <utility>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -42,6 +52,7 @@ void gemm(bool transpose_a, int64_t m, int64_t n, int64_t k, const float* a, int
 }
 
 constexpr int64_t kKeyBlock = 512;
+constexpr float kSkipMargin = 110.f;  // exp(-110) underflows float32 to 0
 
 int64_t query_block(int64_t queries) {
   return queries >= 768 ? 256 : (queries >= 192 ? 64 : 32);
@@ -66,6 +77,30 @@ float add_prior_and_max(float* row, const float* prior, float scale, int64_t n) 
     best = std::max(best, row[j]);
   }
   return best;
+}
+
+// (min, max) of x[0:n].
+std::pair<float, float> min_max(const float* x, int64_t n) {
+  fVec lo(std::numeric_limits<float>::infinity()), hi(-std::numeric_limits<float>::infinity());
+  int64_t j = 0;
+  for (; j + fVec::size() <= n; j += fVec::size()) {
+    const fVec v = fVec::loadu(x + j);
+    lo = at::vec::minimum(lo, v);
+    hi = at::vec::maximum(hi, v);
+  }
+  float low = at::vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return at::vec::minimum(a, b); }, lo);
+  float high = at::vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return at::vec::maximum(a, b); }, hi);
+  for (; j < n; ++j) {
+    low = std::min(low, x[j]);
+    high = std::max(high, x[j]);
+  }
+  return {low, high};
+}
+
+// Euclidean norm of x[0:n].
+float norm(const float* x, int64_t n) {
+  return std::sqrt(at::vec::map_reduce_all<float>([](fVec v) { return v * v; },
+                                                  [](fVec a, fVec b) { return a + b; }, x, n));
 }
 
 // row[0:n] = exp(row[0:n] - top); returns their sum.
@@ -119,6 +154,7 @@ std::vector<at::Tensor> bam_attention(
     row_scale = prior_scale->data_ptr<float>();
   }
 
+  std::atomic<int64_t> skipped{0}, visited{0};
   auto out = at::empty({batch, heads, queries, dim}, q.options());
   auto lse = at::empty({batch, heads, queries}, q.options());
   const float* q_data = q.data_ptr<float>();
@@ -129,10 +165,16 @@ std::vector<at::Tensor> bam_attention(
   const int64_t q_block = query_block(queries);
   const int64_t n_blocks = (queries + q_block - 1) / q_block;
 
-  at::parallel_for(0, batch * heads * n_blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(q_block * kKeyBlock), acc(q_block * dim), top(q_block), total(q_block);
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / (heads * n_blocks), h = (task / n_blocks) % heads, block = task % n_blocks;
+  // Tasks (a query block of one head) differ in cost: later blocks see more keys, and a
+  // steep head skips most of its keys while a flat one skips none. A static split would
+  // leave one thread with the expensive half, so threads take tasks from a shared
+  // counter, the latest query blocks (the most keys) first.
+  const int64_t n_tasks = batch * heads * n_blocks;
+  std::atomic<int64_t> next_task{0};
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    std::vector<float> scores(q_block * kKeyBlock), acc(q_block * dim), top(q_block), total(q_block), q_norm(q_block);
+    for (int64_t task = next_task.fetch_add(1); task < n_tasks; task = next_task.fetch_add(1)) {
+      const int64_t block = n_blocks - 1 - task / (batch * heads), b = (task / heads) % batch, h = task % heads;
       const int64_t r0 = block * q_block, rows = std::min(q_block, queries - r0);
       const int64_t first = q_start + r0;          // absolute position of the block's first query
       const int64_t visible = first + rows;        // keys 0 .. visible - 1 are seen by some row
@@ -143,8 +185,31 @@ std::vector<at::Tensor> bam_attention(
       std::fill(total.begin(), total.begin() + rows, 0.f);
       std::fill(acc.begin(), acc.begin() + rows * dim, 0.f);
 
-      for (int64_t j0 = 0; j0 < visible; j0 += kKeyBlock) {
+      if (prior != nullptr) {
+        for (int64_t r = 0; r < rows; ++r) q_norm[r] = norm(qp + r * q.stride(2), dim);
+      }
+      int64_t local_skipped = 0, local_visited = 0;
+
+      for (int64_t j0 = (visible - 1) / kKeyBlock * kKeyBlock; j0 >= 0; j0 -= kKeyBlock) {  // nearest first
         const int64_t cols = std::min(kKeyBlock, visible - j0);
+        ++local_visited;
+        if (prior != nullptr && j0 + cols <= first) {  // wholly in the past of every row: may skip
+          float key_max = 0.f;
+          for (int64_t j = 0; j < cols; ++j) key_max = std::max(key_max, norm(kp + (j0 + j) * k.stride(2), dim));
+          // the prior entries the block's rows would read: t = line - 1 - i + j over its rows and keys
+          const auto [prior_min, prior_max] = min_max(prior + h * line + (line - visible + j0), rows + cols - 1);
+          bool skip = true;
+          for (int64_t r = 0; r < rows && skip; ++r) {
+            const float p = row_scale ? row_scale[h * queries + r0 + r] : 1.f;
+            const float bound = q_norm[r] * key_max + (p >= 0.f ? p * prior_max : p * prior_min);
+            const float slack = 1e-5f * (std::fabs(bound) + std::fabs(top[r]));  // rounding in both
+            skip = bound + kSkipMargin + slack < top[r];
+          }
+          if (skip) {
+            ++local_skipped;
+            continue;
+          }
+        }
         // scores (rows x cols, row-major) = q_block . k_block^T
         gemm(true, cols, rows, dim, kp + j0 * k.stride(2), k.stride(2), qp, q.stride(2), 0.f, scores.data(), cols);
         for (int64_t r = 0; r < rows; ++r) {
@@ -172,6 +237,8 @@ std::vector<at::Tensor> bam_attention(
         // acc (rows x dim) += weights (rows x cols) . v_block (cols x dim)
         gemm(false, dim, rows, cols, vp + j0 * v.stride(2), v.stride(2), scores.data(), cols, 1.f, acc.data(), dim);
       }
+      skipped += local_skipped;
+      visited += local_visited;
       for (int64_t r = 0; r < rows; ++r) {
         const float inv = 1.f / total[r];
         float* o = out_data + ((b * heads + h) * queries + r0 + r) * dim;
@@ -181,7 +248,7 @@ std::vector<at::Tensor> bam_attention(
       }
     }
   });
-  return {out, lse};
+  return {out, lse, at::tensor({skipped.load(), visited.load()}, at::kLong)};
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
