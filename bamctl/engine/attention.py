@@ -43,12 +43,23 @@ class AttentionKernel(Protocol):
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor: ...
 
 
-def _log_keys(q_positions: torch.Tensor) -> torch.Tensor:
-    return torch.log(q_positions.float() + 1.0)
+def ssmax_factor(inputs: AttentionInputs, n_queries: int, device) -> torch.Tensor:
+    """(H, Tq) SSMax's c_h(i) = s_h * log(i + 1) for queries q_start .. q_start + Tq - 1."""
+    positions = torch.arange(inputs.q_start, inputs.q_start + n_queries, device=device, dtype=torch.float32)
+    return inputs.ssmax_scale.float()[:, None] * torch.log(positions + 1.0)[None, :]
+
+
+def prior_line(table: torch.Tensor, top: int, length: int) -> torch.Tensor:
+    """(H, length) with line[h, t] = b_h(top - t), the distance clamped to the table's range.
+
+    Kernels walk keys forward through such a line: key j of query i reads t = top - (i - j).
+    """
+    distance = torch.arange(top, top - length, -1, device=table.device).clamp_(0, table.shape[1] - 1)
+    return table[:, distance]
 
 
 def _logits(
-    scores: torch.Tensor, distance: torch.Tensor, q_positions: torch.Tensor, inputs: AttentionInputs
+    scores: torch.Tensor, distance: torch.Tensor, inputs: AttentionInputs
 ) -> torch.Tensor:
     """Turn scaled dot products (B, H, Tq, Tk) into logits; ``distance`` (Tq, Tk) is i - j, clamped >= 0."""
     heads = scores.shape[1]
@@ -57,7 +68,7 @@ def _logits(
         bias = inputs.bias_table[:, distance.flatten()].view(heads, *distance.shape)  # (H, Tq, Tk)
     if inputs.ssmax_scale is None:
         return scores if bias is None else scores + bias
-    factor = inputs.ssmax_scale.float()[:, None, None] * _log_keys(q_positions)[None, :, None]  # (H, Tq, 1)
+    factor = ssmax_factor(inputs, scores.shape[2], scores.device)[:, :, None]  # (H, Tq, 1)
     if bias is None:
         return scores * factor
     if inputs.ssmax_scope == "logits":
@@ -72,7 +83,7 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, inputs: AttentionInputs)
     k_positions = torch.arange(tk, device=q.device)
     signed = q_positions[:, None] - k_positions[None, :]  # (Tq, Tk)
     scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    logits = _logits(scores, signed.clamp(min=0), q_positions, inputs)
+    logits = _logits(scores, signed.clamp(min=0), inputs)
     logits = logits.masked_fill(signed < 0, float("-inf"))
     return torch.softmax(logits, dim=-1)
 
@@ -108,8 +119,7 @@ def blockwise_attention(
     qf = q.float() * (1.0 / math.sqrt(q.shape[-1]))
     factor = None
     if inputs.ssmax_scale is not None:
-        q_positions = torch.arange(q_start, last_key, device=q.device)
-        factor = inputs.ssmax_scale.float()[:, None, None] * _log_keys(q_positions)[None, :, None]  # (H, Tq, 1)
+        factor = ssmax_factor(inputs, tq, q.device)[:, :, None]  # (H, Tq, 1)
     scale_bias = factor is not None and inputs.ssmax_scope == "logits"
     running_max = torch.full((*q.shape[:3], 1), float("-inf"), device=q.device)  # (B, H, Tq, 1)
     running_sum = torch.zeros_like(running_max)

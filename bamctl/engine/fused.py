@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from bamctl.engine.attention import AttentionInputs, blockwise_attention, dense_attention
+from bamctl.engine.attention import AttentionInputs, blockwise_attention, dense_attention, prior_line, ssmax_factor
 
 ROWS = 1024  # queries per kernel call: >= 768 lets the kernel tile them by 256; the diagonal square is ROWS^2
 TILE_BYTES = 8 << 20  # a materialised (logits-scope) mask tile: small enough to be read back from cache
@@ -77,12 +77,6 @@ def _merge(out: torch.Tensor, lse: torch.Tensor, part: torch.Tensor, part_lse: t
     return out, total.log_().add_(top)
 
 
-def _prior_line(table: torch.Tensor, top: int, length: int) -> torch.Tensor:
-    """(H, length) with line[h, t] = b_h(top - t), the distance clamped to the table's range."""
-    distance = torch.arange(top, top - length, -1, device=table.device).clamp_(0, table.shape[1] - 1)
-    return table[:, distance]
-
-
 def _diagonal_prior(table: torch.Tensor, rows: int) -> torch.Tensor:
     """(1, H, R, R) mask for a block's causal square: out[0, h, r, c] = b_h(r - c).
 
@@ -90,7 +84,7 @@ def _diagonal_prior(table: torch.Tensor, rows: int) -> torch.Tensor:
     copied out of the Hankel view upside down (``flip``: 10x faster than gathering an
     (R, R) index). Entries above the diagonal are never read: the kernel skips them.
     """
-    line = _prior_line(table, rows - 1, 2 * rows - 1)  # line[t] = b(rows - 1 - t), 0 past the diagonal
+    line = prior_line(table, rows - 1, 2 * rows - 1)  # line[t] = b(rows - 1 - t), 0 past the diagonal
     hankel = line.as_strided((table.shape[0], rows, rows), (line.stride(0), 1, 1))  # hankel[r] = toeplitz[rows - 1 - r]
     return hankel.flip(1)[None]
 
@@ -114,8 +108,7 @@ def fused_attention(
     table = inputs.bias_table
     factor = None  # (H, Tq) SSMax's c_h(i)
     if inputs.ssmax_scale is not None:
-        positions = torch.arange(q0, q0 + tq, device=q.device, dtype=torch.float32)
-        factor = inputs.ssmax_scale.float()[:, None] * torch.log(positions + 1.0)[None, :]
+        factor = ssmax_factor(inputs, tq, q.device)
         qf = qf * factor[None, :, :, None]
     scaled_prior = factor is not None and table is not None and inputs.ssmax_scope == "logits"
     if tile is None:
@@ -162,7 +155,7 @@ def _past(q_block, kf, vf, first: int, table, row_factor, scale: float, tile: in
         stop = min(start + tile, first)
         width = stop - start
         # reversed row r, key j: distance (first + rows - 1 - r) - j = top - (r + j - start)
-        line = _prior_line(table, first + rows - 1 - start, rows + width - 1)
+        line = prior_line(table, first + rows - 1 - start, rows + width - 1)
         mask = line.as_strided((1, heads, rows, width), (0, line.stride(0), 1, 1))
         if row_factor is not None:
             mask = torch.mul(mask, factor_reversed, out=_scratch("tile", (1, heads, rows, width), q_block.device))

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from bamctl.engine.attention import AttentionInputs, dense_attention
+from bamctl.engine.attention import AttentionInputs, dense_attention, prior_line, ssmax_factor
 from bamctl.engine.fused import fused_attention, needs_grad
 
 SOURCE = Path(__file__).with_name("csrc") / "bam_attention.cpp"
@@ -86,12 +86,6 @@ def _warn_fallback(why: str) -> None:
     print(f"warning: {why}; using the fused attention path", file=sys.stderr)
 
 
-def _prior_reversed(table: torch.Tensor, length: int) -> torch.Tensor:
-    """(H, length) with out[h, t] = b_h(length - 1 - t): the kernel walks keys forward through it."""
-    distance = torch.arange(length - 1, -1, -1, device=table.device).clamp_(max=table.shape[1] - 1)
-    return table[:, distance].float().contiguous()
-
-
 def native_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
     """Drop-in for the other kernels on CPUs. q: (B, H, Tq, Dh), k/v: (B, H, Tk, Dh)."""
     if needs_grad(q, k, v, inputs):
@@ -106,12 +100,13 @@ def native_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: 
     qf = q.float() * (1.0 / math.sqrt(head_dim))
     prior_scale = None
     if inputs.ssmax_scale is not None:
-        positions = torch.arange(q0, q0 + tq, device=q.device, dtype=torch.float32)
-        factor = inputs.ssmax_scale.float()[:, None] * torch.log(positions + 1.0)[None, :]  # (H, Tq): c_h(i)
+        factor = ssmax_factor(inputs, tq, q.device)  # (H, Tq): c_h(i)
         qf = qf * factor[None, :, :, None]
         if inputs.bias_table is not None and inputs.ssmax_scope == "logits":
             prior_scale = factor.contiguous()
-    prior = _prior_reversed(inputs.bias_table, q0 + tq) if inputs.bias_table is not None else None
+    prior = None
+    if inputs.bias_table is not None:  # prior[h, t] = b_h(L - 1 - t), L = q0 + tq: keys walk it forward
+        prior = prior_line(inputs.bias_table, q0 + tq - 1, q0 + tq).float().contiguous()
     kf, vf = k.float(), v.float()
     if kf.stride(-1) != 1:
         kf = kf.contiguous()
