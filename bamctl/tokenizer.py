@@ -99,7 +99,8 @@ def gpt2_tokenizer(ranks_path: Path = GPT2_RANKS) -> TiktokenTokenizer:
     return TiktokenTokenizer(name="gpt2", encoding=encoding, eos_id=len(ranks))
 
 
-# name -> factory. External back-ends register their own tokenizers here.
+# name -> factory, for tokenizers bamctl ships. Tokenizers read from a path are not registered
+# (bamctl.backends.hf_tokenizer.resolve_tokenizer loads them afresh).
 TOKENIZERS: dict[str, Callable[[], Tokenizer]] = {"gpt2": gpt2_tokenizer}
 
 

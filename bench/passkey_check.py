@@ -41,8 +41,8 @@ def main() -> None:
             right = total = 0
             for seed in seeds:
                 for sample in generate_samples("passkey", [length], args.samples, seed, tokenizer):
-                    score = engine.score_continuation(sample.input_ids, sample.target_ids)
-                    right += score.predicted_ids == sample.target_ids
+                    predicted, _ = engine.score_continuation(sample.input_ids, sample.target_ids)
+                    right += predicted == sample.target_ids
                     total += 1
             cells.append(f"{right / total:.2f}")
         print(f"{path}," + ",".join(cells) + f",{total},{time.perf_counter() - began:.0f}", flush=True)

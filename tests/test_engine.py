@@ -168,11 +168,11 @@ def test_score_continuation_matches_dense_argmax():
     model = random_model("bam-ssmax", seed=4)
     prompt, target = tokens(30, seed=4), tokens(5, seed=9)
     engine = StreamingEngine(model, device="cpu", dtype="float32", chunk_size=7)
-    score = engine.score_continuation(prompt, target)
+    predicted, logprobs = engine.score_continuation(prompt, target)
     logits = model(torch.tensor([prompt + target]))[0, len(prompt) - 1 : -1]
-    assert score.predicted_ids == logits.argmax(-1).tolist()
+    assert predicted == logits.argmax(-1).tolist()
     expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(target)[:, None])[:, 0]
-    assert torch.allclose(torch.tensor(score.logprobs), expected, atol=1e-4)
+    assert torch.allclose(torch.tensor(logprobs), expected, atol=1e-4)
 
 
 @pytest.mark.skipif(not __import__("bamctl.engine.flex", fromlist=["x"]).flex_available()[0], reason="compiled FlexAttention needs CUDA or an x86 CPU")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bamctl.backends import EngineOptions, open_backend
+from bamctl.backends import RunOptions, open_backend
 from bamctl.checkpoint import load_checkpoint, new_random_model, save_checkpoint
 from bamctl.cli import main
 from bamctl.evaluate import Evaluation, TaskRequest, default_lengths
@@ -44,7 +44,7 @@ def stable(frame):
 
 
 def test_teacher_forced_passkey_score_equals_dense_forward(models, tmp_path):
-    backend = open_backend(models["bam-ssmax"], EngineOptions(device="cpu", chunk_size=64))
+    backend = open_backend(models["bam-ssmax"], RunOptions(device="cpu", chunk_size=64))
     request = TaskRequest("passkey", [256], samples=2, seeds=[0], depths=[0.0, 0.5, 1.0])
     stats = Evaluation(backend, request, ResultStore(tmp_path), model_name="m").run()
     assert stats.written == 6
@@ -61,7 +61,7 @@ def test_teacher_forced_passkey_score_equals_dense_forward(models, tmp_path):
 
 
 def test_sliding_perplexity_scores_every_token_once(models, tmp_path):
-    backend = open_backend(models["rope"], EngineOptions(device="cpu", chunk_size=50))
+    backend = open_backend(models["rope"], RunOptions(device="cpu", chunk_size=50))
     request = TaskRequest("ppl", [64, 128, 300], samples=1, seeds=[0], doc_tokens=300, stride=None)
     rows = Evaluation(backend, request, ResultStore(tmp_path), model_name="m").run().rows
     for window in (64, 128, 300):
@@ -74,7 +74,7 @@ def test_sliding_perplexity_scores_every_token_once(models, tmp_path):
 
 
 def test_bucket_perplexity_rows_cover_the_document(models, tmp_path):
-    backend = open_backend(models["rope"], EngineOptions(device="cpu"))
+    backend = open_backend(models["rope"], RunOptions(device="cpu"))
     request = TaskRequest("ppl", [256], samples=1, seeds=[0], ppl_mode="buckets", bucket=100)
     rows = Evaluation(backend, request, ResultStore(tmp_path), model_name="m").run().rows
     assert [r["position"] for r in rows] == [0, 100, 200]

@@ -16,10 +16,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bamctl.backends import EngineOptions, open_backend
+from bamctl.backends import RunOptions, open_backend
 from bamctl.engine.stream import StreamingEngine
 from bamctl.errors import BamctlError
-from bamctl.external.authors import TOKENIZER_HINT, load_authors_checkpoint
+from bamctl.backends.authors import TOKENIZER_HINT, load_authors_checkpoint
 
 DIM, LAYERS, HEADS, VOCAB = 32, 2, 4, 96
 EPS = 1e-5
@@ -229,10 +229,10 @@ def test_missing_tokenizer_is_one_clear_error(tmp_path):
     folder, *_ = build(tmp_path, "bam_ssmax")
     for reference in (str(folder), f"bam:{folder}"):  # detected as a bare path, or by prefix
         with pytest.raises(BamctlError) as err:
-            open_backend(reference, EngineOptions(device="cpu"))
+            open_backend(reference, RunOptions(device="cpu"))
         assert str(err.value) == TOKENIZER_HINT
     with pytest.raises(BamctlError, match="does not exist"):
-        open_backend(str(folder), EngineOptions(device="cpu", tokenizer=str(tmp_path / "nowhere")))
+        open_backend(str(folder), RunOptions(device="cpu", tokenizer=str(tmp_path / "nowhere")))
 
 
 def _word_tokenizer(path, n_words: int):
@@ -248,7 +248,7 @@ def _word_tokenizer(path, n_words: int):
 def test_backend_runs_their_model_with_a_local_tokenizer(tmp_path):
     folder, family, state, model_args = build(tmp_path, "bam_ssmax")
     tokenizer_file = _word_tokenizer(tmp_path / "tokenizer.json", VOCAB - 2)
-    backend = open_backend(str(folder), EngineOptions(device="cpu", chunk_size=5, tokenizer=str(tokenizer_file)))
+    backend = open_backend(str(folder), RunOptions(device="cpu", chunk_size=5, tokenizer=str(tokenizer_file)))
     assert (backend.info.pe, backend.info.ssmax, backend.info.train_length) == ("bam", True, 16)
     ids = backend.tokenizer.encode("w3 w7 w1 w40 w2 w9 w11 w5")
     assert ids == [5, 9, 3, 42, 4, 11, 13, 7]  # no BOS, no EOS
@@ -259,20 +259,20 @@ def test_backend_runs_their_model_with_a_local_tokenizer(tmp_path):
     assert score.predicted_ids == expected[4:7].argmax(-1).tolist()
     # A tokenizer.json shipped inside the checkpoint folder is found without --tokenizer.
     _word_tokenizer(folder / "tokenizer.json", VOCAB - 2)
-    assert open_backend(f"bam:{folder}", EngineOptions(device="cpu")).tokenizer.encode("w3") == [5]
+    assert open_backend(f"bam:{folder}", RunOptions(device="cpu")).tokenizer.encode("w3") == [5]
 
 
 def test_tokenizer_larger_than_the_model_is_refused(tmp_path):
     folder, *_ = build(tmp_path, "nope")
     tokenizer_file = _word_tokenizer(tmp_path / "big.json", VOCAB + 10)
     with pytest.raises(BamctlError, match="Mistral-7B-v0.3"):
-        open_backend(str(folder), EngineOptions(device="cpu", tokenizer=str(tokenizer_file)))
+        open_backend(str(folder), RunOptions(device="cpu", tokenizer=str(tokenizer_file)))
 
 
 def test_tokenizer_json_loads_without_transformers(tmp_path, monkeypatch):
     import sys
 
-    from bamctl.external.hf_tokenizer import load_hf_tokenizer
+    from bamctl.backends.hf_tokenizer import load_hf_tokenizer
 
     (tmp_path / "plain").mkdir()
     tokenizer_file = _word_tokenizer(tmp_path / "plain" / "tokenizer.json", 10)

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 pytest.importorskip("transformers", reason="transformers not installed (pip install 'bamctl[hf]')")
 pytest.importorskip("tokenizers", reason="tokenizers not installed (pip install 'bamctl[hf]')")
 
-from bamctl.backends import EngineOptions, open_backend  # noqa: E402
+from bamctl.backends import RunOptions, open_backend  # noqa: E402
 from bamctl.errors import BamctlError  # noqa: E402
 
 MAX_POSITIONS = 48
@@ -64,7 +64,7 @@ def full_logits(model, ids: list[int]) -> torch.Tensor:
 
 
 def open_tiny(folder, **options) -> object:
-    return open_backend(f"hf:{folder}", EngineOptions(device="cpu", **{"chunk_size": 5, **options}))
+    return open_backend(f"hf:{folder}", RunOptions(device="cpu", **{"chunk_size": 5, **options}))
 
 
 def words(*numbers: int) -> str:
@@ -153,12 +153,12 @@ def test_chat_template_only_when_asked_and_only_if_the_model_has_one(tiny_llama,
 
 def test_missing_model_and_missing_transformers_are_clear_errors(tmp_path, monkeypatch):
     with pytest.raises(BamctlError, match="does not exist"):
-        open_backend(f"hf:{tmp_path / 'nothing'}", EngineOptions(device="cpu"))
+        open_backend(f"hf:{tmp_path / 'nothing'}", RunOptions(device="cpu"))
     with pytest.raises(BamctlError, match="not a Hugging Face model folder"):
-        open_backend(f"hf:{tmp_path}", EngineOptions(device="cpu"))
+        open_backend(f"hf:{tmp_path}", RunOptions(device="cpu"))
     monkeypatch.setitem(sys.modules, "transformers", None)  # import fails as if absent
     with pytest.raises(BamctlError, match=r"pip install 'bamctl\[hf\]'"):
-        open_backend(f"hf:{tmp_path}", EngineOptions(device="cpu"))
+        open_backend(f"hf:{tmp_path}", RunOptions(device="cpu"))
 
 
 def _smollm2_gguf() -> Path:
@@ -180,7 +180,7 @@ def test_smollm2_passkey_offline():
     """A real RoPE model (max 8192 positions) on one authors'-protocol passkey sample."""
     from bamctl.tasks.registry import generate_samples
 
-    backend = open_backend(f"hf:{_smollm2_gguf()}", EngineOptions(device="cpu", chunk_size=128))
+    backend = open_backend(f"hf:{_smollm2_gguf()}", RunOptions(device="cpu", chunk_size=128))
     sample = next(iter(generate_samples("passkey", [256], 1, 0, backend.tokenizer, [0.5])))
     assert sample.n_tokens == 256
     score = backend.score_continuation(sample.input_ids, sample.target_ids)

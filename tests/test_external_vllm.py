@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bamctl.backends import EngineOptions, open_backend
+from bamctl.backends import RunOptions, open_backend
 from bamctl.errors import BamctlError
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
@@ -26,7 +26,7 @@ HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 def test_vllm_prefix_without_vllm_says_how_to_install(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "vllm", None)  # as if absent, even where it is installed
     with pytest.raises(BamctlError) as err:
-        open_backend(f"vllm:{tmp_path}", EngineOptions())
+        open_backend(f"vllm:{tmp_path}", RunOptions())
     message = str(err.value)
     assert "\n" not in message and "pip install 'bamctl[vllm]'" in message and "GPU" in message
 
@@ -38,8 +38,8 @@ def test_real_vllm_matches_hf(tmp_path):
     folder = _save_tiny_llama(tmp_path, hidden=256)  # head size 64: GPU attention kernels need it
     ids = [3 + (7 * i) % 60 for i in range(40)]  # past its 32 positions: both run beyond
     options = dict(dtype="float16")
-    hf = open_backend(f"hf:{folder}", EngineOptions(device="cuda", **options))
-    vl = open_backend(f"vllm:{folder}", EngineOptions(**options))
+    hf = open_backend(f"hf:{folder}", RunOptions(device="cuda", **options))
+    vl = open_backend(f"vllm:{folder}", RunOptions(**options))
     # Different kernels in float16: compare loosely (a near-tie may flip one argmax).
     same = sum(a == b for a, b in zip(vl.generate(ids, 8), hf.generate(ids, 8)))
     assert same >= 6
@@ -141,7 +141,7 @@ def _full(model, ids):
 
 def test_requests_read_vllm_outputs_like_the_model_forward(fake_vllm):
     folder, model = fake_vllm
-    backend = open_backend(f"vllm:{folder}", EngineOptions(tokenizer=None))
+    backend = open_backend(f"vllm:{folder}", RunOptions(tokenizer=None))
     prompt, target = [5 + i for i in range(12)], [7, 8, 9]
     logits = _full(model, [1] + prompt + target)  # one BOS in front, as hf: does
     rows = logits[len(prompt) : len(prompt) + 3]
@@ -164,7 +164,7 @@ def test_requests_read_vllm_outputs_like_the_model_forward(fake_vllm):
 
 def test_engine_grows_past_the_configured_maximum_with_a_warning(fake_vllm, capsys):
     folder, _ = fake_vllm
-    backend = open_backend(f"vllm:{folder}", EngineOptions())
+    backend = open_backend(f"vllm:{folder}", RunOptions())
     backend.generate([5, 6, 7], 2)
     assert FakeLLM.instances[-1].kwargs["max_model_len"] == 32 and "hf_overrides" not in FakeLLM.instances[-1].kwargs
     long = [3 + i % 60 for i in range(40)]
@@ -172,16 +172,17 @@ def test_engine_grows_past_the_configured_maximum_with_a_warning(fake_vllm, caps
     err = capsys.readouterr().err
     assert "41 tokens exceed" in err and "restarting vLLM" in err
     assert FakeLLM.instances[-1].kwargs["hf_overrides"] == {"max_position_embeddings": 42}  # + the one token vLLM samples
-    refuse = open_backend(f"vllm:{folder}", EngineOptions(beyond_max="refuse"))
+    refuse = open_backend(f"vllm:{folder}", RunOptions(beyond_max="refuse"))
     with pytest.raises(BamctlError, match="exceed"):
         refuse.token_nll(long)
 
 
 def test_tensor_parallel_and_reserve_size_the_engine_once(fake_vllm):
-    from bamctl.external.vllm import VLLMBackend
+    from bamctl.backends.base import VLLMOptions
+    from bamctl.backends.vllm import VLLMBackend
 
     folder, _ = fake_vllm
-    backend = VLLMBackend(str(folder), EngineOptions(), tensor_parallel=2)
+    backend = VLLMBackend(str(folder), VLLMOptions(tensor_parallel=2))
     backend.reserve(64)
     backend.generate([5, 6], 1)
     backend.token_nll([3 + i % 60 for i in range(50)])

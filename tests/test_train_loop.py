@@ -130,7 +130,7 @@ def test_cli_train_writes_a_loadable_checkpoint_with_recipe_and_provenance(tmp_p
     assert prov["steps"] == 3 and prov["finished"] and len(prov["first_losses"]) == 3
     assert prov["torch_version"] == torch.__version__ and prov["wall_time_s"] > 0
     sample = next(generate_samples("passkey", [120], 1, 0, get_tokenizer("gpt2")))
-    assert len(StreamingEngine(checkpoint.model, device="cpu").score_continuation(sample.input_ids, sample.target_ids).predicted_ids) == 5
+    assert len(StreamingEngine(checkpoint.model, device="cpu").score_continuation(sample.input_ids, sample.target_ids)[0]) == 5
 
 
 def test_paper_recipe_smoke_runs_on_a_tiny_override_with_a_text_folder(tmp_path):

@@ -23,10 +23,10 @@ def test_engine_with_subset_equals_dense_forward_on_mapped_ids():
     engine = StreamingEngine(model, device="cpu", dtype="float32", chunk_size=4)
     prompt = tokenizer.encode("The grass is green. The sky is blue. The grass")
     target = tokenizer.encode(" is green")
-    score = engine.score_continuation(prompt, target)
+    predicted, _ = engine.score_continuation(prompt, target)
     mapped = engine.subset.to_model(torch.tensor(prompt + target))
     logits = model(mapped[None])[0, len(prompt) - 1 : -1]
-    assert score.predicted_ids == engine.subset.to_tokenizer(logits.argmax(-1)).tolist()
-    assert all(i in known for i in score.predicted_ids if i != -1)
+    assert predicted == engine.subset.to_tokenizer(logits.argmax(-1)).tolist()
+    assert all(i in known for i in predicted if i != -1)
     generated = engine.generate(prompt, max_new_tokens=3)
     assert all(i in known or i == -1 for i in generated)

@@ -37,15 +37,13 @@ def _seeds(text: str) -> list[int]:
 
 
 def _engine_options(device, dtype, chunk_size, attention, tokenizer, beyond_max, chat_template, tensor_parallel):
-    from bamctl.backends import EngineOptions
+    from bamctl.backends import RunOptions
 
-    if beyond_max not in ("warn", "refuse"):
-        raise BamctlError(f"--beyond-max must be warn or refuse, not {beyond_max!r}")
-    if tensor_parallel < 1:
-        raise BamctlError(f"--tensor-parallel must be at least 1, not {tensor_parallel}")
-    return EngineOptions(
-        device=device, dtype=dtype, chunk_size=chunk_size, attention=attention, tokenizer=tokenizer,
-        beyond_max=beyond_max, chat_template=chat_template, tensor_parallel=tensor_parallel,
+    return RunOptions(
+        device=None if device == "auto" else device, dtype=None if dtype == "auto" else dtype,
+        chunk_size=None if chunk_size == 2048 else chunk_size, attention=None if attention == "auto" else attention,
+        tokenizer=tokenizer, beyond_max=None if beyond_max == "warn" else beyond_max, chat_template=chat_template,
+        tensor_parallel=None if tensor_parallel == 1 else tensor_parallel,
     )
 
 

@@ -12,7 +12,6 @@ Three request kinds cover every task:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -23,11 +22,11 @@ from bamctl.engine.flex import flex_attention_kernel, flex_available, require_fl
 from bamctl.engine.fused import fused_attention, fused_available
 from bamctl.engine.native import native_attention, native_available
 from bamctl.engine.cache import KVCache
+from bamctl.devices import resolve_device, resolve_dtype
 from bamctl.errors import BamctlError
 from bamctl.model import ForwardState, Transformer
 from bamctl.vocab import VocabSubset
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 # Attention paths by name; every one computes the same logits (bamctl.engine.attention).
 ATTENTION_PATHS: dict[str, Callable] = {
     "dense": dense_attention,  # the reference: (Tq, Tk) logits
@@ -39,27 +38,6 @@ ATTENTION_PATHS: dict[str, Callable] = {
 ATTENTION_CHOICES = ("auto", *ATTENTION_PATHS)
 CACHE_ROUND = 128  # KV cache capacity is a multiple of FlexAttention's block
 LOGIT_ROWS = 256  # rows of the output head computed at once: 256 x 50k floats = 51 MB
-
-
-def resolve_device(name: str = "auto") -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise BamctlError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise BamctlError(f"device {name!r} asked for, but no CUDA GPU is available here")
-    return device
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    try:
-        return DTYPES[name]
-    except KeyError:
-        raise BamctlError(f"unknown dtype {name!r}; use auto, float32, bfloat16 or float16") from None
 
 
 def resolve_attention(name: str, device: torch.device) -> str:
@@ -81,12 +59,6 @@ def resolve_attention(name: str, device: torch.device) -> str:
 
 def kernel_for(name: str):
     return ATTENTION_PATHS[name]
-
-
-@dataclass(frozen=True)
-class ContinuationScore:
-    predicted_ids: list[int]  # argmax at each target position
-    logprobs: list[float]  # log p(target_t | prefix)
 
 
 class StreamingEngine:
@@ -172,16 +144,16 @@ class StreamingEngine:
         return self._logits(torch.stack([rows[p] for p in positions]))
 
     @torch.inference_mode()
-    def score_continuation(self, prompt_ids: Sequence[int], target_ids: Sequence[int]) -> ContinuationScore:
-        """Teacher forcing: one pass over prompt + target, scored at the target positions."""
+    def score_continuation(self, prompt_ids: Sequence[int], target_ids: Sequence[int]) -> tuple[list[int], list[float]]:
+        """Teacher forcing: one pass over prompt + target, scored at the target positions.
+
+        Returns the argmax token at each target position and the log-probability of each target.
+        """
         ids = list(prompt_ids) + list(target_ids)
         positions = range(len(prompt_ids) - 1, len(ids) - 1)
         logprobs = torch.log_softmax(self.logits_at(ids, positions), dim=-1)
         target = self._model_ids(target_ids)
-        return ContinuationScore(
-            predicted_ids=self._tokenizer_ids(logprobs.argmax(-1)).tolist(),
-            logprobs=logprobs.gather(1, target[:, None])[:, 0].tolist(),
-        )
+        return self._tokenizer_ids(logprobs.argmax(-1)).tolist(), logprobs.gather(1, target[:, None])[:, 0].tolist()
 
     @torch.inference_mode()
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int] = ()) -> list[int]:

@@ -29,6 +29,15 @@ def git_revision() -> str | None:
 
 def provenance() -> dict[str, str | None]:
     """`bamctl_version`, `git_revision` and `torch_version`, ready to merge into every row of a run."""
-    import torch  # the runner has it loaded already; readers of results never call this
+    return {"bamctl_version": __version__, "git_revision": git_revision(), "torch_version": torch_version()}
 
-    return {"bamctl_version": __version__, "git_revision": git_revision(), "torch_version": torch.__version__}
+
+@functools.cache
+def torch_version() -> str:
+    """torch's version as its installed metadata gives it, without importing torch."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return "unknown"

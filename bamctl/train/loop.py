@@ -145,7 +145,7 @@ class Setup:
 
 def prepare(recipe: Recipe, *, device: str = "cpu", data_dir: Path | None = None) -> Setup:
     """Data, token subset and the seeded initial model for ``recipe``."""
-    from bamctl.engine.stream import resolve_device
+    from bamctl.devices import resolve_device
     from bamctl.tokenizer import get_tokenizer
 
     resolved = resolve_device(device)

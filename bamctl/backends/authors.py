@@ -42,7 +42,8 @@ from pathlib import Path
 
 import torch
 
-from bamctl.backends import EngineBackend
+from bamctl.backends.base import AuthorsOptions
+from bamctl.backends.native import EngineBackend
 from bamctl.checkpoint import file_sha256
 from bamctl.errors import BamctlError, did_you_mean
 from bamctl.model import ModelConfig, Transformer
@@ -75,8 +76,9 @@ PRIOR_NAMES = ("theta_alpha", "theta_beta", "theta_mu")
 
 
 def is_authors_checkpoint(path: str | Path) -> bool:
-    path = Path(path).expanduser()
-    return (path / WEIGHTS_FILE).is_file() and (path / ARGS_FILE).is_file()
+    from bamctl.backends import is_authors_folder
+
+    return is_authors_folder(str(path))
 
 
 def read_args(path: Path) -> tuple[dict, dict]:
@@ -237,7 +239,7 @@ def load_authors_checkpoint(path: str | Path) -> AuthorsCheckpoint:
 
 
 def _find_tokenizer(path: Path, spec: str | None):
-    from bamctl.external.hf_tokenizer import resolve_tokenizer
+    from bamctl.backends.hf_tokenizer import resolve_tokenizer
 
     if spec:
         return resolve_tokenizer(spec)
@@ -255,12 +257,10 @@ class AuthorsBackend(EngineBackend):
     their own code recomputes for longer inputs).
     """
 
-    def __init__(self, reference: str, options):
+    def __init__(self, reference: str, options: AuthorsOptions):
         path = Path(reference).expanduser()
         if not is_authors_checkpoint(path):
             raise BamctlError(f"{reference} is not an authors' BAM checkpoint (needs {WEIGHTS_FILE} and {ARGS_FILE})")
-        if options.chat_template:
-            raise BamctlError("the authors' BAM models are base models without a chat template; drop --chat-template")
         self.tokenizer = _find_tokenizer(path, options.tokenizer)
         checkpoint = load_authors_checkpoint(path)
         config = checkpoint.model.config

@@ -22,155 +22,35 @@ Nothing is downloaded: loading is ``local_files_only``.
 
 from __future__ import annotations
 
-import hashlib
 import inspect
-import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
+from bamctl.backends.base import ContinuationScore, HFOptions, ModelInfo
+from bamctl.backends.hf_common import (
+    LengthPolicy,
+    RequestShaper,
+    import_transformers,
+    locate,
+    max_positions,
+    model_fingerprint,
+    positional_encoding,
+    trained_length,
+)
+from bamctl.devices import resolve_device, resolve_dtype
 from bamctl.errors import BamctlError
-
-INSTALL_HINT = "pip install 'bamctl[hf]'"
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
-FULL_HASH_LIMIT = 4 << 30  # above this many bytes of weights, hash a sample (see model_fingerprint)
-SAMPLE_BYTES = 16 << 20
-BEYOND_MAX = ("warn", "refuse")
-
-
-def import_transformers():
-    try:
-        import transformers
-    except ImportError:
-        raise BamctlError(f"hf: models need transformers: {INSTALL_HINT}") from None
-    return transformers
-
-
-def locate(path: Path) -> tuple[Path, str | None]:
-    """(folder for from_pretrained, gguf file name or None)."""
-    if not path.exists():
-        raise BamctlError(f"hf: model path {path} does not exist")
-    if path.is_file():
-        if path.suffix != ".gguf":
-            raise BamctlError(f"hf: {path} is a file; give a model folder (config.json) or a .gguf file")
-        return path.parent, path.name
-    if (path / "config.json").is_file():
-        return path, None
-    ggufs = sorted(path.glob("*.gguf"))
-    if len(ggufs) == 1:
-        return path, ggufs[0].name
-    what = f"{len(ggufs)} .gguf files; name one" if ggufs else "no config.json and no .gguf file"
-    raise BamctlError(f"hf: {path} is not a Hugging Face model folder ({what})")
-
-
-def model_fingerprint(folder: Path, gguf_file: str | None) -> str:
-    """SHA-256 over config and weights; past FULL_HASH_LIMIT bytes, over each weight
-    file's name, size, head and tail (hashing 100+ GB per run would cost minutes)."""
-    files = [folder / gguf_file] if gguf_file else sorted(p for p in folder.iterdir() if p.suffix in WEIGHT_SUFFIXES)
-    digest = hashlib.sha256()
-    config = folder / "config.json"
-    if config.is_file():
-        digest.update(config.read_bytes())
-    sample = sum(p.stat().st_size for p in files) > FULL_HASH_LIMIT
-    for file in files:
-        size = file.stat().st_size
-        digest.update(f"{file.name}:{size}".encode())
-        with open(file, "rb") as handle:
-            if not sample:
-                for block in iter(lambda: handle.read(1 << 20), b""):
-                    digest.update(block)
-            else:
-                digest.update(handle.read(SAMPLE_BYTES))
-                handle.seek(max(size - SAMPLE_BYTES, 0))
-                digest.update(handle.read(SAMPLE_BYTES))
-    return digest.hexdigest()
-
-
-def max_positions(config) -> int | None:
-    """The configured maximum context, under the names configs use for it."""
-    text = getattr(config, "get_text_config", lambda: config)()
-    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx"):
-        value = getattr(text, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
-
-
-def trained_length(config, fallback: int | None) -> int:
-    """Original context of a RoPE-scaled model, else its configured maximum."""
-    text = getattr(config, "get_text_config", lambda: config)()
-    for scaling in (getattr(text, "rope_scaling", None), getattr(text, "rope_parameters", None)):
-        if isinstance(scaling, dict) and scaling.get("original_max_position_embeddings"):
-            return int(scaling["original_max_position_embeddings"])
-    return int(fallback or 0)
-
-
-def positional_encoding(config) -> str:
-    text = getattr(config, "get_text_config", lambda: config)()
-    if getattr(text, "alibi", False) or text.model_type in ("bloom", "mpt"):
-        return "alibi"
-    if any(hasattr(text, name) for name in ("rope_theta", "rope_parameters", "rotary_dim", "rotary_emb_base")):
-        return "rope"
-    if text.model_type in ("gpt2", "opt", "gpt_neo", "gptj", "bert"):
-        return "learned"
-    return text.model_type
-
-
-class LengthPolicy:
-    """``--beyond-max``: warn once and run, or refuse, past the configured maximum."""
-
-    def __init__(self, model_name: str, limit: int | None, policy: str):
-        if policy not in BEYOND_MAX:
-            raise BamctlError(f"--beyond-max must be one of {', '.join(BEYOND_MAX)}, not {policy!r}")
-        self.model_name, self.limit, self.policy = model_name, limit, policy
-        self.warned = False
-
-    def check(self, n_tokens: int) -> None:
-        if self.limit is None or n_tokens <= self.limit:
-            return
-        if self.policy == "refuse":
-            raise BamctlError(
-                f"{n_tokens} tokens exceed {self.model_name}'s configured maximum of {self.limit} positions "
-                "(--beyond-max refuse); use --beyond-max warn to run past it"
-            )
-        if not self.warned:
-            self.warned = True
-            print(
-                f"warning: {self.model_name}: {n_tokens} tokens exceed its configured maximum of {self.limit} "
-                "positions; running beyond it (--beyond-max refuse to stop)",
-                file=sys.stderr,
-            )
-
-
-class RequestShaper:
-    """What goes in front of a request: one BOS (base mode) or the chat template."""
-
-    def __init__(self, tokenizer, chat_template: bool):
-        self.tokenizer = tokenizer
-        self.chat = chat_template
-        if chat_template and not getattr(tokenizer, "has_chat_template", False):
-            raise BamctlError(f"tokenizer {tokenizer.name} has no chat template; drop --chat-template")
-        self.prefix = list(getattr(tokenizer, "leading_special_ids", []))
-
-    def prompt(self, prompt_ids: Sequence[int]) -> list[int]:
-        if self.chat:
-            return self.tokenizer.chat_ids(prompt_ids)
-        return self.prefix + list(prompt_ids)
 
 
 class HFBackend:
-    def __init__(self, reference: str, options):
-        from bamctl.backends import ModelInfo
-        from bamctl.engine.stream import resolve_device, resolve_dtype
-        from bamctl.external.hf_tokenizer import load_hf_tokenizer, resolve_tokenizer
+    def __init__(self, reference: str, options: HFOptions):
+        from bamctl.backends.hf_tokenizer import load_hf_tokenizer, resolve_tokenizer
 
         import_transformers()
         from transformers import AutoModelForCausalLM
 
-        if options.chunk_size < 1:
-            raise BamctlError(f"--chunk-size must be a positive number of tokens, not {options.chunk_size}")
         folder, gguf_file = locate(Path(reference).expanduser())
         device = resolve_device(options.device)
         dtype = resolve_dtype(options.dtype, device)
@@ -269,8 +149,6 @@ class HFBackend:
     # -- request kinds --------------------------------------------------------------------
     @torch.inference_mode()
     def score_continuation(self, prompt_ids: Sequence[int], target_ids: Sequence[int]):
-        from bamctl.engine.stream import ContinuationScore
-
         prompt = self.shaper.prompt(prompt_ids)
         ids = prompt + list(target_ids)
         self.lengths.check(len(ids))

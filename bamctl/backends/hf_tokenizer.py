@@ -135,16 +135,16 @@ def load_hf_tokenizer(path: str | Path, gguf_file: str | None = None) -> HFToken
 def resolve_tokenizer(spec: str):
     """A registered tokenizer name (``gpt2``) or a local Hugging Face tokenizer path.
 
-    A path is registered in ``bamctl.tokenizer.TOKENIZERS`` under its own text, so
-    ``get_tokenizer(path)`` answers the same instance afterwards.
+    A path is read afresh on every call, never remembered under its name: files edited
+    or replaced at that path between two runs in one process give the new tokenizer.
     """
     from bamctl.tokenizer import TOKENIZERS, get_tokenizer
 
-    if spec not in TOKENIZERS:
-        if not Path(spec).expanduser().exists():
-            if "/" in spec or "\\" in spec or spec.startswith(("~", ".")):
-                raise BamctlError(f"tokenizer path {spec} does not exist")
-            known = ", ".join(TOKENIZERS)
-            raise BamctlError(f"tokenizer {spec!r} is neither a known name ({known}) nor an existing path")
-        TOKENIZERS[spec] = lambda: load_hf_tokenizer(spec)
-    return get_tokenizer(spec)
+    if spec in TOKENIZERS:
+        return get_tokenizer(spec)
+    if not Path(spec).expanduser().exists():
+        if "/" in spec or "\\" in spec or spec.startswith(("~", ".")):
+            raise BamctlError(f"tokenizer path {spec} does not exist")
+        known = ", ".join(TOKENIZERS)
+        raise BamctlError(f"tokenizer {spec!r} is neither a known name ({known}) nor an existing path")
+    return load_hf_tokenizer(spec)

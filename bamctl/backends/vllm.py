@@ -1,14 +1,13 @@
 """``vllm:PATH``: the ``hf:`` interface through vLLM, for GPUs and models larger than one.
 
 Same model folders, tokenizer, base/chat modes, BOS rule and ``--beyond-max`` policy as
-``bamctl.external.hf`` (shared code). Differences:
+``bamctl.backends.hf`` (``bamctl.backends.hf_common``). Differences:
 
 - greedy decoding is ``SamplingParams(temperature=0)``; teacher-forced scoring and
   perplexity read vLLM's ``prompt_logprobs`` (the rank-1 token is the argmax);
 - prefix caching is on, so prompts sharing a long prefix (passkey and RULER depths over
   one haystack) reuse its KV blocks;
-- ``tensor_parallel`` (``EngineOptions.tensor_parallel`` when present, else 1) shards the
-  model over that many GPUs;
+- ``tensor_parallel`` (``VLLMOptions.tensor_parallel``) shards the model over that many GPUs;
 - vLLM fixes its maximum length when the engine starts: the engine is started at the
   first request, sized for the model's configured maximum or that request if longer,
   and restarted (with a warning) when a later request needs more. Call ``reserve(n)``
@@ -22,16 +21,43 @@ from __future__ import annotations
 
 import gc
 import os
+from contextlib import contextmanager
 import sys
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
+from bamctl.backends.base import ContinuationScore, ModelInfo, VLLMOptions
+from bamctl.backends.hf_common import (
+    LengthPolicy,
+    RequestShaper,
+    locate,
+    max_positions,
+    model_fingerprint,
+    positional_encoding,
+    trained_length,
+)
 from bamctl.errors import BamctlError
 
 INSTALL_HINT = "vLLM is not installed: pip install 'bamctl[vllm]' on a GPU machine"
 DTYPES = {"auto": "auto", "float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16"}
+
+
+@contextmanager
+def _environment(**values: str | None):
+    """Set environment variables (None: leave alone) for the block, then restore them."""
+    saved = {name: os.environ.get(name) for name, value in values.items() if value is not None}
+    for name in saved:
+        os.environ[name] = values[name]
+    try:
+        yield
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
 
 
 def import_vllm():
@@ -43,12 +69,8 @@ def import_vllm():
 
 
 class VLLMBackend:
-    def __init__(self, reference: str, options, *, tensor_parallel: int | None = None):
-        from bamctl.backends import ModelInfo
-        from bamctl.external.hf import (
-            LengthPolicy, RequestShaper, locate, max_positions, model_fingerprint, positional_encoding, trained_length,
-        )
-        from bamctl.external.hf_tokenizer import load_hf_tokenizer, resolve_tokenizer
+    def __init__(self, reference: str, options: VLLMOptions):
+        from bamctl.backends.hf_tokenizer import load_hf_tokenizer, resolve_tokenizer
 
         self.vllm = import_vllm()
         from transformers import AutoConfig
@@ -67,9 +89,7 @@ class VLLMBackend:
         self.limit = max_positions(config)
         self.lengths = LengthPolicy(name, self.limit, options.beyond_max)
         self.shaper = RequestShaper(self.tokenizer, options.chat_template)
-        self.tensor_parallel = int(tensor_parallel or getattr(options, "tensor_parallel", 1) or 1)
-        if self.tensor_parallel < 1:
-            raise BamctlError(f"--tensor-parallel must be at least 1, not {self.tensor_parallel}")
+        self.tensor_parallel = options.tensor_parallel
         self.vllm_dtype = DTYPES[options.dtype]
         generation_eos = getattr(config, "eos_token_id", None)
         self.stop_ids = {i for i in ([generation_eos] if isinstance(generation_eos, int) else list(generation_eos or []))}
@@ -114,12 +134,13 @@ class VLLMBackend:
             dtype=self.vllm_dtype,
             seed=0,
         )
-        if self.limit is not None and capacity > self.limit:
-            # Past the configured maximum (the policy already warned or refused): let vLLM
-            # accept the length and size the model's position tables for it.
-            os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
+        beyond = self.limit is not None and capacity > self.limit
+        if beyond:
+            # Past the configured maximum (the policy already warned or refused): size the
+            # model's position tables for the length; the variable below lets vLLM accept it.
             kwargs["hf_overrides"] = {"max_position_embeddings": capacity}
-        self._llm = self.vllm.LLM(**kwargs)
+        with _environment(VLLM_ALLOW_LONG_MAX_MODEL_LEN="1" if beyond else None):
+            self._llm = self.vllm.LLM(**kwargs)
         self._capacity = capacity
         return self._llm
 
@@ -131,8 +152,6 @@ class VLLMBackend:
 
     # -- request kinds --------------------------------------------------------------------
     def score_continuation(self, prompt_ids: Sequence[int], target_ids: Sequence[int]):
-        from bamctl.engine.stream import ContinuationScore
-
         prompt = self.shaper.prompt(prompt_ids)
         ids = prompt + list(target_ids)
         self.lengths.check(len(ids))

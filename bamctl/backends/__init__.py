@@ -1,0 +1,75 @@
+"""Back-ends: what answers a task's requests (``base.Backend``), found by a model reference.
+
+A catalog name or checkpoint directory is served by bamctl's streaming engine
+(``native``); ``PREFIX:PATH`` references go to the back-end registered under PREFIX;
+a bare path to the BAM authors' ``model.pt`` + ``args.json`` goes to ``authors``.
+Each back-end module is imported only when a reference asks for it, so heavy
+dependencies (transformers, vLLM) stay unloaded otherwise.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from bamctl.backends.base import (
+    AuthorsOptions,
+    Backend,
+    ContinuationScore,
+    EngineOptions,
+    HFOptions,
+    ModelInfo,
+    RunOptions,
+    VLLMOptions,
+    options_for,
+)
+from bamctl.errors import BamctlError, did_you_mean
+
+__all__ = ["Backend", "ContinuationScore", "ModelInfo", "RunOptions", "BACKENDS", "PREFIXES", "open_backend"]
+
+
+@dataclass(frozen=True)
+class BackendEntry:
+    """Where a back-end lives and what it takes; ``module:Class`` is imported on use."""
+
+    target: str  # "bamctl.backends.hf:HFBackend"
+    options: type  # its option type (bamctl.backends.base)
+    what: str  # how errors name it: "hf: models"
+
+    def open(self, reference: str, run: RunOptions) -> Backend:
+        options = options_for(self.options, run, self.what)
+        module, _, name = self.target.partition(":")
+        return getattr(importlib.import_module(module), name)(reference, options)
+
+
+BACKENDS: dict[str, BackendEntry] = {
+    "native": BackendEntry("bamctl.backends.native:NativeBackend", EngineOptions, "bamctl's own models"),
+    "bam": BackendEntry("bamctl.backends.authors:AuthorsBackend", AuthorsOptions, "the BAM authors' checkpoints (bam:)"),
+    "hf": BackendEntry("bamctl.backends.hf:HFBackend", HFOptions, "hf: models"),
+    "vllm": BackendEntry("bamctl.backends.vllm:VLLMBackend", VLLMOptions, "vllm: models"),
+}
+# Prefixes a reference may carry: PREFIX:PATH.
+PREFIXES = ("bam", "hf", "vllm")
+
+
+def backend_for(reference: str) -> tuple[BackendEntry, str]:
+    """The back-end a model reference names, and the rest of the reference (its path or name)."""
+    prefix, sep, rest = reference.partition(":")
+    if sep and len(prefix) > 1 and "/" not in prefix:  # not a Windows drive, not a path
+        if prefix not in PREFIXES:
+            raise BamctlError(f"unknown back-end prefix {prefix!r} in {reference!r}{did_you_mean(prefix, PREFIXES)}")
+        return BACKENDS[prefix], rest
+    if is_authors_folder(reference):  # a bare path to the authors' model.pt + args.json
+        return BACKENDS["bam"], reference
+    return BACKENDS["native"], reference
+
+
+def is_authors_folder(path: str) -> bool:
+    folder = Path(path).expanduser()
+    return (folder / "model.pt").is_file() and (folder / "args.json").is_file()
+
+
+def open_backend(reference: str, options: RunOptions = RunOptions()) -> Backend:
+    entry, rest = backend_for(reference)
+    return entry.open(rest, options)

@@ -1,0 +1,155 @@
+"""What every back-end is and answers; the leaf of ``bamctl.backends``.
+
+A back-end answers three request kinds, and tasks never see more of a model than that:
+
+- ``score_continuation(prompt_ids, target_ids)``: teacher-forced argmax and log-probs;
+- ``generate(prompt_ids, max_new_tokens)``: greedy continuation;
+- ``token_nll(ids, score_from)``: per-token negative log-likelihood.
+
+Options: the command line gathers what the user asked for in one :class:`RunOptions`
+(``None``: not asked). Each back-end has its own option type holding only what it can
+honour; building it from a ``RunOptions`` refuses any other option by name, so nothing
+the user asked for is ever silently ignored.
+
+This module imports nothing of bamctl's but errors: every back-end may import it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Protocol, Sequence, TypeVar
+
+from bamctl.errors import BamctlError
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """How a model is described in every result row."""
+
+    name: str
+    model_hash: str
+    pe: str
+    ssmax: bool
+    train_length: int
+
+
+@dataclass(frozen=True)
+class ContinuationScore:
+    """The answer to ``score_continuation``: one entry per target token."""
+
+    predicted_ids: list[int]  # argmax at each target position
+    logprobs: list[float]  # log p(target_t | prefix)
+
+
+class Backend(Protocol):
+    info: ModelInfo
+    tokenizer: Any  # bamctl.tokenizer.Tokenizer
+    device: str
+    dtype: str
+    attention: str
+
+    def score_continuation(self, prompt_ids: Sequence[int], target_ids: Sequence[int]) -> ContinuationScore: ...
+
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]: ...
+
+    def token_nll(self, ids: Sequence[int], score_from: int = 1): ...  # torch.Tensor (n,), float32, CPU
+
+
+# -- options ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Everything a user may ask of a back-end; ``None`` (or False) means "not asked"."""
+
+    device: str | None = None  # auto, cpu, cuda, cuda:N
+    dtype: str | None = None  # auto, float32, bfloat16, float16
+    chunk_size: int | None = None  # tokens per prefill chunk
+    attention: str | None = None  # bamctl's attention path (its own engine only)
+    tokenizer: str | None = None  # a tokenizer name or local path replacing the model's own
+    beyond_max: str | None = None  # past a model's configured max positions: warn or refuse
+    chat_template: bool = False  # wrap prompts in the model's chat template
+    tensor_parallel: int | None = None  # vLLM: GPUs one model is split over
+
+    def asked(self) -> dict[str, Any]:
+        """The options the user set, by field name."""
+        return {key: value for key, value in asdict(self).items() if value is not None and value is not False}
+
+
+def option_flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+Options = TypeVar("Options")
+
+
+def options_for(kind: type[Options], run: RunOptions, who: str) -> Options:
+    """``run`` as ``kind``: refuses, naming it, any option the back-end ``who`` cannot honour."""
+    known = {f.name for f in fields(kind)}
+    asked = run.asked()
+    for name in asked:
+        if name not in known:
+            raise BamctlError(f"{option_flag(name)} does not apply to {who}")
+    return kind(**{name: value for name, value in asked.items() if name in known})
+
+
+def positive(value: int, name: str) -> int:
+    if value < 1:
+        raise BamctlError(f"{option_flag(name)} must be a positive number, not {value}")
+    return value
+
+
+BEYOND_MAX = ("warn", "refuse")
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """bamctl's own streaming engine: catalog models and checkpoint directories."""
+
+    device: str = "auto"
+    dtype: str = "auto"
+    chunk_size: int = 2048
+    attention: str = "auto"
+
+    def __post_init__(self):
+        positive(self.chunk_size, "chunk_size")
+
+
+@dataclass(frozen=True)
+class AuthorsOptions(EngineOptions):
+    """The BAM authors' checkpoints: our engine, with their tokenizer from a path."""
+
+    tokenizer: str | None = None
+
+
+@dataclass(frozen=True)
+class HFOptions:
+    """A local Hugging Face causal LM run by transformers; its attention is its own."""
+
+    device: str = "auto"
+    dtype: str = "auto"
+    chunk_size: int = 2048
+    tokenizer: str | None = None
+    beyond_max: str = "warn"
+    chat_template: bool = False
+
+    def __post_init__(self):
+        positive(self.chunk_size, "chunk_size")
+        if self.beyond_max not in BEYOND_MAX:
+            raise BamctlError(f"--beyond-max must be one of {', '.join(BEYOND_MAX)}, not {self.beyond_max!r}")
+
+
+@dataclass(frozen=True)
+class VLLMOptions:
+    """A Hugging Face model served by vLLM on GPUs: vLLM picks device, chunking and kernels."""
+
+    dtype: str = "auto"
+    tokenizer: str | None = None
+    beyond_max: str = "warn"
+    chat_template: bool = False
+    tensor_parallel: int = 1
+
+    def __post_init__(self):
+        positive(self.tensor_parallel, "tensor_parallel")
+        if self.beyond_max not in BEYOND_MAX:
+            raise BamctlError(f"--beyond-max must be one of {', '.join(BEYOND_MAX)}, not {self.beyond_max!r}")

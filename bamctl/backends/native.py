@@ -1,0 +1,64 @@
+"""bamctl's own models, run by its streaming engine: catalog names and checkpoint directories."""
+
+from __future__ import annotations
+
+from bamctl.backends.base import ContinuationScore, EngineOptions, ModelInfo
+from bamctl.tokenizer import Tokenizer
+
+
+class EngineBackend:
+    """A ``bamctl.model.Transformer`` run by the streaming engine, with a tokenizer.
+
+    ``checkpoint`` is anything with ``.model`` and ``.model_hash`` (a bamctl checkpoint,
+    an authors' checkpoint mapped onto our model).
+    """
+
+    def __init__(self, checkpoint, tokenizer: Tokenizer, name: str, options: EngineOptions):
+        from bamctl.engine.stream import StreamingEngine
+
+        config = checkpoint.model.config
+        self.checkpoint = checkpoint
+        self.tokenizer = tokenizer
+        self.engine = StreamingEngine(
+            checkpoint.model,
+            device=options.device,
+            dtype=options.dtype,
+            chunk_size=options.chunk_size,
+            attention=options.attention,
+        )
+        self.info = ModelInfo(
+            name=name,
+            model_hash=checkpoint.model_hash,
+            pe=config.pe,
+            ssmax=config.ssmax,
+            train_length=config.train_length,
+        )
+        self.device = str(self.engine.device)
+        self.dtype = str(self.engine.dtype).removeprefix("torch.")
+        self.attention = self.engine.attention
+
+    def score_continuation(self, prompt_ids, target_ids) -> ContinuationScore:
+        predicted, logprobs = self.engine.score_continuation(prompt_ids, target_ids)
+        return ContinuationScore(predicted_ids=predicted, logprobs=logprobs)
+
+    def generate(self, prompt_ids, max_new_tokens):
+        eos = () if self.tokenizer.eos_id is None else (self.tokenizer.eos_id,)
+        return self.engine.generate(prompt_ids, max_new_tokens, stop_ids=eos)
+
+    def token_nll(self, ids, score_from=1):
+        return self.engine.token_nll(ids, score_from)
+
+    def check_fits(self, n_tokens: int) -> None:
+        self.engine.check_fits(n_tokens)
+
+
+class NativeBackend(EngineBackend):
+    """A bamctl checkpoint (catalog name or directory), with the tokenizer it names."""
+
+    def __init__(self, reference: str, options: EngineOptions):
+        from bamctl.catalog import resolve_model
+        from bamctl.tokenizer import get_tokenizer
+
+        checkpoint = resolve_model(reference)
+        tokenizer = get_tokenizer(checkpoint.model.config.tokenizer)
+        super().__init__(checkpoint, tokenizer, reference.rstrip("/").split("/")[-1], options)
