@@ -137,24 +137,33 @@ class FeedForward(nn.Module):
 
 @dataclass
 class ForwardState:
-    """Per-call state shared by all layers: where this chunk sits, which kernel, the cache.
+    """What persists across the chunks of one long input: the kernel, the KV cache, bias tables.
 
-    Bias tables are computed once per call and layer (``bias_table``), so a long prefill
-    split in many chunks pays for them once when the caller reuses the state.
+    Positions are not part of it: every call of ``Transformer.hidden`` says where its
+    chunk starts. Bias tables are built once per layer and grown only when a chunk
+    reaches a distance they do not cover, so a long prefill pays for them once.
     """
 
-    start_pos: int = 0  # absolute position of the chunk's first token
     kernel: object = dense_attention  # a bamctl.engine.attention kernel
     cache: object | None = None  # bamctl.engine.cache.KVCache, or None: keys = this chunk's
-    max_distance: int = 0  # largest i - j the tables must cover
-    rotary: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin for this chunk
+    max_distance: int = 0  # tables cover at least distances 0..max_distance (size them once)
     _tables: dict = field(default_factory=dict)
 
-    def bias_table(self, layer_id: int, prior: nn.Module) -> torch.Tensor:
+    def bias_table(self, layer_id: int, prior: nn.Module, needed: int) -> torch.Tensor:
+        """(H, >= needed + 1) prior values b_h(d) for d = 0, 1, ..."""
         table = self._tables.get(layer_id)
-        if table is None or table.shape[1] <= self.max_distance:
+        if table is None or table.shape[1] <= needed:
+            self.max_distance = max(self.max_distance, needed)
             table = self._tables[layer_id] = prior.distance_table(self.max_distance)
         return table
+
+
+@dataclass(frozen=True)
+class ChunkPositions:
+    """Where one call's chunk sits: its first absolute position, and RoPE's angles for it."""
+
+    start: int
+    rotary: tuple[torch.Tensor, torch.Tensor] | None  # cos, sin: each (T, Dh/2)
 
 
 class Attention(nn.Module):
@@ -173,7 +182,7 @@ class Attention(nn.Module):
         self.ssmax_scale = nn.Parameter(torch.ones(cfg.n_heads)) if cfg.ssmax else None
         self.ssmax_scope = cfg.ssmax_scope
 
-    def forward(self, x: torch.Tensor, state: ForwardState, keep_from: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, where: ChunkPositions, state: ForwardState, keep_from: int = 0) -> torch.Tensor:
         """Outputs for rows ``keep_from:`` of the chunk; keys and values for all of its rows."""
         B, T, C = x.shape
         Q = T - keep_from  # queries asked for: a suffix of the chunk
@@ -181,17 +190,18 @@ class Attention(nn.Module):
         v = self.wv(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
         q = self.wq(x[:, keep_from:]).view(B, Q, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, Q, Dh)
         if self.rotary:
-            cos, sin = state.rotary
+            cos, sin = where.rotary
             q, k = apply_rotary(q, cos[keep_from:], sin[keep_from:]), apply_rotary(k, cos, sin)
         if state.cache is not None:
-            k, v = state.cache.store(self.layer_id, state.start_pos, k, v)  # (B, H, start+T, Dh)
-        elif state.start_pos:
+            k, v = state.cache.store(self.layer_id, where.start, k, v)  # (B, H, start+T, Dh)
+        elif where.start:
             raise ValueError("a chunk after position 0 needs a KV cache")
         if Q == 0:
             return x[:, T:]  # (B, 0, C): only this chunk's keys and values were wanted
+        last = where.start + T - 1  # the largest distance any query of this chunk sees
         inputs = AttentionInputs(
-            q_start=state.start_pos + keep_from,
-            bias_table=state.bias_table(self.layer_id, self.prior) if self.prior is not None else None,
+            q_start=where.start + keep_from,
+            bias_table=state.bias_table(self.layer_id, self.prior, last) if self.prior is not None else None,
             ssmax_scale=self.ssmax_scale,
             ssmax_scope=self.ssmax_scope,
         )
@@ -207,8 +217,8 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.feed_forward = FeedForward(cfg)
 
-    def forward(self, x: torch.Tensor, state: ForwardState, keep_from: int = 0) -> torch.Tensor:
-        h = x[:, keep_from:] + self.attention(self.attention_norm(x), state, keep_from)
+    def forward(self, x: torch.Tensor, where: ChunkPositions, state: ForwardState, keep_from: int = 0) -> torch.Tensor:
+        h = x[:, keep_from:] + self.attention(self.attention_norm(x), where, state, keep_from)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -228,41 +238,35 @@ class Transformer(nn.Module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def new_state(self, start_pos: int = 0, n_tokens: int = 0, kernel=dense_attention, cache=None) -> ForwardState:
-        """State for a chunk of ``n_tokens`` at ``start_pos``; keys run from 0 to its end."""
-        state = ForwardState(kernel=kernel, cache=cache)
-        self.advance(state, start_pos, n_tokens)
-        return state
-
-    def advance(self, state: ForwardState, start_pos: int, n_tokens: int) -> ForwardState:
-        """Point ``state`` at the next chunk, keeping the bias tables it already holds."""
-        state.start_pos = start_pos
-        state.max_distance = max(state.max_distance, start_pos + n_tokens - 1)
+    def positions(self, start: int, n_tokens: int) -> ChunkPositions:
+        """The positions of a chunk of ``n_tokens`` starting at absolute position ``start``."""
+        rotary = None
         if self.config.pe == "rope":
-            positions = torch.arange(start_pos, start_pos + n_tokens, device=self.output.weight.device)
-            state.rotary = rotary_angles(positions, self.config.head_dim, self.config.rope_base)
-        return state
+            positions = torch.arange(start, start + n_tokens, device=self.output.weight.device)
+            rotary = rotary_angles(positions, self.config.head_dim, self.config.rope_base)
+        return ChunkPositions(start, rotary)
 
-    def hidden(self, tokens: torch.Tensor, state: ForwardState, keep_from: int = 0) -> torch.Tensor:
-        """Final-normed hidden states of a chunk's rows ``keep_from:``. tokens: (B, T) -> (B, T - keep_from, C).
+    def hidden(self, tokens: torch.Tensor, start: int, state: ForwardState, keep_from: int = 0) -> torch.Tensor:
+        """Final-normed hidden states of a chunk's rows ``keep_from:``. tokens: (B, T) at absolute
+        positions ``start .. start + T - 1`` -> (B, T - keep_from, C).
 
         Earlier layers need every row (later rows attend to them); the last layer only
         the rows asked for, plus every row's keys and values for the cache. Scoring a
         5-token answer after a long prompt thus skips most of the last layer.
         """
+        where = self.positions(start, tokens.shape[1])
         h = self.tok_embeddings(tokens)  # (B, T, C)
         if self.absolute_input:
-            positions = torch.arange(state.start_pos, state.start_pos + tokens.shape[1], device=tokens.device)
+            positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
             cfg = self.config
             h = h + sinusoidal_encoding(positions, cfg.dim, cfg.sinusoidal_base, cfg.sinusoidal_layout).to(h.dtype)
         for layer in self.layers[:-1]:
-            h = layer(h, state)
-        return self.norm(self.layers[-1](h, state, keep_from))
+            h = layer(h, where, state)
+        return self.norm(self.layers[-1](h, where, state, keep_from))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Dense full-sequence logits (B, T, V): the training path and the test reference."""
-        state = self.new_state(0, tokens.shape[1])
-        return self.output(self.hidden(tokens, state)).float()
+        return self.output(self.hidden(tokens, 0, ForwardState())).float()
 
     def n_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

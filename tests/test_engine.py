@@ -197,3 +197,28 @@ def test_scoring_a_suffix_skips_nothing_it_needs(pe, chunk_size):
     engine = StreamingEngine(model, device="cpu", dtype="float32", chunk_size=chunk_size)
     positions = [44, 30, 31, 40]
     assert torch.allclose(engine.logits_at(ids, positions), reference[positions], atol=1e-4)
+
+
+def test_each_engine_owns_its_kernel_state():
+    """No module-level state: two engines on the native or fused path keep their own counters
+    and buffers, and the result does not depend on what another engine ran before."""
+    from bamctl.engine.fused import FusedKernel
+    from bamctl.engine.native import NativeKernel, native_available
+
+    model = random_model("bam-ssmax", seed=5, bam_init="alibi")
+    with torch.no_grad():  # a steep prior: far key blocks are provably zero and skipped
+        for layer in model.layers:
+            layer.attention.prior.theta_alpha.fill_(1.0)
+    ids = tokens(3000, seed=5)
+    paths = ["fused"] + (["native"] if native_available()[0] else [])
+    for path in paths:
+        first = StreamingEngine(model, device="cpu", chunk_size=512, attention=path)
+        second = StreamingEngine(model, device="cpu", chunk_size=512, attention=path)
+        assert first.kernel is not second.kernel
+        a = first.logits_at(ids, [2999])
+        if isinstance(first.kernel, NativeKernel):
+            assert first.kernel.skipped_blocks > 0 and first.kernel.visited_blocks > first.kernel.skipped_blocks
+            assert second.kernel.skipped_blocks == second.kernel.visited_blocks == 0
+        if isinstance(first.kernel, FusedKernel):
+            assert first.kernel.scratch and not second.kernel.scratch  # SSMax over the logits materialises tiles
+        assert torch.equal(second.logits_at(ids, [2999]), a)

@@ -27,7 +27,6 @@ from bamctl.errors import BamctlError
 
 BLOCK = 128  # FlexAttention's default block size, for queries and keys
 MIN_QUERIES = BLOCK  # fewer queries than this: the blockwise kernel
-_FAILED_SHAPES: set = set()  # shapes the compiler failed on: straight to blockwise next time
 
 
 def flex_available() -> tuple[bool, str]:
@@ -51,7 +50,8 @@ def _compiled():
     from torch.nn.attention.flex_attention import flex_attention
 
     # One compilation per shape; past the cache limit dynamo would silently fall back
-    # to eager flex, which materialises the whole score matrix.
+    # to eager flex, which materialises the whole score matrix. These limits are dynamo's,
+    # process-wide: raising them here raises them for every compiled function in the process.
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
     torch._dynamo.config.accumulated_cache_size_limit = max(torch._dynamo.config.accumulated_cache_size_limit, 1024)
     return torch.compile(flex_attention, dynamic=False)
@@ -81,8 +81,15 @@ def _causal_block_mask(q_start: int, n_query_blocks: int, n_kv_blocks: int, devi
     )
 
 
-def flex_attention_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
-    """Drop-in for ``blockwise_attention``: q (B, H, Tq, Dh), k/v (B, H, Tk, Dh) views of a KV cache."""
+def flex_attention_kernel(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs, failed_shapes: set | None = None
+) -> torch.Tensor:
+    """Drop-in for ``blockwise_attention``: q (B, H, Tq, Dh), k/v (B, H, Tk, Dh) views of a KV cache.
+
+    ``failed_shapes``: shapes the compiler failed on, which go straight to the blockwise
+    kernel next time (see ``FlexKernel``); None remembers nothing.
+    """
+    failed_shapes = set() if failed_shapes is None else failed_shapes
     tq = q.shape[2]
     if tq < MIN_QUERIES or inputs.q_start % BLOCK:
         return blockwise_attention(q, k, v, inputs)
@@ -122,14 +129,14 @@ def flex_attention_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inp
     if scale is not None:
         scale = scale.to(torch.float32)
     shape = (tq_pad, kv_len, tuple(k.shape), table is None, scale is None, inputs.ssmax_scope)
-    if shape in _FAILED_SHAPES:
+    if shape in failed_shapes:
         return blockwise_attention(q, k, v, inputs)
     try:
         out = _compiled()(
             q_pad.to(compute), k_full.to(compute), v_full.to(compute), score_mod=score_mod, block_mask=block_mask
         )
     except Exception as err:  # a compiler failure for one shape must not lose a long run
-        _FAILED_SHAPES.add(shape)
+        failed_shapes.add(shape)
         _warn_once(f"FlexAttention failed to compile for {tq_pad} queries x {kv_len} keys "
                    f"({type(err).__name__}); using the blockwise path for this shape")
         return blockwise_attention(q, k, v, inputs)
@@ -151,6 +158,16 @@ def _capacity(t: torch.Tensor) -> int:
 def _widen(t: torch.Tensor, length: int) -> torch.Tensor:
     """The same cache view, extended to ``length`` positions of its storage (no copy)."""
     return t.as_strided((t.shape[0], t.shape[1], length, t.shape[3]), t.stride(), t.storage_offset())
+
+
+class FlexKernel:
+    """``flex_attention_kernel`` for one engine, which remembers the shapes that failed to compile."""
+
+    def __init__(self) -> None:
+        self.failed_shapes: set = set()
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
+        return flex_attention_kernel(q, k, v, inputs, self.failed_shapes)
 
 
 def require_flex() -> None:

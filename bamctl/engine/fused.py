@@ -32,9 +32,6 @@ from bamctl.engine.attention import AttentionInputs, blockwise_attention, dense_
 ROWS = 1024  # queries per kernel call: >= 768 lets the kernel tile them by 256; the diagonal square is ROWS^2
 TILE_BYTES = 8 << 20  # a materialised (logits-scope) mask tile: small enough to be read back from cache
 TILE_QUANTUM = 512  # the kernel walks keys 512 at a time; tiles are whole multiples of that
-# Reused buffers for the materialised masks. A fresh multi-MiB tensor costs one page fault
-# per 4 KiB on first touch, which at 1k tokens took longer than the attention itself.
-_SCRATCH: dict[str, torch.Tensor] = {}
 
 
 def fused_available() -> tuple[bool, str]:
@@ -58,13 +55,16 @@ def _flash(q, k, v, mask, causal: bool, scale: float) -> tuple[torch.Tensor, tor
     )
 
 
-def _scratch(name: str, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """A buffer of ``shape`` reused from call to call (one per name; grown when too small)."""
+def _scratch(scratch: dict | None, name: str, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """A buffer of ``shape`` from ``scratch``, reused from call to call (one per name; grown
+    when too small); a fresh one when there is no ``scratch`` to keep it in."""
+    if scratch is None:
+        return torch.empty(shape, device=device)
     numel = math.prod(shape)
-    buffer = _SCRATCH.get(name)
+    buffer = scratch.get(name)
     if buffer is None or buffer.numel() < numel or buffer.device != device:
         with torch.inference_mode(False):  # a normal tensor: usable in and out of inference mode
-            buffer = _SCRATCH[name] = torch.empty(numel, device=device)
+            buffer = scratch[name] = torch.empty(numel, device=device)
     return buffer[:numel].view(shape)
 
 
@@ -90,12 +90,19 @@ def _diagonal_prior(table: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def fused_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs, rows: int = ROWS, tile: int | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    inputs: AttentionInputs,
+    rows: int = ROWS,
+    tile: int | None = None,
+    scratch: dict | None = None,
 ) -> torch.Tensor:
     """Drop-in for ``blockwise_attention`` on CPUs. q: (B, H, Tq, Dh), k/v: (B, H, Tk, Dh).
 
     ``rows``: queries per call; ``tile``: keys per materialised mask tile (default from
     ``TILE_BYTES``). Both only trade speed; the tests shrink them to cover every branch.
+    ``scratch``: where to keep the mask buffers between calls (see ``FusedKernel``).
     """
     if needs_grad(q, k, v, inputs):
         return dense_attention(q, k, v, inputs)  # the fused kernel has no backward for its mask
@@ -124,18 +131,18 @@ def fused_attention(
 
         mask = None if diagonal is None else diagonal[:, :, :n_rows, :n_rows]
         if row_factor is not None:
-            mask = torch.mul(mask, row_factor[None, :, :, None], out=_scratch("diagonal", mask.shape, q.device))
+            mask = torch.mul(mask, row_factor[None, :, :, None], out=_scratch(scratch, "diagonal", mask.shape, q.device))
         block_out, block_lse = _flash(
             q_block, kf[:, :, first:first + n_rows], vf[:, :, first:first + n_rows], mask, True, scale
         )
         if first:  # keys 0 .. first - 1, visible to every query of the block
-            past_out, past_lse = _past(q_block, kf, vf, first, table, row_factor, scale, tile)
+            past_out, past_lse = _past(q_block, kf, vf, first, table, row_factor, scale, tile, scratch)
             block_out, block_lse = _merge(block_out, block_lse, past_out, past_lse)
         out[:, :, a:a + n_rows] = block_out
     return out.to(q.dtype)
 
 
-def _past(q_block, kf, vf, first: int, table, row_factor, scale: float, tile: int):
+def _past(q_block, kf, vf, first: int, table, row_factor, scale: float, tile: int, scratch: dict | None):
     """Attention of a query block over keys ``0 .. first - 1`` (all in its past), with its log-sum-exp.
 
     Without a row-scaled prior the mask is a view and one call covers every key; with
@@ -158,7 +165,21 @@ def _past(q_block, kf, vf, first: int, table, row_factor, scale: float, tile: in
         line = prior_line(table, first + rows - 1 - start, rows + width - 1)
         mask = line.as_strided((1, heads, rows, width), (0, line.stride(0), 1, 1))
         if row_factor is not None:
-            mask = torch.mul(mask, factor_reversed, out=_scratch("tile", (1, heads, rows, width), q_block.device))
+            mask = torch.mul(mask, factor_reversed, out=_scratch(scratch, "tile", (1, heads, rows, width), q_block.device))
         part, part_lse = _flash(q_reversed, kf[:, :, start:stop], vf[:, :, start:stop], mask, False, scale)
         out, lse = (part, part_lse) if out is None else _merge(out, lse, part, part_lse)
     return out.flip(2), lse.flip(2)
+
+
+class FusedKernel:
+    """``fused_attention`` for one engine, which owns the mask buffers its calls reuse.
+
+    A fresh multi-MiB mask costs one page fault per 4 KiB on first touch, which at 1k
+    tokens took longer than the attention itself; reusing them across chunks avoids that.
+    """
+
+    def __init__(self) -> None:
+        self.scratch: dict[str, torch.Tensor] = {}
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
+        return fused_attention(q, k, v, inputs, scratch=self.scratch)

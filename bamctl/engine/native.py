@@ -27,9 +27,6 @@ from bamctl.engine.attention import AttentionInputs, dense_attention, prior_line
 from bamctl.engine.fused import fused_attention, needs_grad
 
 SOURCE = Path(__file__).with_name("csrc") / "bam_attention.cpp"
-# Key blocks skipped (their weights provably 0 in float32) and visited, summed over calls:
-# for benchmarks and tests; nothing depends on it.
-SKIPPED_BLOCKS = [0, 0]
 
 
 def _flags() -> list[str]:
@@ -88,13 +85,20 @@ def _warn_fallback(why: str) -> None:
 
 def native_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
     """Drop-in for the other kernels on CPUs. q: (B, H, Tq, Dh), k/v: (B, H, Tk, Dh)."""
+    return native_attention_counted(q, k, v, inputs)[0]
+
+
+def native_attention_counted(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs
+) -> tuple[torch.Tensor, int, int]:
+    """The attention output, the key blocks skipped (weights provably 0) and the key blocks visited."""
     if needs_grad(q, k, v, inputs):
-        return dense_attention(q, k, v, inputs)  # the kernel has no backward
+        return dense_attention(q, k, v, inputs), 0, 0  # the kernel has no backward
     ok, why = native_available()
     if not ok or q.device.type != "cpu":
         if not ok:
             _warn_fallback(why)
-        return fused_attention(q, k, v, inputs)
+        return fused_attention(q, k, v, inputs), 0, 0
     tq, head_dim = q.shape[2], q.shape[3]
     q0 = inputs.q_start
     qf = q.float() * (1.0 / math.sqrt(head_dim))
@@ -113,6 +117,18 @@ def native_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: 
     if vf.stride(-1) != 1:
         vf = vf.contiguous()
     out, _lse, blocks = _extension().bam_attention(qf, kf, vf, prior, prior_scale, q0)
-    SKIPPED_BLOCKS[0] += int(blocks[0])
-    SKIPPED_BLOCKS[1] += int(blocks[1])
-    return out.to(q.dtype)
+    return out.to(q.dtype), int(blocks[0]), int(blocks[1])
+
+
+class NativeKernel:
+    """``native_attention`` for one engine, which keeps its own count of key blocks skipped and visited."""
+
+    def __init__(self) -> None:
+        self.skipped_blocks = 0
+        self.visited_blocks = 0
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
+        out, skipped, visited = native_attention_counted(q, k, v, inputs)
+        self.skipped_blocks += skipped
+        self.visited_blocks += visited
+        return out

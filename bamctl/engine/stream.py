@@ -18,22 +18,24 @@ import torch
 import torch.nn.functional as F
 
 from bamctl.engine.attention import blockwise_attention, dense_attention
-from bamctl.engine.flex import flex_attention_kernel, flex_available, require_flex
-from bamctl.engine.fused import fused_attention, fused_available
-from bamctl.engine.native import native_attention, native_available
+from bamctl.engine.flex import FlexKernel, flex_available, require_flex
+from bamctl.engine.fused import FusedKernel, fused_available
+from bamctl.engine.native import NativeKernel, native_available
 from bamctl.engine.cache import KVCache
 from bamctl.devices import resolve_device, resolve_dtype
 from bamctl.errors import BamctlError
 from bamctl.model import ForwardState, Transformer
 from bamctl.vocab import VocabSubset
 
-# Attention paths by name; every one computes the same logits (bamctl.engine.attention).
-ATTENTION_PATHS: dict[str, Callable] = {
-    "dense": dense_attention,  # the reference: (Tq, Tk) logits
-    "blockwise": blockwise_attention,  # online softmax over key blocks, plain torch ops
-    "native": native_attention,  # our C++ CPU kernel: prior and SSMax inside the online softmax
-    "fused": fused_attention,  # torch's fused CPU kernel, prior as a strided mask
-    "flex": flex_attention_kernel,  # compiled FlexAttention: CUDA, or x86 CPUs
+# Attention paths by name, each a factory of one engine's kernel (the stateful ones keep
+# their buffers and counters per engine); every one computes the same logits
+# (bamctl.engine.attention).
+ATTENTION_PATHS: dict[str, Callable[[], Callable]] = {
+    "dense": lambda: dense_attention,  # the reference: (Tq, Tk) logits
+    "blockwise": lambda: blockwise_attention,  # online softmax over key blocks, plain torch ops
+    "native": NativeKernel,  # our C++ CPU kernel: prior and SSMax inside the online softmax
+    "fused": FusedKernel,  # torch's fused CPU kernel, prior as a strided mask
+    "flex": FlexKernel,  # compiled FlexAttention: CUDA, or x86 CPUs
 }
 ATTENTION_CHOICES = ("auto", *ATTENTION_PATHS)
 CACHE_ROUND = 128  # KV cache capacity is a multiple of FlexAttention's block
@@ -58,7 +60,8 @@ def resolve_attention(name: str, device: torch.device) -> str:
 
 
 def kernel_for(name: str):
-    return ATTENTION_PATHS[name]
+    """A new kernel of the path ``name``, with state of its own."""
+    return ATTENTION_PATHS[name]()
 
 
 class StreamingEngine:
@@ -120,9 +123,8 @@ class StreamingEngine:
         state = ForwardState(kernel=self.kernel, cache=cache, max_distance=capacity - 1)
         for start in range(0, tokens.shape[1], self.chunk_size):
             chunk = tokens[:, start : start + self.chunk_size]
-            self.model.advance(state, start, chunk.shape[1])
             keep_from = min(max(first_needed - start, 0), chunk.shape[1])
-            on_hidden(start + keep_from, self.model.hidden(chunk, state, keep_from)[0])
+            on_hidden(start + keep_from, self.model.hidden(chunk, start, state, keep_from)[0])
         return cache, state
 
     def _logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:
@@ -171,8 +173,7 @@ class StreamingEngine:
             out.append(int(self._tokenizer_ids(next_id)))
             if out[-1] in stop_ids or len(out) == max_new_tokens:
                 break
-            self.model.advance(state, position, 1)
-            next_id = self._logits(self.model.hidden(next_id[None], state)[0, -1:]).argmax(-1)
+            next_id = self._logits(self.model.hidden(next_id[None], position, state)[0, -1:]).argmax(-1)
             position += 1
         return out
 
@@ -193,8 +194,7 @@ class StreamingEngine:
             cache = KVCache(self.config.n_layers, 1, self.config.n_heads, CACHE_ROUND, self.config.head_dim, self.dtype, self.device)
             state = ForwardState(cache=cache, max_distance=0)
         state.kernel = recording
-        self.model.advance(state, len(ids) - 1, 1)
-        self.model.hidden(self._model_ids(ids[-1:])[None, :], state)
+        self.model.hidden(self._model_ids(ids[-1:])[None, :], len(ids) - 1, state)
         return weights
 
     @torch.inference_mode()
