@@ -18,8 +18,9 @@ def fake_row(
     model: str = "tiny-rope",
     *,
     task: str = "passkey",
-    variant: str = "",
-    protocol: str = "teacher_forced",
+    protocol: str = "authors",
+    setting: str = "",
+    scoring: str = "teacher_forced",
     length: int = 1024,
     depth: float | None = 0.5,
     seed: int = 0,
@@ -36,8 +37,9 @@ def fake_row(
         "run_id": run_id,
         "created_at": created_at or BASE_TIME,
         "task": task,
-        "variant": variant,
         "protocol": protocol,
+        "setting": setting,
+        "scoring": scoring,
         "model": model,
         "model_hash": model_hash,
         "pe": pe,
@@ -46,6 +48,7 @@ def fake_row(
         "length": length,
         "n_tokens": length - 3,
         "depth": depth,
+        "needle_depth": depth,
         "sample": sample,
         "seed": seed,
         "expected": None if perplexity else "12345",
@@ -100,7 +103,7 @@ def perplexity_rows() -> list[dict[str, Any]]:
             for sample in range(2):
                 n_scored = length - 1
                 rows.append(
-                    fake_row(model, task="ppl", variant="essays", protocol="nll", length=length, depth=None, sample=sample,
+                    fake_row(model, task="ppl", protocol="sliding", scoring="nll", length=length, depth=None, sample=sample,
                              score=base, nll=base * n_scored, n_scored=n_scored)
                 )
     return rows

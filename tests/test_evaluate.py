@@ -39,7 +39,7 @@ def run_cli(*args):
 
 
 def stable(frame):
-    keys = ["model", "task", "variant", "protocol", "length", "depth", "seed", "sample", "position"]
+    keys = ["model", "task", "protocol", "setting", "length", "depth", "seed", "sample", "position"]
     return frame.drop(columns=VOLATILE).sort_values(keys).reset_index(drop=True)
 
 
@@ -62,20 +62,23 @@ def test_teacher_forced_passkey_score_equals_dense_forward(models, tmp_path):
 
 def test_sliding_perplexity_scores_every_token_once(models, tmp_path):
     backend = open_backend(models["rope"], RunOptions(device="cpu", chunk_size=50))
-    request = TaskRequest("ppl", [64, 128, 300], samples=1, seeds=[0], doc_tokens=300, stride=None)
-    rows = Evaluation(backend, request, ResultStore(tmp_path), model_name="m").run().rows
+    request = TaskRequest("ppl", [64, 128, 300], samples=1, seeds=[0], options={"doc_tokens": 300})
+    evaluation = Evaluation(backend, request, ResultStore(tmp_path), model_name="m")
+    rows = evaluation.run().rows
     for window in (64, 128, 300):
         assert sum(r["n_scored"] for r in rows if r["length"] == window) == 299
     single = [r for r in rows if r["length"] == 300]
     assert len(single) == 1
     # Windows of the full document length see all context: equal to one full pass.
-    full = backend.token_nll(next(iter(Evaluation(backend, request, ResultStore(tmp_path), model_name="m").samples(0))).input_ids, 1)
+    document = evaluation.plan.build(next(s for s in evaluation.plan.slots if s.length == 300))
+    full = backend.token_nll(document.input_ids, 1)
     assert single[0]["nll"] == pytest.approx(float(full.double().sum()), rel=1e-5)
+    assert single[0]["score"] == pytest.approx(single[0]["nll"] / 299)  # mean_nll, through the metric registry
 
 
 def test_bucket_perplexity_rows_cover_the_document(models, tmp_path):
     backend = open_backend(models["rope"], RunOptions(device="cpu"))
-    request = TaskRequest("ppl", [256], samples=1, seeds=[0], ppl_mode="buckets", bucket=100)
+    request = TaskRequest("ppl", [256], samples=1, seeds=[0], protocol="buckets", options={"bucket": 100})
     rows = Evaluation(backend, request, ResultStore(tmp_path), model_name="m").run().rows
     assert [r["position"] for r in rows] == [0, 100, 200]
     assert sum(r["n_scored"] for r in rows) == 255

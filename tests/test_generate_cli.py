@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 import bamctl.cli.task_commands  # noqa: F401  (registers `generate` on the app)
 from bamctl.cli.app import app
 
-FIELDS = ["task", "variant", "length", "n_tokens", "depth", "seed", "index", "prompt", "input_ids", "answers", "needle_positions"]
+FIELDS = ["task", "protocol", "length", "n_tokens", "depth", "seed", "index", "prompt", "input_ids", "answers", "needle_positions"]
 
 
 def _bamctl(*args: str) -> subprocess.CompletedProcess:
@@ -41,7 +41,7 @@ def test_generate_ruler_and_landmark(tmp_path):
     result = CliRunner().invoke(app, ["generate", "passkey", "--protocol", "landmark", "--lengths", "1k", "--depths", "1", "--out", str(out)])
     assert result.exit_code == 0, result.output
     (row,) = [json.loads(line) for line in out.read_text().splitlines()]
-    assert row["variant"] == "landmark" and "\nThe pass key is" in row["prompt"]
+    assert row["protocol"] == "landmark" and "\nThe pass key is" in row["prompt"]
 
 
 def test_same_seed_gives_identical_bytes_across_processes(tmp_path):
@@ -74,7 +74,7 @@ def test_passkey_seeds_differ(tmp_path):
         (["generate", "passkey", "--lengths", "1k..3k"], "never reaches"),
         (["generate", "passkey", "--lengths", "1k", "--depths", "2.5"], "fractions in [0, 1]"),
         (["generate", "passkey", "--lengths", "1k", "--protocol", "lndmark"], "did you mean landmark"),
-        (["generate", "niah_single_1", "--lengths", "1k", "--protocol", "landmark"], "passkey only"),
+        (["generate", "niah_single_1", "--lengths", "1k", "--protocol", "landmark"], "unknown protocol"),
         (["generate", "passkey", "--lengths", "30"], "too short"),
         (["generate", "passkey", "--lengths", "1k", "--tokenizer", "gpt3"], "unknown tokenizer"),
     ],

@@ -38,7 +38,7 @@ def test_prior_curves_follow_the_ggd_formula():
 def test_inspect_draws_priors_and_attention(tmp_path):
     path = save_checkpoint(new_random_model(ModelConfig.from_preset("micro", "bam-ssmax", train_length=128), 0), tmp_path / "m")
     with pytest.raises(SystemExit) as exit_info:
-        main(["inspect", str(path), "--plot", str(tmp_path / "p.png"), "--attention", str(tmp_path / "a.png"), "--length", "300"])
+        main(["inspect", str(path), "--plot", str(tmp_path / "p.png"), "--attention-map", str(tmp_path / "a.png"), "--length", "300"])
     assert exit_info.value.code == 0
     assert (tmp_path / "p.png").read_bytes()[:8] == PNG and (tmp_path / "a.png").read_bytes()[:8] == PNG
 

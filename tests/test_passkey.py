@@ -127,5 +127,5 @@ def test_landmark_scoring_takes_the_first_integer(tok):
 
 @pytest.mark.parametrize("protocol", ["bogus", "landmrk"])
 def test_unknown_protocol(tok, protocol):
-    with pytest.raises(BamctlError, match="unknown variant"):
+    with pytest.raises(BamctlError, match="unknown protocol"):
         generate_samples("passkey", [1024], 1, 0, tok, protocol=protocol)

@@ -11,7 +11,7 @@ import pytest
 from bamctl.errors import BamctlError
 from bamctl.results.export import export, latex_escape
 from bamctl.results.plots import plot_curves, plot_heatmap
-from bamctl.results.schema import rows_to_table
+from bamctl.results.schema import SCHEMA_VERSION, rows_to_table
 from bamctl.results.store import to_pandas
 from bamctl.results.summary import summarize
 
@@ -38,13 +38,13 @@ def test_csv_parses_with_pandas(summaries):
     assert row.score == 0.25 and row.n == 12
 
     wide = pd.read_csv(io.StringIO(export(summaries, "csv", pivot=True)))
-    assert list(wide.columns) == ["task", "variant", "protocol", "metric", "length", "tiny-bam", "tiny-rope"]
+    assert list(wide.columns) == ["task", "protocol", "setting", "metric", "length", "tiny-bam", "tiny-rope"]
     assert wide.loc[(wide.task == "passkey") & (wide.length == 1024), "tiny-rope"].item() == 0.25
 
 
 def test_json_parses(summaries):
     doc = json.loads(export(summaries, "json"))
-    assert doc["schema_version"] == 1 and len(doc["summaries"]) == 2
+    assert doc["schema_version"] == SCHEMA_VERSION and len(doc["summaries"]) == 2
     records = json.loads(export(summaries, "json", pivot=True))
     assert {r["length"] for r in records} == {512, 1024, 2048, 4096}
     assert records[0]["tiny-bam"] == pytest.approx(11 / 12)
@@ -56,7 +56,7 @@ def test_latex_is_a_tabular_environment(summaries):
     assert "effective length & 2k (4$\\times$) & 512 (1$\\times$) \\\\" in text
     assert "\\textbf{0.92 [0.65, 0.99]}" in text
     long = export(summaries, "latex")
-    assert long.startswith("\\begin{tabular}") and "teacher\\_forced" in long
+    assert long.startswith("\\begin{tabular}") and "ppl & sliding &  & tiny-rope" in long
     assert latex_escape("a_b & 50% #1") == "a\\_b \\& 50\\% \\#1"
 
 

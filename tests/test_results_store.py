@@ -42,7 +42,7 @@ def test_round_trip_keeps_every_value_and_type(tmp_path):
     table = store.read_table()
     assert table.schema.equals(SCHEMA, check_metadata=False)
     expected = rows_to_table(rows).sort_by([(c, "ascending") for c in
-                                            ("task", "variant", "protocol", "model", "model_hash", "length", "depth", "seed", "sample")])
+                                            ("task", "protocol", "setting", "model", "model_hash", "length", "depth", "seed", "sample")])
     assert table.equals(expected)
     by_key = {row_key(r): r for r in rows}
     for got in table.to_pylist():
@@ -67,7 +67,7 @@ def test_schema_version_in_every_part_file(tmp_path):
 
 
 def test_schema_doc_lists_every_column_with_its_type():
-    doc = (REPO / "results" / "SCHEMA.md").read_text()
+    doc = (REPO / "docs" / "SCHEMA.md").read_text()
     for column in COLUMNS:
         assert re.search(rf"^\| `{column.name}` \| `{re.escape(str(column.type))}` \| {'yes' if column.nullable else 'no'} \|", doc, re.M), column.name
     assert "bamctl.schema_version" in doc and "newest row wins" in doc.lower()

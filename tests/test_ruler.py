@@ -74,20 +74,8 @@ def test_sizing_is_the_largest_haystack_that_fits(tok, samples, variant, length)
         assert tok.decode(sample.input_ids) == sample.prompt
         assert sample.n_tokens + sample.max_new_tokens <= length
         assert sample.max_new_tokens == 128
-        bigger = niah_sample(
-            tokenizer=tok,
-            length=length,
-            seed=sample.seed,
-            index=sample.index,
-            depth=None,
-            task=spec.task,
-            variant=spec.variant,
-            scoring=spec.scoring,
-            metric=spec.metric,
-            max_new_tokens=spec.max_new_tokens,
-            n_units=sample.meta["haystack_units"] + 1,
-            **spec.args,
-        )
+        slot = spec.slot(length=length, depth=None, seed=sample.seed, index=sample.index)
+        bigger = niah_sample(slot=slot, tokenizer=tok, n_units=sample.meta["haystack_units"] + 1, **spec.args)
         assert bigger.n_tokens + 128 > length
         assert bigger.answers == sample.answers  # same draw, one more unit
 
@@ -143,13 +131,13 @@ def test_needles_queries_and_answers_agree(tok, samples, variant):
         found = {tok.decode(sample.input_ids[p:]).lstrip()[: len(needles[0]) + 40] for p in sample.needle_positions}
         for needle in needles:
             assert any(text.startswith(needle) for text in found)
-        assert 0.0 <= sample.depth <= 1.0
+        assert sample.depth is None and 0.0 <= sample.needle_depth <= 1.0  # placed by the task itself
 
 
 @pytest.mark.parametrize("variant", ["niah_single_2", "niah_multikey_1", "niah_multivalue"])
 def test_essay_needles_sit_at_sentence_boundaries(tok, samples, variant):
     for sample in samples[variant, 4096]:
-        assert round(sample.depth * 100) in ESSAY_DEPTHS
+        assert round(sample.needle_depth * 100) in ESSAY_DEPTHS
         for position in sample.needle_positions:
             before = tok.decode(sample.input_ids[:position]).rstrip()
             assert before.endswith("afterwards.") or re.search(r"[.!?][\"')\]]*$", before), before[-80:]

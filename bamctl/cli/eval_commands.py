@@ -1,8 +1,9 @@
 """Evaluation commands: ``passkey``, ``ruler``, ``ppl`` and ``compare``.
 
-Each parses its options into a ``TaskRequest``, opens the back-ends, runs
+Each turns its options into ``TaskRequest``\\ s, opens the back-ends, runs
 ``bamctl.evaluate.Evaluation`` with a progress bar on stderr, and prints the summary
-of the rows it covers (stdout; ``--json`` for scripts).
+of exactly the rows it covers (stdout; ``--json``: one document per invocation).
+The options they share are declared once, in ``bamctl.cli.options``.
 """
 
 from __future__ import annotations
@@ -36,15 +37,28 @@ def _seeds(text: str) -> list[int]:
     return seeds
 
 
-def _engine_options(device, dtype, chunk_size, attention, tokenizer, beyond_max, chat_template, tensor_parallel):
+def _run_options(ev) -> "RunOptions":  # noqa: F821 - bamctl.backends, imported lazily
     from bamctl.backends import RunOptions
 
     return RunOptions(
-        device=None if device == "auto" else device, dtype=None if dtype == "auto" else dtype,
-        chunk_size=None if chunk_size == 2048 else chunk_size, attention=None if attention == "auto" else attention,
-        tokenizer=tokenizer, beyond_max=None if beyond_max == "warn" else beyond_max, chat_template=chat_template,
-        tensor_parallel=None if tensor_parallel == 1 else tensor_parallel,
+        device=ev.device, dtype=ev.dtype, chunk_size=ev.chunk_size, attention=ev.attention, tokenizer=ev.tokenizer,
+        beyond_max=ev.beyond_max, chat_template=ev.chat_template, tensor_parallel=ev.tensor_parallel,
     )
+
+
+def _task_options(task: str, perplexity) -> dict:
+    """Generator options from the perplexity group; they apply to ppl only."""
+    values = {"corpus_path": perplexity.corpus, "stride": perplexity.stride, "bucket": perplexity.bucket, "doc_tokens": perplexity.doc_tokens}
+    if task != "ppl":
+        given = [name for name, value in vars(perplexity).items() if value is not None]
+        if given:
+            raise BamctlError(f"--{given[0].replace('_', '-')} applies to --task ppl only")
+        return {}
+    if perplexity.corpus is not None:
+        if not perplexity.corpus.is_file():
+            raise BamctlError(f"--corpus {perplexity.corpus} is not a file")
+        values["corpus_path"] = str(perplexity.corpus)
+    return values
 
 
 def _progress(quiet: bool):
@@ -64,48 +78,39 @@ def _progress(quiet: bool):
     )
 
 
-def run_models(
-    models: list[str],
-    build_request,
-    *,
-    engine,
-    out: Path,
-    force: bool,
-    quiet: bool,
-    json_output: bool,
-    threshold: float = 0.9,
-    plot: Path | None = None,
-    shard: str | None = None,
-):
-    """Evaluate every model on the request ``build_request(train_lengths)`` returns; print the summary."""
+def run_models(models: list[str], requests_for, ev, *, threshold: float = 0.9, plot: Path | None = None) -> None:
+    """Evaluate every model on each request ``requests_for(train_lengths)`` returns; print one summary."""
     from bamctl.backends import open_backend
     from bamctl.evaluate import Evaluation, new_run_id, parse_shard
     from bamctl.results.store import ResultStore
 
-    shard_of = parse_shard(shard)
-    store = ResultStore(out)
+    shard_of = parse_shard(ev.shard)
+    seeds = _seeds(ev.seed)
+    store = ResultStore(ev.out)
     store.ensure_writable()
     names = _model_names(models)
-    backends = [open_backend(model, engine) for model in models]
-    request = build_request([b.info.train_length for b in backends])
+    backends = [open_backend(model, _run_options(ev)) for model in models]
+    requests = requests_for([b.info.train_length for b in backends], seeds)
     run_id = new_run_id()
-    evaluations = [Evaluation(b, request, store, model_name=name, run_id=run_id) for b, name in zip(backends, names)]
-    with _progress(quiet) as progress:
-        for evaluation, name in zip(evaluations, names):
-            total = -(-(evaluation.count() - shard_of[0]) // shard_of[1])  # this shard's share
-            bar = progress.add_task(f"{request.task} {name}", total=total, rate="")
-            tokens, seconds = 0, 0.0
+    covered, hashes = set(), {b.info.model_hash for b in backends}
+    with _progress(ev.quiet) as progress:
+        for request in requests:
+            for backend, name in zip(backends, names):
+                evaluation = Evaluation(backend, request, store, model_name=name, run_id=run_id)
+                covered |= evaluation.keys()
+                bar = progress.add_task(f"{request.task} {name}", total=evaluation.count(shard_of), rate="")
+                tokens, seconds = 0, 0.0
 
-            def advance(row, bar=bar):
-                nonlocal tokens, seconds
-                tokens, seconds = tokens + row["n_tokens"], seconds + row["seconds"]
-                progress.update(bar, advance=1, rate=f"{tokens / max(seconds, 1e-9):,.0f} tok/s")
+                def advance(row, bar=bar):
+                    nonlocal tokens, seconds
+                    tokens, seconds = tokens + row["n_tokens"], seconds + row["seconds"]
+                    progress.update(bar, advance=1, rate=f"{tokens / max(seconds, 1e-9):,.0f} tok/s")
 
-            stats = evaluation.run(force=force, on_row=advance, shard=shard_of)
-            progress.update(bar, completed=progress.tasks[bar].total)
-            if stats.skipped:
-                stderr.print(f"{name}: {stats.skipped} samples already in {out}, skipped (--force recomputes)")
-    _report(store, request, backends, names, json_output=json_output, threshold=threshold, plot=plot)
+                stats = evaluation.run(force=ev.force, on_row=advance, shard=shard_of)
+                progress.update(bar, completed=progress.tasks[bar].total)
+                if stats.skipped:
+                    stderr.print(f"{name}: {stats.skipped} samples already in {ev.out}, skipped (--force recomputes)")
+    _report(store, covered, hashes, names, json_output=ev.json, threshold=threshold, plot=plot)
 
 
 def _model_names(models: list[str]) -> list[str]:
@@ -113,22 +118,18 @@ def _model_names(models: list[str]) -> list[str]:
     return [m if names.count(n) > 1 else n for n, m in zip(names, models)]
 
 
-def _report(store, request, backends, names, *, json_output: bool, threshold: float, plot: Path | None) -> None:
+def _report(store, covered: set, hashes: set, names: list[str], *, json_output: bool, threshold: float, plot: Path | None) -> None:
+    """Summaries of exactly the stored rows this invocation asked for, as one table set or JSON document."""
     import json
 
     from bamctl.results.render import render_summaries, summaries_to_json
+    from bamctl.results.schema import row_key
     from bamctl.results.summary import summarize
 
-    frame = store.read(task=request.task)
-    frame = frame[
-        frame["model_hash"].isin([b.info.model_hash for b in backends])
-        & frame["model"].isin(names)
-        & frame["length"].isin(request.lengths)
-        & frame["seed"].isin(request.seeds)
-        & (frame["sample"] < request.samples)
-    ]
-    if request.variant is not None or request.spec.variant:
-        frame = frame[frame["variant"] == request.spec.variant]
+    frame = store.read()
+    mine = [row_key(row) in covered and row["model"] in names for row in frame.to_dict("records")]
+    frame = frame[mine] if len(frame) else frame
+    frame = frame[frame["model_hash"].isin(hashes)] if len(frame) else frame
     if frame.empty:  # e.g. a shard that drew no sample
         stderr.print("no result rows for this request yet")
         return
@@ -157,148 +158,99 @@ def _depths(spec: str | None):
     return parse_depths(spec) if spec else None
 
 
+def _request(task: str, ev, train_lengths, seeds, *, depths=None, protocol=None, options=None, samples=None):
+    from bamctl.evaluate import TaskRequest
+
+    count = ev.samples or samples or DEFAULT_SAMPLES.get(task, RULER_DEFAULT_SAMPLES)
+    return TaskRequest(task, _lengths(ev.lengths, train_lengths), count, seeds, _depths(depths), protocol, options or {})
+
+
+def _task_names(text: str) -> list[str]:
+    """Comma-separated task names, every one checked before any work."""
+    from bamctl.tasks import get_task
+
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise BamctlError("--task needs at least one task name")
+    for name in names:
+        get_task(name)
+    return names
+
+
 @app.command()
+@opt.with_options("evaluation")
 def passkey(
-    model: Annotated[str, typer.Argument(help="Catalog name, checkpoint directory, or PREFIX:PATH (hf:, bam:, vllm:).")],
-    lengths: opt.Lengths = None,
-    samples: opt.Samples = None,
-    seed: opt.Seeds = "0",
+    model: opt.ModelArgument,
     depths: opt.Depths = None,
-    protocol: Annotated[str, typer.Option(help="authors (teacher-forced 5 digits, no newlines) or landmark (newlines, generate 10 tokens, first integer).")] = "authors",
-    device: opt.Device = "auto",
-    dtype: opt.Dtype = "auto",
-    chunk_size: opt.ChunkSize = 2048,
-    attention: opt.Attention = "auto",
-    tokenizer: opt.Tokenizer = None,
-    beyond_max: opt.BeyondMax = "warn",
-    chat_template: opt.ChatTemplate = False,
-    tensor_parallel: opt.TensorParallel = 1,
-    out: opt.Out = opt.DEFAULT_OUT,
-    force: opt.Force = False,
-    shard: opt.Shard = None,
-    quiet: opt.Quiet = False,
-    json_output: opt.Json = False,
+    protocol: Annotated[opt.PasskeyProtocol, typer.Option(help="authors (teacher-forced 5 digits, no newlines) or landmark (newlines, generate 10 tokens, first integer).")] = opt.PasskeyProtocol.authors,
+    *,
+    evaluation,
 ) -> None:
     """Passkey retrieval: a 5-digit key hidden at several depths in filler, prompts of exact token length.
 
     Example: bamctl passkey bam-ssmax --lengths 512..32k --samples 4 --depths 5 --seed 0,1
     """
-    from bamctl.evaluate import TaskRequest
-
     run_models(
         [model],
-        lambda train: TaskRequest("passkey", _lengths(lengths, train), samples or DEFAULT_SAMPLES["passkey"], _seeds(seed), _depths(depths), variant=protocol),
-        engine=_engine_options(device, dtype, chunk_size, attention, tokenizer, beyond_max, chat_template, tensor_parallel),
-        out=out, force=force, quiet=quiet, json_output=json_output, shard=shard,
+        lambda train, seeds: [_request("passkey", evaluation, train, seeds, depths=depths, protocol=protocol.value)],
+        evaluation,
     )
 
 
 @app.command()
+@opt.with_options("evaluation")
 def ruler(
-    model: Annotated[str, typer.Argument(help="Catalog name, checkpoint directory, or PREFIX:PATH (hf:, bam:, vllm:).")],
-    task: Annotated[str, typer.Option("--task", "-t", help="RULER NIAH variants, comma separated: niah_single_1,2,3, niah_multikey_1,2,3, niah_multivalue, niah_multiquery.")] = "niah_single_1",
-    lengths: opt.Lengths = None,
-    samples: opt.Samples = None,
-    seed: opt.Seeds = "0",
+    model: opt.ModelArgument,
+    task: Annotated[str, typer.Option("--task", "-t", help="RULER NIAH tasks, comma separated: niah_single_1,2,3, niah_multikey_1,2,3, niah_multivalue, niah_multiquery.")] = "niah_single_1",
     depths: opt.Depths = None,
-    device: opt.Device = "auto",
-    dtype: opt.Dtype = "auto",
-    chunk_size: opt.ChunkSize = 2048,
-    attention: opt.Attention = "auto",
-    tokenizer: opt.Tokenizer = None,
-    beyond_max: opt.BeyondMax = "warn",
-    chat_template: opt.ChatTemplate = False,
-    tensor_parallel: opt.TensorParallel = 1,
-    out: opt.Out = opt.DEFAULT_OUT,
-    force: opt.Force = False,
-    shard: opt.Shard = None,
-    quiet: opt.Quiet = False,
-    json_output: opt.Json = False,
+    *,
+    evaluation,
 ) -> None:
     """RULER needle-in-a-haystack: greedy generation (128-token budget) scored by string_match_all/part.
 
     Example: bamctl ruler bam-ssmax --task niah_single_1,niah_multikey_1 --lengths 1k..8k --samples 20
     """
-    from bamctl.evaluate import TaskRequest
-
-    for name in [t.strip() for t in task.split(",") if t.strip()]:
-        run_models(
-            [model],
-            lambda train, name=name: TaskRequest(name, _lengths(lengths, train), samples or RULER_DEFAULT_SAMPLES, _seeds(seed), _depths(depths)),
-            engine=_engine_options(device, dtype, chunk_size, attention, tokenizer, beyond_max, chat_template, tensor_parallel),
-            out=out, force=force, quiet=quiet, json_output=json_output, shard=shard,
-        )
-
-
-@app.command()
-def ppl(
-    model: Annotated[str, typer.Argument(help="Catalog name, checkpoint directory, or PREFIX:PATH (hf:, bam:, vllm:).")],
-    lengths: opt.Lengths = None,
-    mode: Annotated[str, typer.Option(help="sliding: windows of each length over one document; buckets: one pass, mean NLL per position bucket.")] = "sliding",
-    stride: Annotated[Optional[int], typer.Option(help="sliding: tokens the window advances (default: the window, non-overlapping; 1 = strict sliding).")] = None,
-    bucket: Annotated[int, typer.Option(help="buckets: positions per bucket.")] = 1024,
-    doc_tokens: Annotated[Optional[int], typer.Option(help="sliding: document length in tokens (default: the largest length).")] = None,
-    corpus: Annotated[Optional[Path], typer.Option(help="UTF-8 text file to score instead of the shipped public-domain corpus.")] = None,
-    samples: opt.Samples = None,
-    seed: opt.Seeds = "0",
-    device: opt.Device = "auto",
-    dtype: opt.Dtype = "auto",
-    chunk_size: opt.ChunkSize = 2048,
-    attention: opt.Attention = "auto",
-    tokenizer: opt.Tokenizer = None,
-    beyond_max: opt.BeyondMax = "warn",
-    chat_template: opt.ChatTemplate = False,
-    tensor_parallel: opt.TensorParallel = 1,
-    out: opt.Out = opt.DEFAULT_OUT,
-    force: opt.Force = False,
-    shard: opt.Shard = None,
-    quiet: opt.Quiet = False,
-    json_output: opt.Json = False,
-) -> None:
-    """Perplexity: every token scored exactly once with up to L tokens of context (sliding), or per position bucket.
-
-    Example: bamctl ppl bam-ssmax --lengths 512..8k --mode sliding --stride 256
-    """
-    from bamctl.evaluate import TaskRequest
-
-    if mode not in ("sliding", "buckets"):
-        raise BamctlError(f"--mode must be sliding or buckets, not {mode!r}")
-    if corpus is not None and not corpus.is_file():
-        raise BamctlError(f"--corpus {corpus} is not a file")
+    names = _task_names(task)
     run_models(
         [model],
-        lambda train: TaskRequest(
-            "ppl", _lengths(lengths, train), samples or DEFAULT_SAMPLES["ppl"], _seeds(seed),
-            options={"corpus_path": str(corpus)} if corpus else {}, ppl_mode=mode, stride=stride, bucket=bucket, doc_tokens=doc_tokens,
-        ),
-        engine=_engine_options(device, dtype, chunk_size, attention, tokenizer, beyond_max, chat_template, tensor_parallel),
-        out=out, force=force, quiet=quiet, json_output=json_output, shard=shard,
+        lambda train, seeds: [_request(name, evaluation, train, seeds, depths=depths, samples=RULER_DEFAULT_SAMPLES) for name in names],
+        evaluation,
     )
 
 
 @app.command()
+@opt.with_options("evaluation", "perplexity")
+def ppl(
+    model: opt.ModelArgument,
+    protocol: Annotated[opt.PplProtocol, typer.Option("--protocol", "--mode", help="sliding: windows of each length over one document; buckets: one pass, mean NLL per position bucket.")] = opt.PplProtocol.sliding,
+    *,
+    evaluation,
+    perplexity,
+) -> None:
+    """Perplexity: every token scored exactly once with up to L tokens of context (sliding), or per position bucket.
+
+    Example: bamctl ppl bam-ssmax --lengths 512..8k --protocol sliding --stride 256
+    """
+    options = _task_options("ppl", perplexity)
+    run_models(
+        [model],
+        lambda train, seeds: [_request("ppl", evaluation, train, seeds, protocol=protocol.value, options=options)],
+        evaluation,
+    )
+
+
+@app.command()
+@opt.with_options("evaluation", "perplexity")
 def compare(
     models: Annotated[list[str], typer.Argument(help="Models side by side: catalog names, checkpoint directories or PREFIX:PATH.")],
-    task: Annotated[str, typer.Option("--task", "-t", help="passkey, a RULER variant (niah_single_1, ...) or ppl.")] = "passkey",
-    lengths: opt.Lengths = None,
-    samples: opt.Samples = None,
-    seed: opt.Seeds = "0",
+    task: Annotated[str, typer.Option("--task", "-t", help="passkey, a RULER task (niah_single_1, ...) or ppl.")] = "passkey",
+    protocol: Annotated[Optional[str], typer.Option(help="The task's protocol: passkey authors|landmark, ppl sliding|buckets (default: the task's).")] = None,
     depths: opt.Depths = None,
     plot: Annotated[Optional[Path], typer.Option(help="PNG of score against length, one line per model (default: OUT/compare-TASK.png).")] = None,
     threshold: opt.Threshold = 0.9,
-    device: opt.Device = "auto",
-    dtype: opt.Dtype = "auto",
-    chunk_size: opt.ChunkSize = 2048,
-    attention: opt.Attention = "auto",
-    tokenizer: opt.Tokenizer = None,
-    beyond_max: opt.BeyondMax = "warn",
-    chat_template: opt.ChatTemplate = False,
-    tensor_parallel: opt.TensorParallel = 1,
-    out: opt.Out = opt.DEFAULT_OUT,
-    force: opt.Force = False,
-    shard: opt.Shard = None,
-    quiet: opt.Quiet = False,
-    json_output: opt.Json = False,
+    *,
+    evaluation,
+    perplexity,
 ) -> None:
     """Run several models on identical samples and show them side by side, with an effective-length row.
 
@@ -308,13 +260,14 @@ def compare(
 
     Example: bamctl compare rope alibi bam --task passkey --lengths 128..8k --seed 0,1
     """
-    from bamctl.evaluate import TaskRequest
+    from bamctl.tasks import get_task
 
-    default_samples = DEFAULT_SAMPLES.get(task, RULER_DEFAULT_SAMPLES)
+    get_task(_task_names(task)[0] if "," not in task else task, protocol)
+    options = _task_options(task, perplexity)
     run_models(
         models,
-        lambda train: TaskRequest(task, _lengths(lengths, train), samples or default_samples, _seeds(seed), _depths(depths)),
-        engine=_engine_options(device, dtype, chunk_size, attention, tokenizer, beyond_max, chat_template, tensor_parallel),
-        out=out, force=force, quiet=quiet, json_output=json_output, shard=shard, threshold=threshold,
-        plot=plot or out / f"compare-{task}.png",
+        lambda train, seeds: [_request(task, evaluation, train, seeds, depths=depths, protocol=protocol, options=options)],
+        evaluation,
+        threshold=threshold,
+        plot=plot or evaluation.out / f"compare-{task}.png",
     )

@@ -71,10 +71,10 @@ def inspect(
     json_output: Annotated[bool, typer.Option("--json", help="Print config, parameter count and per-head priors as JSON.")] = False,
     plot: Annotated[Optional[Path], typer.Option(help="PNG: each head's prior (bias against distance, log axis), one panel per layer.")] = None,
     max_distance: Annotated[Optional[int], typer.Option(help="--plot: longest distance drawn (default: 64x the training length).")] = None,
-    attention: Annotated[Optional[Path], typer.Option("--attention", help="PNG: where the last token of a passkey prompt attends, per layer and head; the key marked.")] = None,
-    length: Annotated[Optional[int], typer.Option(help="--attention: passkey prompt length in tokens (default: 4x the training length).")] = None,
-    depth: Annotated[float, typer.Option(help="--attention: depth of the key in the prompt, 0 to 1.")] = 0.5,
-    seed: Annotated[int, typer.Option(help="--attention: seed of the passkey sample.")] = 0,
+    attention_map: Annotated[Optional[Path], typer.Option("--attention-map", help="PNG: where the last token of a passkey prompt attends, per layer and head; the key marked.")] = None,
+    length: Annotated[Optional[int], typer.Option(min=1, help="--attention-map: passkey prompt length in tokens (default: 4x the training length).")] = None,
+    depth: Annotated[float, typer.Option(min=0.0, max=1.0, help="--attention-map: depth of the key in the prompt, 0 to 1.")] = 0.5,
+    seed: Annotated[int, typer.Option(help="--attention-map: seed of the passkey sample.")] = 0,
 ) -> None:
     """Show a checkpoint's config, parameter count and, per layer and head, the learned prior.
 
@@ -82,7 +82,7 @@ def inspect(
     beta = 0, a flat prior), the scale exp(theta_alpha) and mu; for ALiBi the slope; with
     SSMax the learned s.
 
-    Example: bamctl inspect bam --plot priors.png --attention attention.png --length 2048
+    Example: bamctl inspect bam --plot priors.png --attention-map attention.png --length 2048
     """
     from bamctl.catalog import resolve_model
 
@@ -93,8 +93,8 @@ def inspect(
 
         path = plot_priors(checkpoint.model, plot, max_distance or 64 * config.train_length)
         Console(stderr=True).print(f"priors drawn to {path}")
-    if attention is not None:
-        _draw_attention(checkpoint, attention, length or 4 * config.train_length, depth, seed)
+    if attention_map is not None:
+        _draw_attention(checkpoint, attention_map, length or 4 * config.train_length, depth, seed)
     heads = _prior_rows(checkpoint.model)
     if json_output:
         payload = {

@@ -1,46 +1,179 @@
-"""Options every evaluation command takes, declared once."""
+"""Options of the evaluation commands, declared once.
+
+Each group is a list of :class:`Param` (name, type, default, ``typer.Option``), and
+:func:`with_options` appends the groups' parameters to a command's signature and hands
+the command one dataclass per group. ``passkey``, ``ruler``, ``ppl`` and ``compare``
+all take :data:`EVALUATION`; the perplexity options are one group too, shared by
+``ppl`` and ``compare``. Closed choices are enums, so ``--help`` lists them.
+
+Every option whose absence matters to a back-end defaults to ``None`` ("not asked"):
+each back-end refuses, by name, the options it cannot honour (``bamctl.backends``).
+"""
 
 from __future__ import annotations
 
+import functools
+import inspect
+from dataclasses import dataclass, make_dataclass
+from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Callable, Optional
 
 import typer
 
-Lengths = Annotated[
-    Optional[str],
-    typer.Option(
-        "--lengths",
-        "-l",
+ENGINE_PANEL = "Engine (bamctl's own models)"
+EXTERNAL_PANEL = "External models (hf:, vllm:, bam:)"
+OUTPUT_PANEL = "Results and output"
+PERPLEXITY_PANEL = "Perplexity"
+
+DEFAULT_OUT = Path("results")
+
+
+class Dtype(str, Enum):
+    auto = "auto"
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class Attention(str, Enum):
+    auto = "auto"
+    native = "native"
+    fused = "fused"
+    flex = "flex"
+    blockwise = "blockwise"
+    dense = "dense"
+
+
+class BeyondMax(str, Enum):
+    warn = "warn"
+    refuse = "refuse"
+
+
+class PasskeyProtocol(str, Enum):
+    """The protocols of ``tasks/passkey.toml`` (a test keeps them in step)."""
+
+    authors = "authors"
+    landmark = "landmark"
+
+
+class PplProtocol(str, Enum):
+    """The protocols of ``tasks/ppl.toml`` (a test keeps them in step)."""
+
+    sliding = "sliding"
+    buckets = "buckets"
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    type: Any
+    default: Any
+    option: Any  # typer.Option(...)
+
+
+def _enum_value(value):
+    return value.value if isinstance(value, Enum) else value
+
+
+EVALUATION: list[Param] = [
+    Param("lengths", Optional[str], None, typer.Option(
+        "--lengths", "-l",
         help="Context lengths in tokens: '1k..64k' (doubling, k = 1024), '512..8k', '1k,3000,10k' or '4096'. "
-        "Default: 1x to 64x the model's training length, doubling.",
-    ),
+        "Default: 1x to 64x the model's training length, doubling.")),
+    Param("samples", Optional[int], None, typer.Option(
+        "--samples", "-n", min=1,
+        help="Samples per length (and per depth, for tasks with depths). Default: the task's (passkey 4, RULER 20, ppl 1 document).")),
+    Param("seed", str, "0", typer.Option("--seed", help="Seed of the samples; a comma list ('0,1') runs each seed.")),
+    Param("device", Optional[str], None, typer.Option(
+        rich_help_panel=ENGINE_PANEL, help="auto (CUDA when present, else CPU; the default), cpu, cuda or cuda:N.")),
+    Param("dtype", Optional[Dtype], None, typer.Option(
+        rich_help_panel=ENGINE_PANEL, help="Compute dtype; auto (the default): bfloat16 on CUDA, float32 on CPU.")),
+    Param("chunk_size", Optional[int], None, typer.Option(
+        min=1, rich_help_panel=ENGINE_PANEL,
+        help="Tokens per prefill chunk (default 2048): memory is weights + KV cache + one chunk's workspace.")),
+    Param("attention", Optional[Attention], None, typer.Option(
+        rich_help_panel=ENGINE_PANEL,
+        help="Attention kernel of bamctl's engine: auto (the default: flex on CUDA, native on CPU), native (our C++ CPU "
+        "kernel), fused (torch's fused CPU kernel), flex (compiled FlexAttention), blockwise (online softmax over key "
+        "blocks) or dense (reference; n x n memory).")),
+    Param("tokenizer", Optional[str], None, typer.Option(
+        rich_help_panel=EXTERNAL_PANEL,
+        help="Tokenizer: a local Hugging Face tokenizer folder or file replacing an external model's own (bam: needs one).")),
+    Param("beyond_max", Optional[BeyondMax], None, typer.Option(
+        rich_help_panel=EXTERNAL_PANEL,
+        help="hf:/vllm: models past their configured max positions: warn (the default; run anyway, extrapolation is the point) or refuse.")),
+    Param("chat_template", bool, False, typer.Option(
+        "--chat-template", rich_help_panel=EXTERNAL_PANEL,
+        help="hf:/vllm: chat models: wrap each prompt in the model's chat template (off: base-model mode).")),
+    Param("tensor_parallel", Optional[int], None, typer.Option(
+        min=1, rich_help_panel=EXTERNAL_PANEL, help="vllm: number of GPUs one model is split over (default 1).")),
+    Param("out", Path, DEFAULT_OUT, typer.Option(
+        "--out", "-o", rich_help_panel=OUTPUT_PANEL, help="Results directory (Parquet part files, one row per sample).")),
+    Param("force", bool, False, typer.Option(
+        rich_help_panel=OUTPUT_PANEL, help="Recompute samples already in the results directory instead of skipping them.")),
+    Param("shard", Optional[str], None, typer.Option(
+        rich_help_panel=OUTPUT_PANEL,
+        help="I/N: evaluate only every N-th sample starting at I (0-based), e.g. one process per GPU in a SLURM array writing one --out.")),
+    Param("quiet", bool, False, typer.Option("--quiet", "-q", rich_help_panel=OUTPUT_PANEL, help="No progress bar.")),
+    Param("json", bool, False, typer.Option(
+        "--json", rich_help_panel=OUTPUT_PANEL, help="Print the summary as one JSON document on stdout (for scripts).")),
 ]
-Samples = Annotated[Optional[int], typer.Option("--samples", "-n", help="Samples per length (and per depth, for tasks with depths).")]
-Seeds = Annotated[str, typer.Option("--seed", help="Seed of the samples; a comma list ('0,1') runs each seed.")]
+
+PERPLEXITY: list[Param] = [
+    Param("stride", Optional[int], None, typer.Option(
+        min=1, rich_help_panel=PERPLEXITY_PANEL,
+        help="sliding: tokens the window advances (default: the window, non-overlapping; 1 = strict sliding).")),
+    Param("bucket", Optional[int], None, typer.Option(
+        min=1, rich_help_panel=PERPLEXITY_PANEL, help="buckets: positions per bucket (default 1024).")),
+    Param("doc_tokens", Optional[int], None, typer.Option(
+        min=2, rich_help_panel=PERPLEXITY_PANEL, help="sliding: document length in tokens (default: the largest length).")),
+    Param("corpus", Optional[Path], None, typer.Option(
+        rich_help_panel=PERPLEXITY_PANEL, help="UTF-8 text file to score instead of the shipped public-domain corpus.")),
+]
+
 Depths = Annotated[
     Optional[str],
     typer.Option(help="Needle depths: a count of evenly spaced depths ('5') or fractions ('0,0.25,0.5'). Default: the task's."),
 ]
-Device = Annotated[str, typer.Option(help="auto (CUDA when present, else CPU), cpu, cuda or cuda:N.")]
-Dtype = Annotated[str, typer.Option(help="auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat16 or float16.")]
-ChunkSize = Annotated[int, typer.Option(help="Tokens per prefill chunk: memory is weights + KV cache + one chunk's workspace.")]
-Attention = Annotated[str, typer.Option(help="Attention path: auto (flex on CUDA, native on CPU), native (our C++ CPU kernel, compiled once), fused (torch's fused CPU kernel), flex (compiled FlexAttention), blockwise (online softmax over key blocks) or dense (reference; n x n memory).")]
-Tokenizer = Annotated[Optional[str], typer.Option(help="Tokenizer name or local path overriding the model's own (external models).")]
-BeyondMax = Annotated[
-    str,
-    typer.Option(help="External models past their configured max positions: warn (run anyway; extrapolation is the point) or refuse."),
-]
-ChatTemplate = Annotated[bool, typer.Option(help="External chat models: wrap each prompt in the model's chat template (off: base-model mode).")]
-TensorParallel = Annotated[int, typer.Option(help="vllm: number of GPUs one model is split over.")]
-Out = Annotated[Path, typer.Option("--out", "-o", help="Results directory (Parquet part files, one row per sample).")]
-Force = Annotated[bool, typer.Option(help="Recompute samples already in the results directory instead of skipping them.")]
-Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
-Json = Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout (for scripts).")]
-Shard = Annotated[
-    Optional[str],
-    typer.Option(help="I/N: evaluate only every N-th sample starting at I (0-based), e.g. one process per GPU in a SLURM array writing one --out."),
-]
-Threshold = Annotated[float, typer.Option(help="Accuracy that counts as 'still working' for the effective length.")]
+Threshold = Annotated[float, typer.Option(min=0.0, max=1.0, help="Accuracy that counts as 'still working' for the effective length.")]
+ModelArgument = Annotated[str, typer.Argument(help="Catalog name, checkpoint directory, or PREFIX:PATH (hf:, bam:, vllm:).")]
 
-DEFAULT_OUT = Path("results")
+
+def _group_type(name: str, params: list[Param]) -> type:
+    return make_dataclass(name, [(p.name, Any) for p in params], frozen=True)
+
+
+EvaluationOptions = _group_type("EvaluationOptions", EVALUATION)
+PerplexityOptions = _group_type("PerplexityOptions", PERPLEXITY)
+GROUPS: dict[str, tuple[list[Param], type]] = {
+    "evaluation": (EVALUATION, EvaluationOptions),
+    "perplexity": (PERPLEXITY, PerplexityOptions),
+}
+
+
+def with_options(*groups: str) -> Callable:
+    """Give a command the options of ``groups``: each arrives as one keyword argument named
+    after its group, a dataclass of its options (enum choices as their plain values)."""
+
+    def decorate(command: Callable) -> Callable:
+        signature = inspect.signature(command, eval_str=True)
+        own = [p for p in signature.parameters.values() if p.name not in groups]
+        added = [
+            inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, default=p.default, annotation=Annotated[p.type, p.option])
+            for group in groups
+            for p in GROUPS[group][0]
+        ]
+
+        @functools.wraps(command)
+        def wrapper(**kwargs):
+            for group in groups:
+                params, kind = GROUPS[group]
+                kwargs[group] = kind(**{p.name: _enum_value(kwargs.pop(p.name)) for p in params})
+            return command(**kwargs)
+
+        wrapper.__signature__ = signature.replace(parameters=[*own, *added])
+        wrapper.__annotations__ = {p.name: p.annotation for p in [*own, *added]}
+        return wrapper
+
+    return decorate

@@ -51,7 +51,7 @@ ModelOption = Annotated[
 ]
 WhereOption = Annotated[
     str | None,
-    typer.Option(help='Row filter as a pandas query over the columns of results/SCHEMA.md, e.g. "length >= 4096 and depth < 0.5".'),
+    typer.Option(help='Row filter as a pandas query over the columns of docs/SCHEMA.md, e.g. "length >= 4096 and depth < 0.5".'),
 ]
 ThresholdOption = Annotated[
     float, typer.Option(min=0.0, max=1.0, help="Score a length must reach to count toward the effective length.")

@@ -33,7 +33,7 @@ def generate(
     seed: Annotated[int, typer.Option(help="Seed; the same seed gives byte-identical output.")] = 0,
     tokenizer: Annotated[str, typer.Option(help="Tokenizer that lengths are counted in.")] = "gpt2",
     depths: Annotated[Optional[str], typer.Option(help="Needle depths: a count (5 = 0, .25, .5, .75, 1) or fractions (0,0.25,0.5). Passkey default: 5; RULER default: its own random placement.")] = None,
-    protocol: Annotated[Optional[str], typer.Option(help="Passkey protocol: authors (teacher-forced, default) or landmark (generate, first integer).")] = None,
+    protocol: Annotated[Optional[str], typer.Option(help="The task's protocol: passkey authors (teacher-forced, default) or landmark (generate, first integer); ppl sliding (default) or buckets.")] = None,
     corpus: Annotated[Optional[Path], typer.Option(help="ppl only: a UTF-8 text file to use instead of the shipped corpus.")] = None,
 ) -> None:
     """Write a task's prompts (text and token ids, answers, needle positions) as JSONL; no model runs.
@@ -42,8 +42,6 @@ def generate(
     """
     length_list = parse_lengths(lengths)
     depth_list = parse_depths(depths) if depths is not None else None
-    if protocol is not None and task != "passkey":
-        raise BamctlError("--protocol applies to passkey only")
     if corpus is not None and task != "ppl":
         raise BamctlError("--corpus applies to ppl only")
     stream = generate_samples(

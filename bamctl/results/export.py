@@ -1,10 +1,10 @@
 """Summary tables for papers and spreadsheets: CSV, Markdown (pipe table), LaTeX (tabular), JSON.
 
-Long form (default): one line per (task, variant, protocol, model, length) with every number.
+Long form (default): one line per (task, protocol, setting, model, length) with every number.
 Pivot form (`pivot=True`): rows = lengths, columns = models. CSV and JSON pivots hold plain
 numbers (score, or perplexity) for scripts; Markdown and LaTeX pivots hold the formatted
 cells of `bamctl results show` ("0.95 [0.83, 0.99]"), best per length in bold, and an
-effective-length row: one table per (task, variant, protocol).
+effective-length row: one table per (task, protocol, setting).
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from bamctl.results.summary import Summary
 
 FORMATS = ("csv", "markdown", "latex", "json")
 LONG_COLUMNS = (
-    "task", "variant", "protocol", "metric", "model", "length", "train_length",
+    "task", "protocol", "setting", "metric", "model", "length", "train_length",
     "n", "score", "k", "lo", "hi", "ppl", "nll", "n_scored",
 )
-KEY = ["task", "variant", "protocol", "metric", "length"]
+KEY = ["task", "protocol", "setting", "metric", "length"]
 
 
 def long_frame(summaries: Sequence[Summary]) -> pd.DataFrame:
@@ -40,7 +40,7 @@ def long_frame(summaries: Sequence[Summary]) -> pd.DataFrame:
             for model in s.models:
                 if pd.isna(s.table.at[length, ("n", model)]):
                     continue
-                row = {"task": s.task, "variant": s.variant, "protocol": s.protocol, "metric": s.metric,
+                row = {"task": s.task, "protocol": s.protocol, "setting": s.setting, "metric": s.metric,
                        "model": model, "length": length}
                 for field in dict.fromkeys(s.table.columns.get_level_values("field")):
                     row[field] = s.table.at[length, (field, model)]
@@ -52,7 +52,7 @@ def long_frame(summaries: Sequence[Summary]) -> pd.DataFrame:
 
 
 def pivot_frame(summaries: Sequence[Summary]) -> pd.DataFrame:
-    """Rows = (task, variant, protocol, metric, length), columns = models, value = score or perplexity."""
+    """Rows = (task, protocol, setting, metric, length), columns = models, value = score or perplexity."""
     frame = long_frame(summaries)
     frame["value"] = frame["score"].where(frame["metric"] == "accuracy", frame["ppl"])
     models = list(dict.fromkeys(m for s in summaries for m in s.models))
@@ -148,14 +148,14 @@ def _pivot_text(s: Summary) -> tuple[list[str], list[list[str]], list[list[bool]
 
 def _long_text(summaries: Sequence[Summary]) -> tuple[list[str], list[list[str]]]:
     frame = long_frame(summaries)
-    header = ["task", "variant", "protocol", "model", "length", "n", "score", "95% interval", "perplexity"]
+    header = ["task", "protocol", "setting", "model", "length", "n", "score", "95% interval", "perplexity"]
 
     def number(value: Any, spec: str) -> str:
         return "" if pd.isna(value) else format(float(value), spec)
 
     rows = [
         [
-            r.task, r.variant, r.protocol, r.model, format_length(r.length), str(r.n),
+            r.task, r.protocol, r.setting, r.model, format_length(r.length), str(r.n),
             number(r.score, ".3f"),
             "" if pd.isna(r.lo) else f"[{r.lo:.3f}, {r.hi:.3f}]",
             number(r.ppl, ".2f"),

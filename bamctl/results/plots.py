@@ -65,7 +65,9 @@ def plot_curves(
 
 def plot_heatmap(frame: pd.DataFrame, path: str | Path, *, models: Sequence[str] | None = None) -> Path:
     """Mean score per (depth, length), one panel per model (one row of panels per task): the
-    needle-in-a-haystack picture. Rows without a depth (perplexity) are left out."""
+    needle-in-a-haystack picture. The depth is the one asked for, else where the needle landed;
+    rows without a needle (perplexity) are left out."""
+    frame = frame.assign(depth=frame["depth"].fillna(frame["needle_depth"]))
     rows = frame[frame["depth"].notna()]
     if rows.empty:
         raise BamctlError("no result rows with a needle depth to plot; heatmaps need passkey or niah rows")
@@ -76,10 +78,10 @@ def plot_heatmap(frame: pd.DataFrame, path: str | Path, *, models: Sequence[str]
     fig = Figure(figsize=(4.5 * len(order) + 1, 4.0 * len(groups)), layout="constrained")
     axes = fig.subplots(len(groups), len(order), squeeze=False)
     image = None
-    for r, ((task, variant, protocol), group) in enumerate(groups):
+    for r, ((task, protocol, setting), group) in enumerate(groups):
         lengths = sorted(group["length"].unique())
         depths = sorted(group["depth"].unique())
-        title = " / ".join(p for p in (task, variant, protocol) if p)
+        title = " / ".join(p for p in (task, protocol, setting) if p)
         for c, model in enumerate(order):
             ax = axes[r][c]
             cells = group[group["_label"] == model]

@@ -110,8 +110,8 @@ def summary_to_dict(summary: Summary) -> dict[str, Any]:
             cells.append(cell)
     out: dict[str, Any] = {
         "task": summary.task,
-        "variant": summary.variant,
         "protocol": summary.protocol,
+        "setting": summary.setting,
         "metric": summary.metric,
         "models": summary.models,
         "lengths": summary.lengths,

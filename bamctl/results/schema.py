@@ -1,6 +1,6 @@
 """The typed columns of one result row (one evaluated sample) and the schema version.
 
-`results/SCHEMA.md` documents the same columns for people; a test keeps the two in step.
+`docs/SCHEMA.md` documents the same columns for people; a test keeps the two in step.
 Bump `SCHEMA_VERSION` whenever a column is added, removed or changes meaning.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 VERSION_KEY = b"bamctl.schema_version"
 
 
@@ -30,8 +30,9 @@ COLUMNS: tuple[Column, ...] = (
     Column("run_id", pa.string(), False, "id of the run (one command invocation) that wrote the row"),
     Column("created_at", pa.timestamp("us", tz="UTC"), False, "when the sample finished, UTC"),
     Column("task", pa.string(), False, "task name (Sample.task): passkey, niah_single_1, ..., ppl"),
-    Column("variant", pa.string(), False, "Sample.variant: passkey protocol (authors, landmark), RULER variant, ppl corpus; empty when none"),
-    Column("protocol", pa.string(), False, "how the model was asked and scored: Sample.scoring (teacher_forced, generate, nll), optionally refined by the runner (e.g. nll/sliding)"),
+    Column("protocol", pa.string(), False, "how the task was posed (`--protocol`): passkey authors or landmark; ruler for RULER's tasks; ppl sliding or buckets"),
+    Column("setting", pa.string(), False, "options that set the prompts apart from the protocol's defaults, as key=value words (e.g. stride=256, bucket=512, corpus=FILE); empty with the defaults"),
+    Column("scoring", pa.string(), False, "the request kind the model answered: teacher_forced, generate or nll"),
     Column("model", pa.string(), False, "model name as the user gave it"),
     Column("model_hash", pa.string(), False, "hash of the model weights and config; identifies the model"),
     Column("pe", pa.string(), False, "positional encoding (rope, alibi, nope, bam, ...)"),
@@ -39,8 +40,9 @@ COLUMNS: tuple[Column, ...] = (
     Column("train_length", pa.int64(), False, "context length the model was trained at, tokens"),
     Column("length", pa.int64(), False, "target context length of the sample, tokens"),
     Column("n_tokens", pa.int64(), False, "actual length of the prompt fed to the model, tokens"),
-    Column("depth", pa.float64(), True, "where the (first) needle sits, as a fraction of the haystack (0 = start, 1 = end), as the task requested it (Sample.depth); null without a needle"),
-    Column("sample", pa.int64(), False, "index of the sample (Sample.index) within (task, variant, length, depth, seed)"),
+    Column("depth", pa.float64(), True, "needle depth asked for (`--depths`), a fraction of the haystack (0 = start, 1 = end); null when the task places its needles itself (RULER's default) or has none"),
+    Column("needle_depth", pa.float64(), True, "where the (first) needle landed, a fraction of the haystack (passkey: snapped to a sentence end; RULER: its random placement); null without a needle"),
+    Column("sample", pa.int64(), False, "index of the sample (Sample.index) within (task, protocol, length, depth, seed)"),
     Column("seed", pa.int64(), False, "seed the sample was generated from"),
     Column("expected", pa.string(), True, "reference answer; null for perplexity"),
     Column("predicted", pa.string(), True, "model answer; null for perplexity"),
@@ -68,7 +70,7 @@ SCHEMA: pa.Schema = pa.schema(
 )
 
 # A sample is done when a row with the same key exists; reruns skip it.
-KEY_COLUMNS: tuple[str, ...] = ("model_hash", "task", "variant", "protocol", "length", "depth", "seed", "sample", "position")
+KEY_COLUMNS: tuple[str, ...] = ("model_hash", "task", "protocol", "setting", "length", "depth", "seed", "sample", "position")
 
 ResumeKey = tuple[str, str, str, str, int, float | None, int, int, int | None]
 
@@ -83,8 +85,8 @@ def row_key(row: Mapping[str, Any]) -> ResumeKey:
     return (
         str(row["model_hash"]),
         str(row["task"]),
-        str(row["variant"]),
         str(row["protocol"]),
+        str(row["setting"]),
         int(row["length"]),
         depth,
         int(row["seed"]),
@@ -142,3 +144,33 @@ def rows_to_table(rows: Iterable[Mapping[str, Any]]) -> pa.Table:
         return pa.Table.from_pylist(filled, schema=SCHEMA)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
         raise ValueError(f"result rows do not match the schema: {err}") from err
+
+
+# -- older files ---------------------------------------------------------------------------
+
+
+def upgrade(table: pa.Table, version: int) -> pa.Table:
+    """Rows written under schema ``version`` in today's columns (what could be recovered).
+
+    Version 1 had ``variant`` (the passkey protocol, else the task's own name) and a
+    ``protocol`` holding the scoring kind, or the perplexity plan (``sliding``,
+    ``sliding:stride=N``, ``buckets:N``); its ``depth`` was where a RULER needle landed.
+    """
+    if version >= 2:
+        return table
+    rows = table.to_pylist()
+    for row in rows:
+        old, variant = row.pop("protocol"), row.pop("variant")
+        plan, _, detail = old.partition(":")
+        if plan in ("sliding", "buckets"):
+            row["scoring"], row["protocol"] = "nll", plan
+            row["setting"] = f"stride={detail.removeprefix('stride=')}" if plan == "sliding" and detail else ""
+            if plan == "buckets" and detail and detail != "1024":
+                row["setting"] = f"bucket={detail}"
+        else:
+            row["scoring"], row["setting"] = old, ""
+            row["protocol"] = variant if variant != row["task"] else "ruler"
+        row["needle_depth"] = row.get("depth") if row["protocol"] == "ruler" else None
+    columns = [c for c in COLUMN_NAMES if rows and c in rows[0]] or [c for c in COLUMN_NAMES if c in table.column_names]
+    fields = [pa.field(c.name, c.type, nullable=True) for c in COLUMNS if c.name in columns]
+    return pa.Table.from_pylist([{c: row.get(c) for c in columns} for row in rows], schema=pa.schema(fields))

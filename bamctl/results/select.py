@@ -1,4 +1,4 @@
-"""Choosing rows the way a user asks: by task, model, variant, protocol and a pandas query."""
+"""Choosing rows the way a user asks: by task, model, protocol and a pandas query."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ def select_rows(
     *,
     task: str | Iterable[str] | None = None,
     model: str | Iterable[str] | None = None,
-    variant: str | Iterable[str] | None = None,
     protocol: str | Iterable[str] | None = None,
     where: str | None = None,
     strict: bool = False,
@@ -28,7 +27,7 @@ def select_rows(
     command line a typo should not look like an empty result). `where` is a `DataFrame.query` string, e.g. "length >= 4096 and
     depth < 0.5", and a bad one is a BamctlError too.
     """
-    for column, wanted in (("task", task), ("variant", variant), ("protocol", protocol)):
+    for column, wanted in (("task", task), ("protocol", protocol)):
         if wanted is not None:
             names = _as_list(wanted)
             if strict:
@@ -56,7 +55,7 @@ def _query(frame: pd.DataFrame, where: str) -> pd.DataFrame:
     except (SyntaxError, NameError, KeyError, ValueError, TypeError, AttributeError) as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise BamctlError(
-            f"bad --where expression {where!r}: {reason[:160]} (a pandas query over the columns in results/SCHEMA.md)"
+            f"bad --where expression {where!r}: {reason[:160]} (a pandas query over the columns in docs/SCHEMA.md)"
         ) from err
     if not (isinstance(mask, pd.Series) and pd.api.types.is_bool_dtype(mask.dtype)):
         raise BamctlError(f"bad --where expression {where!r}: it must be a condition on rows, e.g. \"length >= 4096\"")

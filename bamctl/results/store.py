@@ -38,6 +38,7 @@ from bamctl.results.schema import (
     row_key,
     rows_to_table,
     schema_version,
+    upgrade,
 )
 
 PART_PREFIX = "part-"
@@ -45,7 +46,7 @@ PART_SUFFIX = ".parquet"
 STALE_TEMP_SECONDS = 3600  # no append holds its temp file this long; older ones are crash leftovers
 
 # Deterministic row order for reads: same rows in, same table out.
-SORT_COLUMNS: tuple[str, ...] = ("task", "variant", "protocol", "model", "model_hash", "length", "depth", "seed", "sample", "position")
+SORT_COLUMNS: tuple[str, ...] = ("task", "protocol", "setting", "model", "model_hash", "length", "depth", "seed", "sample", "position")
 
 Warn = Callable[[str], None]
 
@@ -182,7 +183,6 @@ class ResultStore:
         *,
         task: str | Iterable[str] | None = None,
         model: str | Iterable[str] | None = None,
-        variant: str | Iterable[str] | None = None,
         protocol: str | Iterable[str] | None = None,
         where: str | None = None,
         dedupe: bool = True,
@@ -190,7 +190,7 @@ class ResultStore:
     ) -> pd.DataFrame:
         """All rows as one DataFrame, filtered (see `select.select_rows`); newest row per key if dedupe.
 
-        With `strict`, naming a task/model/variant/protocol absent from the store is a BamctlError
+        With `strict`, naming a task/model/protocol absent from the store is a BamctlError
         with close matches, as the CLI wants; otherwise the result is just empty.
 
         Nullable integer and boolean columns use pandas' nullable dtypes (Int64, boolean) so a
@@ -199,7 +199,7 @@ class ResultStore:
         from bamctl.results.select import select_rows
 
         frame = to_pandas(self.read_table(dedupe=dedupe))
-        return select_rows(frame, task=task, model=model, variant=variant, protocol=protocol, where=where, strict=strict)
+        return select_rows(frame, task=task, model=model, protocol=protocol, where=where, strict=strict)
 
     # ---- internals -----------------------------------------------------------------------
 
@@ -243,9 +243,11 @@ class ResultStore:
                 raise _BadFile("not a bamctl results file (no bamctl.schema_version in its metadata)")
             if version > SCHEMA_VERSION:
                 raise _BadFile(f"written by a newer bamctl (schema {version} > {SCHEMA_VERSION}); upgrade bamctl")
-            present = set(parquet.schema_arrow.names)
-            wanted = [c for c in (columns or SCHEMA.names) if c in present]
-            table = parquet.read(columns=wanted)
+            if version < SCHEMA_VERSION:  # an older layout: read it whole and move it into today's
+                table = upgrade(parquet.read(), version)
+            else:
+                present = set(parquet.schema_arrow.names)
+                table = parquet.read(columns=[c for c in (columns or SCHEMA.names) if c in present])
         except FileNotFoundError:
             raise
         except (pa.ArrowException, OSError) as err:

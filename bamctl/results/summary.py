@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 Z_95 = 1.959963984540054  # two-sided 95% normal quantile
-GROUP_COLUMNS = ("task", "variant", "protocol")
+GROUP_COLUMNS = ("task", "protocol", "setting")
 ACCURACY_FIELDS = ("score", "k", "n", "lo", "hi", "train_length")
 PERPLEXITY_FIELDS = ("ppl", "nll", "n_scored", "n", "train_length")
 
@@ -60,7 +60,7 @@ def is_perplexity(frame: pd.DataFrame) -> bool:
 def accuracy_table(frame: pd.DataFrame, models: Sequence[str] | None = None) -> pd.DataFrame:
     """Mean score per (length, model) with k = sum of scores, n = samples and the Wilson 95% interval.
 
-    Rows must come from one (task, variant, protocol); `summarize` splits mixed rows.
+    Rows must come from one (task, protocol, setting); `summarize` splits mixed rows.
     `models` orders the columns (labels as in `model_labels`); by default, sorted by name.
     """
     _require_one_group(frame)
@@ -144,11 +144,11 @@ def best_models(table: pd.DataFrame, metric: Literal["accuracy", "perplexity"]) 
 
 @dataclass(frozen=True)
 class Summary:
-    """The summary of one (task, variant, protocol): a wide table and, for accuracy, effective lengths."""
+    """The summary of one (task, protocol, setting): a wide table and, for accuracy, effective lengths."""
 
     task: str
-    variant: str
     protocol: str
+    setting: str
     metric: Literal["accuracy", "perplexity"]
     table: pd.DataFrame
     effective: pd.DataFrame | None
@@ -156,7 +156,7 @@ class Summary:
 
     @property
     def title(self) -> str:
-        parts = [self.task] + [p for p in (self.variant, self.protocol) if p]
+        parts = [self.task] + [p for p in (self.protocol, self.setting) if p]
         return " / ".join(parts)
 
     @property
@@ -173,15 +173,15 @@ class Summary:
 
 
 def summarize(frame: pd.DataFrame, threshold: float = 0.9, models: Sequence[str] | None = None) -> list[Summary]:
-    """One Summary per (task, variant, protocol) in the rows, in sorted order."""
+    """One Summary per (task, protocol, setting) in the rows, in sorted order."""
     summaries = []
-    for (task, variant, protocol), rows in frame.groupby(list(GROUP_COLUMNS), sort=True):
+    for (task, protocol, setting), rows in frame.groupby(list(GROUP_COLUMNS), sort=True):
         if is_perplexity(rows):
             table, metric, effective = perplexity_table(rows, models), "perplexity", None
         else:
             table, metric = accuracy_table(rows, models), "accuracy"
             effective = effective_length(table, threshold)
-        summaries.append(Summary(str(task), str(variant), str(protocol), metric, table, effective, threshold))
+        summaries.append(Summary(str(task), str(protocol), str(setting), metric, table, effective, threshold))
     return summaries
 
 
@@ -189,7 +189,7 @@ def _require_one_group(frame: pd.DataFrame) -> None:
     groups = frame[list(GROUP_COLUMNS)].drop_duplicates()
     if len(groups) > 1:
         found = ", ".join("/".join(map(str, g)) for g in groups.itertuples(index=False))
-        raise ValueError(f"rows mix several (task, variant, protocol): {found}; split them with summarize()")
+        raise ValueError(f"rows mix several (task, protocol, setting): {found}; split them with summarize()")
 
 
 def _widen(cells: pd.DataFrame, rows: pd.DataFrame, fields: Sequence[str], models: Sequence[str] | None) -> pd.DataFrame:

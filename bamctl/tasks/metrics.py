@@ -68,11 +68,10 @@ def _first_integer_match(prediction: str, sample: Sample) -> float:
     return float(first_integer(prediction) == sample.answers[0])
 
 
-def _mean_nll(token_nlls: Sequence[float], sample: Sample) -> float:
-    """Perplexity samples: the mean negative log-likelihood of the scored tokens (nats)."""
-    if not token_nlls:
-        return math.nan
-    return sum(token_nlls) / len(token_nlls)
+def _mean_nll(nll: tuple[float, int], sample: Sample) -> float:
+    """Perplexity: the mean negative log-likelihood (nats) of a span, from its sum and token count."""
+    total, count = nll
+    return total / count if count else math.nan
 
 
 METRICS: dict[str, Callable] = {
@@ -89,7 +88,7 @@ def score(metric: str, prediction, sample: Sample) -> float:
     """Score one prediction; the prediction's type is the one the sample's scoring produces.
 
     ``teacher_forced``: the argmax token ids at the answer positions; ``generate``:
-    the generated text; ``nll``: per-token negative log-likelihoods.
+    the generated text; ``nll``: (sum of the span's token NLLs, number of tokens).
     """
     try:
         function = METRICS[metric]

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from bamctl.errors import BamctlError
-from bamctl.tasks.sample import Sample, sample_rng
+from bamctl.tasks.sample import Sample, SampleSlot, sample_rng
 from bamctl.tokenizer import Tokenizer
 
 TASK_LINE = (
@@ -117,67 +117,38 @@ def passkey_pieces(tokenizer: Tokenizer, key: str, join: str) -> PasskeyPieces:
     return PasskeyPieces(list(tokenizer.encode(TASK_LINE)), needle, list(tokenizer.encode(join + QUESTION)), key_at)
 
 
-def passkey_sample(
-    *,
-    tokenizer: Tokenizer,
-    length: int,
-    seed: int,
-    index: int,
-    depth: float,
-    task: str,
-    variant: str,
-    join: str,
-    scoring: str,
-    metric: str,
-    max_new_tokens: int,
-    key_digits: int = 5,
-) -> Sample:
-    """One passkey prompt of exactly ``length`` tokens with the key at ``depth`` of the filler.
+def passkey_key(slot: SampleSlot, key_digits: int) -> str:
+    """The key of a slot: it depends on (seed, task, protocol, length, index) only, so the
+    same index at different depths carries the same key and depth sweeps are paired."""
+    rng = sample_rng(slot.seed, slot.task, slot.protocol, slot.length, slot.index)
+    return str(rng.randint(10 ** (key_digits - 1), 10**key_digits - 1))
 
-    The key depends on (seed, task, variant, length, index) only, so the same index
-    at different depths carries the same key: depth sweeps are paired.
-    """
-    rng = sample_rng(seed, task, variant, length, index)
-    key = str(rng.randint(10 ** (key_digits - 1), 10**key_digits - 1))
+
+def passkey_sample(*, slot: SampleSlot, tokenizer: Tokenizer, join: str, key_digits: int = 5) -> Sample:
+    """One passkey prompt of exactly ``slot.length`` tokens with the key at ``slot.depth`` of the filler."""
+    key = passkey_key(slot, key_digits)
     pieces = passkey_pieces(tokenizer, key, join)
     fixed = len(pieces.task) + len(pieces.needle) + len(pieces.question)
-    filler_count = length - fixed
+    filler_count = slot.length - fixed
     if filler_count < 0:
-        raise BamctlError(f"length {length} is too short for a passkey prompt; the minimum is {fixed} tokens")
+        raise BamctlError(f"length {slot.length} is too short for a passkey prompt; the minimum is {fixed} tokens")
     # Authors: every piece after the first starts with a space; landmark: a new line does it.
     stream = _filler_stream(tokenizer, " " if join == " " else "")
-    before = stream.sentence_break_near(depth * filler_count, filler_count)
-    input_ids = (
-        pieces.task
-        + stream.tokens(before)
-        + pieces.needle
-        + stream.tokens(filler_count - before)
-        + pieces.question
-    )
+    before = stream.sentence_break_near(slot.depth * filler_count, filler_count)
+    input_ids = pieces.task + stream.tokens(before) + pieces.needle + stream.tokens(filler_count - before) + pieces.question
     needle_at = len(pieces.task) + before
-    target_ids = key_tokens(tokenizer, key) if scoring == "teacher_forced" else []
-    return Sample(
-        task=task,
-        variant=variant,
-        length=length,
-        n_tokens=len(input_ids),
-        depth=depth,
-        seed=seed,
-        index=index,
-        prompt=tokenizer.decode(input_ids),
+    return slot.sample(
         input_ids=input_ids,
+        prompt=tokenizer.decode(input_ids),
         answers=[key],
         needle_positions=[needle_at],
-        scoring=scoring,
-        target_ids=target_ids,
-        max_new_tokens=max_new_tokens,
-        metric=metric,
+        needle_depth=round(before / filler_count, 6) if filler_count else 0.0,
+        target_ids=key_tokens(tokenizer, key) if slot.scoring == "teacher_forced" else [],
         meta={
             "key": key,
             "key_positions": [needle_at + offset for offset in pieces.key_at],
             "filler_tokens": filler_count,
             "filler_before": before,
-            "actual_depth": round(before / filler_count, 6) if filler_count else 0.0,
         },
     )
 

@@ -23,7 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from bamctl.errors import BamctlError
-from bamctl.tasks.sample import Sample
+from bamctl.tasks.sample import Sample, SampleSlot, ScoredSpan
 from bamctl.tasks.texts import Corpus, file_corpus, shipped_corpus
 from bamctl.tokenizer import Tokenizer
 
@@ -74,6 +74,9 @@ class Bucket:
         return self.end - self.start
 
 
+DEFAULT_BUCKET = 1024  # positions per bucket, as the authors' evaluation groups them
+
+
 def position_buckets(n_tokens: int, bucket: int) -> list[Bucket]:
     """Split the ``n_tokens - 1`` predictions of one pass into blocks of ``bucket`` positions.
 
@@ -109,55 +112,93 @@ def ppl_corpus_tokens(tokenizer: Tokenizer, corpus_path: Path | str | None = Non
     return list(_corpus_tokens(tokenizer, str(corpus_path) if corpus_path else None))
 
 
-def ppl_sample(
-    *,
-    tokenizer: Tokenizer,
-    length: int,
-    seed: int,
-    index: int,
-    depth: float | None,
-    task: str,
-    variant: str,
-    scoring: str,
-    metric: str,
-    max_new_tokens: int,
-    corpus_path: Path | str | None = None,
-) -> Sample:
-    """Document ``index`` of ``length`` tokens: consecutive, non-overlapping corpus slices.
+def ppl_document(tokenizer: Tokenizer, corpus_path: Path | str | None, n_tokens: int, index: int) -> tuple[list[int], dict]:
+    """Document ``index`` of ``n_tokens`` tokens: consecutive, non-overlapping corpus slices.
 
-    The corpus repeats from its start when it is shorter than ``(index + 1) * length``
+    The corpus repeats from its start when it is shorter than ``(index + 1) * n_tokens``
     tokens; ``meta["corpus_repeats"]`` says how often (1 = no repetition), because a
     model can copy a repeated passage and its perplexity then means little.
     """
     corpus = _corpus_tokens(tokenizer, str(corpus_path) if corpus_path else None)
     size = len(corpus)
-    start = (index * length) % size
+    start = (index * n_tokens) % size
     ids: list[int] = []
-    while len(ids) < length:
-        take = min(length - len(ids), size - (start + len(ids)) % size)
+    while len(ids) < n_tokens:
+        take = min(n_tokens - len(ids), size - (start + len(ids)) % size)
         offset = (start + len(ids)) % size
         ids.extend(corpus[offset : offset + take])
-    repeats = -(-(index * length + length) // size)
-    return Sample(
-        task=task,
-        variant=variant,
-        length=length,
-        n_tokens=len(ids),
-        depth=None,
-        seed=seed,
-        index=index,
-        prompt=tokenizer.decode(ids),
-        input_ids=ids,
-        answers=[],
-        needle_positions=[],
-        scoring=scoring,
-        target_ids=[],
-        max_new_tokens=max_new_tokens,
-        metric=metric,
-        meta={
-            "corpus": "ppl" if corpus_path is None else str(corpus_path),
-            "corpus_tokens": size,
-            "start": start,
-            "corpus_repeats": repeats,
-        },
-    )
+    meta = {
+        "corpus": "ppl" if corpus_path is None else str(corpus_path),
+        "corpus_tokens": size,
+        "start": start,
+        "corpus_repeats": -(-(index * n_tokens + n_tokens) // size),
+    }
+    return ids, meta
+
+
+def ppl_options(spec, lengths: list[int], options: dict) -> dict:
+    """Defaults that depend on the request: a sliding run's document is its longest window."""
+    if spec.protocol == "sliding":
+        doc_tokens = options.get("doc_tokens") or max(lengths)
+        stride = options.get("stride")
+        for window in lengths:
+            sliding_windows(doc_tokens, window, window if stride is None else stride)  # raises on a bad stride
+        return {**options, "doc_tokens": doc_tokens}
+    for key in ("stride", "doc_tokens"):
+        if key in options:
+            raise BamctlError(f"--{key.replace('_', '-')} applies to sliding windows only, not to {spec.protocol}")
+    return {**options, "bucket": options.get("bucket", DEFAULT_BUCKET)}
+
+
+def ppl_setting(spec, lengths: list[int], options: dict) -> str:
+    """What sets a run apart from the protocol's defaults: ``stride=256``, ``bucket=512``,
+    ``doc_tokens=…`` (when not the longest window), ``corpus=FILE``."""
+    parts = []
+    if options.get("corpus_path") is not None:
+        parts.append(f"corpus={Path(options['corpus_path']).name}")
+    if options.get("doc_tokens") not in (None, max(lengths)):
+        parts.append(f"doc_tokens={options['doc_tokens']}")
+    if options.get("stride") is not None:
+        parts.append(f"stride={options['stride']}")
+    if options.get("bucket") not in (None, DEFAULT_BUCKET):
+        parts.append(f"bucket={options['bucket']}")
+    return " ".join(parts)
+
+
+def ppl_plan(
+    *, spec, lengths: list[int], n_samples: int, seed: int, doc_tokens: int | None = None,
+    stride: int | None = None, bucket: int = 0, **_,
+) -> list[SampleSlot]:
+    """sliding: for each document, every window of every length (a sample per window, scoring
+    the tokens no earlier window scored); buckets: one sample per document of each length,
+    one row per bucket of positions."""
+    if spec.protocol == "sliding":
+        return [
+            spec.slot(length=window, depth=None, seed=seed, index=index, position=w.score_from, rows=(w.score_from,))
+            for index in range(n_samples)
+            for window in lengths
+            for w in sliding_windows(doc_tokens, window, window if stride is None else stride)
+        ]
+    return [
+        spec.slot(length=length, depth=None, seed=seed, index=index, rows=tuple(b.start for b in position_buckets(length, bucket)))
+        for length in lengths
+        for index in range(n_samples)
+    ]
+
+
+def ppl_sample(
+    *, slot: SampleSlot, tokenizer: Tokenizer, corpus_path: Path | str | None = None,
+    doc_tokens: int | None = None, stride: int | None = None, bucket: int = 0,
+) -> Sample:
+    """sliding: the window of ``slot.length`` tokens of document ``slot.index`` that scores from
+    ``slot.position`` on; buckets: the whole document, its buckets scored separately."""
+    if slot.protocol == "sliding":
+        document, meta = ppl_document(tokenizer, corpus_path, doc_tokens, slot.index)
+        windows = sliding_windows(doc_tokens, slot.length, slot.length if stride is None else stride)
+        window = next(w for w in windows if w.score_from == slot.position)
+        ids = document[window.begin : window.end]
+        scored = [ScoredSpan(window.score_from - window.begin, window.end - window.begin, window.score_from)]
+    else:
+        ids, meta = ppl_document(tokenizer, corpus_path, slot.length, slot.index)
+        scored = [ScoredSpan(b.start + 1, b.end + 1, b.start) for b in position_buckets(len(ids), bucket)]
+    return slot.sample(input_ids=ids, prompt=tokenizer.decode(ids), scored=scored, meta=meta)

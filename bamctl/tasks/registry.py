@@ -1,8 +1,13 @@
 """Tasks are data: ``tasks/*.toml`` names each task's generator, arguments and metric.
 
-A table is a task. Without a ``variants`` sub-table the task is its own single
-variant (RULER: ``niah_single_1`` is both); with one, ``default_variant`` picks
-when none is asked for (passkey: ``authors`` or ``landmark``).
+A table is a task. A ``protocols`` sub-table lists the ways one task can be posed
+(passkey: ``authors`` or ``landmark``; ppl: ``sliding`` or ``buckets``), with
+``default_protocol`` picking one when none is asked for; a task without one has a
+single protocol, named by its ``protocol`` key (RULER's tasks: ``ruler``).
+
+A generator is two pure functions: ``plan`` lists the samples a request asks for
+(cheap slots, so a run counts, shards and skips work before building a prompt) and
+``build`` turns one slot into its :class:`Sample`.
 """
 
 from __future__ import annotations
@@ -16,26 +21,58 @@ from bamctl.errors import BamctlError, did_you_mean
 from bamctl.lengths import parse_depths
 from bamctl.tasks.metrics import METRICS
 from bamctl.tasks.passkey import passkey_sample
-from bamctl.tasks.perplexity import ppl_sample
+from bamctl.tasks.perplexity import ppl_options, ppl_plan, ppl_sample, ppl_setting
 from bamctl.tasks.ruler import niah_sample
-from bamctl.tasks.sample import SCORING_KINDS, Sample
+from bamctl.tasks.sample import SCORING_KINDS, Sample, SampleSlot
 from bamctl.tasks.texts import read_toml, tasks_dir
 from bamctl.tokenizer import Tokenizer
 
-# generator name in the TOML -> function(tokenizer, length, seed, index, depth, task, variant, ..., **args)
-GENERATORS: dict[str, Callable[..., Sample]] = {
-    "passkey": passkey_sample,
-    "niah": niah_sample,
-    "ppl": ppl_sample,
+
+def grid_plan(spec: "TaskSpec", lengths: list[int], depths: list[float] | None, n_samples: int, seed: int, **_) -> list[SampleSlot]:
+    """Every (length, depth, index): the plan of tasks whose samples stand alone."""
+    return [
+        spec.slot(length=length, depth=depth, seed=seed, index=index)
+        for length in lengths
+        for depth in (depths if depths is not None else [None])
+        for index in range(n_samples)
+    ]
+
+
+def as_given(spec: "TaskSpec", lengths: list[int], options: dict) -> dict:
+    return options
+
+
+def no_setting(spec: "TaskSpec", lengths: list[int], options: dict) -> str:
+    return ""
+
+
+@dataclass(frozen=True)
+class Generator:
+    """``build(slot, tokenizer, **args)`` makes one sample; ``plan`` lists a request's slots;
+    ``resolve`` fills in the options whose default depends on the request (e.g. its lengths);
+    ``setting`` names the options that depart from the protocol's defaults (``stride=256``)."""
+
+    build: Callable[..., Sample]
+    plan: Callable[..., list[SampleSlot]] = grid_plan
+    resolve: Callable[..., dict] = as_given
+    setting: Callable[..., str] = no_setting
+    takes_depths: bool = True
+
+
+# generator name in the TOML -> its functions
+GENERATORS: dict[str, Generator] = {
+    "passkey": Generator(passkey_sample),
+    "niah": Generator(niah_sample),
+    "ppl": Generator(ppl_sample, ppl_plan, ppl_options, ppl_setting, takes_depths=False),
 }
 
 
 @dataclass(frozen=True)
-class TaskVariant:
-    """Everything needed to generate and score one variant of a task."""
+class TaskSpec:
+    """Everything needed to plan, generate and score one protocol of a task."""
 
     task: str
-    variant: str
+    protocol: str
     generator: str
     scoring: str
     metric: str
@@ -44,25 +81,36 @@ class TaskVariant:
     description: str = ""
     default_depths: str | None = None  # depth grid when --depths is not given (None: the generator's own)
 
+    def slot(self, **identity) -> SampleSlot:
+        return SampleSlot(
+            task=self.task, protocol=self.protocol, scoring=self.scoring, metric=self.metric,
+            max_new_tokens=self.max_new_tokens, **identity,
+        )
 
-def _did_you_mean(kind: str, name: str, known: list[str]) -> BamctlError:
-    return BamctlError(f"unknown {kind} {name!r}{did_you_mean(name, known, cutoff=0.5)}")
+    @property
+    def functions(self) -> Generator:
+        return GENERATORS[self.generator]
+
+    def options(self) -> set[str]:
+        """Option names the generator takes beyond its TOML arguments (e.g. ``corpus_path``)."""
+        names = set(inspect.signature(self.functions.build).parameters) | set(inspect.signature(self.functions.plan).parameters)
+        return names - {"slot", "tokenizer", "spec", "lengths", "depths", "n_samples", "seed", "_"}
 
 
-def _variant(task: str, variant: str, table: dict, base: dict, source: str) -> TaskVariant:
+def _spec(task: str, protocol: str, table: dict, base: dict, source: str) -> TaskSpec:
     merged = {**base, **table}
     missing = [key for key in ("generator", "scoring", "metric") if key not in merged]
     if missing:
         raise BamctlError(f"{source}: task {task!r} lacks {', '.join(missing)}")
     if merged["generator"] not in GENERATORS:
-        raise _did_you_mean(f"generator in {source} for", merged["generator"], list(GENERATORS))
+        raise BamctlError(f"unknown generator in {source} for {merged['generator']!r}{did_you_mean(merged['generator'], GENERATORS, cutoff=0.5)}")
     if merged["scoring"] not in SCORING_KINDS:
         raise BamctlError(f"{source}: task {task!r} scoring must be one of {', '.join(SCORING_KINDS)}")
     if merged["metric"] not in METRICS:
-        raise _did_you_mean(f"metric in {source} for", merged["metric"], list(METRICS))
-    return TaskVariant(
+        raise BamctlError(f"unknown metric in {source} for {merged['metric']!r}{did_you_mean(merged['metric'], METRICS, cutoff=0.5)}")
+    return TaskSpec(
         task=task,
-        variant=variant,
+        protocol=protocol,
         generator=merged["generator"],
         scoring=merged["scoring"],
         metric=merged["metric"],
@@ -73,40 +121,107 @@ def _variant(task: str, variant: str, table: dict, base: dict, source: str) -> T
     )
 
 
+TABLE_KEYS = ("protocols", "default_protocol", "protocol")
+
+
 @cache
-def _load() -> tuple[dict[str, dict[str, TaskVariant]], dict[str, str]]:
-    variants: dict[str, dict[str, TaskVariant]] = {}
+def _load() -> tuple[dict[str, dict[str, TaskSpec]], dict[str, str]]:
+    protocols: dict[str, dict[str, TaskSpec]] = {}
     defaults: dict[str, str] = {}
     for path in sorted(tasks_dir().glob("*.toml")):
         for task, table in read_toml(path).items():
-            if task in variants:
+            if task in protocols:
                 raise BamctlError(f"task {task!r} is defined twice (again in {path.name})")
-            base = {key: value for key, value in table.items() if key not in ("variants", "default_variant")}
-            if "variants" in table:
-                variants[task] = {
-                    name: _variant(task, name, sub, base, path.name) for name, sub in table["variants"].items()
-                }
-                defaults[task] = table.get("default_variant", next(iter(table["variants"])))
+            base = {key: value for key, value in table.items() if key not in TABLE_KEYS}
+            if "protocols" in table:
+                protocols[task] = {name: _spec(task, name, sub, base, path.name) for name, sub in table["protocols"].items()}
+                defaults[task] = table.get("default_protocol", next(iter(table["protocols"])))
             else:
-                variants[task] = {task: _variant(task, task, {}, base, path.name)}
-                defaults[task] = task
-    return variants, defaults
+                name = table.get("protocol", task)
+                protocols[task] = {name: _spec(task, name, {}, base, path.name)}
+                defaults[task] = name
+    return protocols, defaults
 
 
 def task_names() -> list[str]:
     return list(_load()[0])
 
 
-def get_task(task: str, variant: str | None = None) -> TaskVariant:
-    """The variant spec for ``task`` (its default variant when ``variant`` is None)."""
-    variants, defaults = _load()
-    if task not in variants:
-        raise _did_you_mean("task", task, list(variants))
-    if variant is None:
-        return variants[task][defaults[task]]
-    if variant not in variants[task]:
-        raise _did_you_mean(f"variant of {task}:", variant, list(variants[task]))
-    return variants[task][variant]
+def protocol_names(task: str) -> list[str]:
+    get_task(task)  # an unknown task raises with close matches
+    return list(_load()[0][task])
+
+
+def get_task(task: str, protocol: str | None = None) -> TaskSpec:
+    """The spec of ``task`` posed by ``protocol`` (its default protocol when None)."""
+    protocols, defaults = _load()
+    if task not in protocols:
+        raise BamctlError(f"unknown task {task!r}{did_you_mean(task, protocols, cutoff=0.5)}")
+    if protocol is None:
+        return protocols[task][defaults[task]]
+    if protocol not in protocols[task]:
+        raise BamctlError(f"unknown protocol {protocol!r} for {task}{did_you_mean(protocol, protocols[task], cutoff=0.5)}")
+    return protocols[task][protocol]
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """A request's samples, planned: ``slots`` in order, each built on demand by ``build``."""
+
+    spec: TaskSpec
+    slots: list[SampleSlot]
+    tokenizer: Tokenizer
+    options: dict  # resolved: every default that depends on the request filled in
+    setting: str = ""  # the options that depart from the protocol's defaults, as key=value words
+
+    def build(self, slot: SampleSlot) -> Sample:
+        return self.spec.functions.build(slot=slot, tokenizer=self.tokenizer, **self.spec.args, **self.options)
+
+    def samples(self) -> Iterator[Sample]:
+        return (self.build(slot) for slot in self.slots)
+
+    @property
+    def n_rows(self) -> int:
+        return sum(len(slot.rows) for slot in self.slots)
+
+
+def plan_samples(
+    task: str,
+    lengths: list[int],
+    n_samples: int,
+    seeds: list[int],
+    tokenizer: Tokenizer,
+    depths: list[float] | None = None,
+    *,
+    protocol: str | None = None,
+    **options,
+) -> TaskPlan:
+    """The samples of every seed, length, depth and index, in that nesting order.
+
+    Arguments are checked here, before anything is built. ``options`` go to the
+    generator (``corpus_path``, ``stride`` … for ppl; None means its default). Each
+    sample is a pure function of its slot and these options: asking for more or other
+    lengths never changes it.
+    """
+    spec = get_task(task, protocol)
+    if n_samples < 1:
+        raise BamctlError(f"--samples must be at least 1 (got {n_samples})")
+    if depths is None and spec.default_depths is not None:
+        depths = parse_depths(spec.default_depths)
+    if depths is not None and not spec.functions.takes_depths:
+        raise BamctlError(f"--depths does not apply to {task}")
+    options = {key: value for key, value in options.items() if value is not None}
+    unknown = sorted(set(options) - spec.options())
+    if unknown:
+        raise BamctlError(f"task {task} does not take {', '.join(unknown)}")
+    setting = spec.functions.setting(spec, lengths, options)
+    options = spec.functions.resolve(spec, lengths, options)
+    slots = [
+        slot
+        for seed in seeds
+        for slot in spec.functions.plan(spec=spec, lengths=lengths, depths=depths, n_samples=n_samples, seed=seed, **options)
+    ]
+    return TaskPlan(spec, slots, tokenizer, options, setting)
 
 
 def generate_samples(
@@ -118,46 +233,5 @@ def generate_samples(
     depths: list[float] | None = None,
     **options,
 ) -> Iterator[Sample]:
-    """Samples for every length, depth and index, in that nesting order (lazily).
-
-    Arguments are checked at the call, before the first sample is built.
-
-    ``options``: ``variant`` (or its alias ``protocol``) picks a variant; any other
-    option goes to the generator (``corpus_path`` for ppl). Each sample is a pure
-    function of (task, variant, length, depth, seed, index): asking for more or
-    other lengths never changes it.
-    """
-    variant, protocol = options.pop("variant", None), options.pop("protocol", None)
-    spec = get_task(task, variant or protocol)
-    if n_samples < 1:
-        raise BamctlError(f"--samples must be at least 1 (got {n_samples})")
-    if depths is None and spec.default_depths is not None:
-        depths = parse_depths(spec.default_depths)
-    if depths is not None and spec.generator == "ppl":
-        raise BamctlError("--depths does not apply to perplexity")
-    options = {key: value for key, value in options.items() if value is not None}
-    generator = GENERATORS[spec.generator]
-    unknown = sorted(set(options) - set(inspect.signature(generator).parameters))
-    if unknown:
-        raise BamctlError(f"task {task} does not take {', '.join(unknown)}")
-    return _iterate(generator, spec, lengths, depths, n_samples, seed, tokenizer, options)
-
-
-def _iterate(generator, spec: TaskVariant, lengths, depths, n_samples, seed, tokenizer, options) -> Iterator[Sample]:
-    for length in lengths:
-        for depth in depths if depths is not None else [None]:
-            for index in range(n_samples):
-                yield generator(
-                    tokenizer=tokenizer,
-                    length=length,
-                    seed=seed,
-                    index=index,
-                    depth=depth,
-                    task=spec.task,
-                    variant=spec.variant,
-                    scoring=spec.scoring,
-                    metric=spec.metric,
-                    max_new_tokens=spec.max_new_tokens,
-                    **spec.args,
-                    **options,
-                )
+    """The samples of one seed, built lazily (arguments are checked at the call)."""
+    return plan_samples(task, lengths, n_samples, [seed], tokenizer, depths, **options).samples()

@@ -29,7 +29,7 @@ from typing import Callable
 from bamctl.errors import BamctlError
 from bamctl.tasks.haystacks import EssayHaystack, essay_haystack, token_counts
 from bamctl.tasks.passkey import FILLER
-from bamctl.tasks.sample import Sample, sample_rng
+from bamctl.tasks.sample import Sample, SampleSlot, sample_rng
 from bamctl.tasks.spans import tokens_at_chars
 from bamctl.tasks.texts import word_pairs
 from bamctl.tokenizer import Tokenizer
@@ -220,18 +220,38 @@ def line_context(lines: list[str], needles: list[str], rng, depth: float | None)
     return Context("\n".join(merged), starts, first_depth, 1)
 
 
+class Haystack:
+    """The context of one sample as a function of its size ``n`` (essay words, noise lines or
+    decoy needles), with a cheap monotone estimate of its tokens for the sizing search."""
+
+    def __init__(self, spec: NiahSpec, draw: NiahDraw, tokenizer: Tokenizer, placement, depth: float | None, decoy_rng):
+        self.spec, self.draw, self.placement, self.depth = spec, draw, placement, depth
+        self.essay = essay_haystack(tokenizer) if spec.haystack == "essay" else None
+        self.decoys = Distractors(spec, decoy_rng, set(draw.keys), tokenizer) if spec.haystack == "needle" else None
+        self.noise_line = token_counts(tokenizer, ["\n" + FILLER])[0]
+
+    def context(self, n: int) -> Context:
+        rng = self.placement(n)
+        if self.essay is not None:
+            return essay_context(self.essay, self.draw.needles, n, rng, self.depth)
+        if self.decoys is not None:
+            self.decoys.ensure(n)
+            return line_context(self.decoys.lines[:n], self.draw.needles, rng, self.depth)
+        return line_context([FILLER] * n, self.draw.needles, rng, self.depth)
+
+    def estimate(self, n: int) -> int:
+        if self.essay is not None:
+            return self.essay.estimate_tokens(n)
+        if self.decoys is not None:
+            self.decoys.ensure(n)
+            return self.decoys.prefix_tokens[n]
+        return n * self.noise_line
+
+
 def niah_sample(
     *,
+    slot: SampleSlot,
     tokenizer: Tokenizer,
-    length: int,
-    seed: int,
-    index: int,
-    depth: float | None,
-    task: str,
-    variant: str,
-    scoring: str,
-    metric: str,
-    max_new_tokens: int,
     haystack: str,
     key_type: str,
     value_type: str,
@@ -240,75 +260,38 @@ def niah_sample(
     num_queries: int = 1,
     n_units: int | None = None,
 ) -> Sample:
-    """One NIAH prompt with the largest haystack that fits ``length`` (or exactly ``n_units``).
+    """One NIAH prompt with the largest haystack that fits ``slot.length`` (or exactly ``n_units``).
 
     ``n_units`` counts haystack units: essay words, noise lines or decoy needles.
     """
     spec = NiahSpec(haystack, key_type, value_type, num_keys, num_values, num_queries)
-    identity = (task, variant, length, index)
-    draw = draw_needles(spec, sample_rng(seed, *identity))
-    if depth is not None and len(draw.needles) != 1:
-        raise BamctlError(f"--depths places a single needle; {task} hides {len(draw.needles)}")
+    # The identity the draws are seeded by; the task twice, as when RULER's tasks were
+    # variants named like the task, so samples drawn then are drawn again now.
+    identity = (slot.task, slot.task, slot.length, slot.index)
+    draw = draw_needles(spec, sample_rng(slot.seed, *identity))
+    if slot.depth is not None and len(draw.needles) != 1:
+        raise BamctlError(f"--depths places a single needle; {slot.task} hides {len(draw.needles)}")
     head, tail, answer_prefix = niah_frame(spec, draw.query_keys)
-
-    essay = essay_haystack(tokenizer) if haystack == "essay" else None
-    decoys = Distractors(spec, sample_rng(seed, *identity, "decoys"), set(draw.keys), tokenizer) if haystack == "needle" else None
-    noise_line = token_counts(tokenizer, ["\n" + FILLER])[0]
+    hay = Haystack(
+        spec, draw, tokenizer, lambda n: _placement(slot.seed, identity, n), slot.depth,
+        sample_rng(slot.seed, *identity, "decoys"),
+    )
 
     def build(n: int) -> tuple[Context, list[int], str]:
-        rng = _placement(seed, identity, n)
-        if essay is not None:
-            context = essay_context(essay, draw.needles, n, rng, depth)
-        elif decoys is not None:
-            decoys.ensure(n)
-            context = line_context(decoys.lines[:n], draw.needles, rng, depth)
-        else:
-            context = line_context([FILLER] * n, draw.needles, rng, depth)
+        context = hay.context(n)
         prompt = head + context.text + tail + answer_prefix
         return context, tokenizer.encode(prompt), prompt
 
-    def estimate(n: int) -> int:
-        if essay is not None:
-            return essay.estimate_tokens(n)
-        if decoys is not None:
-            decoys.ensure(n)
-            return decoys.prefix_tokens[n]
-        return n * noise_line
-
-    budget = length - max_new_tokens
     if n_units is None:
-        sizes: dict[int, int] = {}
-
-        def fits(n: int) -> bool:
-            if n not in sizes:
-                sizes[n] = len(build(n)[1])
-            return sizes[n] <= budget
-
-        n_units = _largest_fit(fits, estimate, budget - len(build(0)[1]))
-        if n_units < 0:
-            raise BamctlError(
-                f"length {length} is too short for {task}: the prompt without haystack already needs "
-                f"{sizes[0] + max_new_tokens} tokens with the {max_new_tokens}-token answer budget"
-            )
+        n_units = _size_to_fit(slot, build, hay.estimate)
     context, input_ids, prompt = build(n_units)
-    context_at = len(head)
-    positions = tokens_at_chars(tokenizer, prompt, input_ids, [context_at + c for c in context.needle_chars])
-    return Sample(
-        task=task,
-        variant=variant,
-        length=length,
-        n_tokens=len(input_ids),
-        depth=round(context.depth, 6),
-        seed=seed,
-        index=index,
-        prompt=prompt,
+    positions = tokens_at_chars(tokenizer, prompt, input_ids, [len(head) + c for c in context.needle_chars])
+    return slot.sample(
         input_ids=input_ids,
+        prompt=prompt,
+        needle_depth=round(context.depth, 6),
         answers=draw.answers,
         needle_positions=sorted(positions),
-        scoring=scoring,
-        target_ids=[],
-        max_new_tokens=max_new_tokens,
-        metric=metric,
         meta={
             "answer_prefix": answer_prefix,
             "queries": draw.query_keys,
@@ -319,6 +302,25 @@ def niah_sample(
             "haystack_repeats": context.repeats,
         },
     )
+
+
+def _size_to_fit(slot: SampleSlot, build, estimate) -> int:
+    """The largest haystack whose prompt plus the answer budget fits the slot's length."""
+    budget = slot.length - slot.max_new_tokens
+    sizes: dict[int, int] = {}
+
+    def fits(n: int) -> bool:
+        if n not in sizes:
+            sizes[n] = len(build(n)[1])
+        return sizes[n] <= budget
+
+    n_units = _largest_fit(fits, estimate, budget - len(build(0)[1]))
+    if n_units < 0:
+        raise BamctlError(
+            f"length {slot.length} is too short for {slot.task}: the prompt without haystack already needs "
+            f"{sizes[0] + slot.max_new_tokens} tokens with the {slot.max_new_tokens}-token answer budget"
+        )
+    return n_units
 
 
 def _largest_fit(fits: Callable[[int], bool], estimate: Callable[[int], int], room: int) -> int:

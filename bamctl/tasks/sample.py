@@ -1,4 +1,9 @@
-"""The unit every task yields and every back-end answers: one prompt, its tokens, its answers."""
+"""The unit every task yields and every back-end answers: one prompt, its tokens, its answers.
+
+A task's plan lists :class:`SampleSlot`\\ s (cheap: which sample, how it is scored); its
+generator turns a slot into a :class:`Sample` (the prompt itself) with ``slot.sample(...)``,
+the one place a ``Sample`` is put together.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,20 @@ SCORING_KINDS = ("teacher_forced", "generate", "nll")
 
 
 @dataclass(frozen=True)
+class ScoredSpan:
+    """``nll`` samples: the tokens ``input_ids[start:stop]`` are scored, each given the ones
+    before it, and give one result row labelled ``position``."""
+
+    start: int
+    stop: int
+    position: int  # the row's label: a window's first scored token, or a bucket's start, in its document
+
+    @property
+    def n_scored(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
 class Sample:
     """One prompt at one target length, with everything needed to score it.
 
@@ -19,10 +38,10 @@ class Sample:
     """
 
     task: str  # "passkey", "niah_single_1", ..., "ppl"
-    variant: str  # passkey protocol ("authors", "landmark"); RULER variant name; ppl corpus
+    protocol: str  # how the task is posed: passkey "authors"/"landmark", RULER "ruler", ppl "sliding"/"buckets"
     length: int  # requested target length in tokens
     n_tokens: int  # == len(input_ids)
-    depth: float | None  # where the (first) needle sits, as a fraction of the haystack
+    depth: float | None  # the needle depth asked for (a fraction of the haystack); None: the task places it
     seed: int
     index: int
     prompt: str
@@ -30,14 +49,51 @@ class Sample:
     answers: list[str]
     needle_positions: list[int]  # token index where each needle starts, ascending
     scoring: str  # one of SCORING_KINDS
+    needle_depth: float | None = None  # where the (first) needle landed, as a fraction of the haystack
     target_ids: list[int] = field(default_factory=list)  # teacher_forced: tokens whose argmax must match
     max_new_tokens: int = 0  # generate: the budget counted inside `length`
     metric: str = ""  # name in bamctl.tasks.metrics.METRICS
+    scored: list[ScoredSpan] = field(default_factory=list)  # nll: the spans scored, one row each
     meta: dict = field(default_factory=dict)  # key, answer_prefix, haystack size, repetitions, ...
 
     def to_json(self) -> dict:
         """A JSON-ready dict, fields in declaration order (JSONL rows are byte-stable)."""
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class SampleSlot:
+    """One sample of a plan, before it is built: which one it is and how it is scored."""
+
+    task: str
+    protocol: str
+    scoring: str
+    metric: str
+    max_new_tokens: int
+    length: int
+    depth: float | None
+    seed: int
+    index: int
+    position: int | None = None  # which part of sample `index`, when one document gives several (sliding windows)
+    rows: tuple[int | None, ...] = (None,)  # the `position` of each result row the sample gives
+
+    def sample(self, *, input_ids: list[int], prompt: str, **fields) -> Sample:
+        """The built sample: this slot's identity and scoring, plus what the generator made."""
+        return Sample(
+            task=self.task,
+            protocol=self.protocol,
+            length=self.length,
+            n_tokens=len(input_ids),
+            depth=self.depth,
+            seed=self.seed,
+            index=self.index,
+            prompt=prompt,
+            input_ids=input_ids,
+            scoring=self.scoring,
+            max_new_tokens=self.max_new_tokens,
+            metric=self.metric,
+            **{"answers": [], "needle_positions": [], **fields},
+        )
 
 
 def sample_rng(seed: int, *identity: object) -> random.Random:

@@ -1,0 +1,93 @@
+"""The evaluation commands share one option definition, and closed choices are choices."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from enum import Enum
+
+import pytest
+import typer.main
+
+from bamctl import evaluate
+from bamctl.cli import main
+from bamctl.cli.app import app
+from bamctl.cli.options import EVALUATION, PERPLEXITY, PasskeyProtocol, PplProtocol
+from bamctl.tasks import protocol_names
+
+EVALUATION_COMMANDS = ("passkey", "ruler", "ppl", "compare")
+
+
+def _params(command: str) -> dict[str, object]:
+    click_command = typer.main.get_command(app).commands[command]
+    return {p.name: p for p in click_command.params}
+
+
+def _choices(param) -> list[str] | None:
+    annotation = param.type_descriptor.annotation
+    return [e.value for e in annotation] if isinstance(annotation, type) and issubclass(annotation, Enum) else None
+
+
+def _describe(param) -> tuple:
+    return (tuple(param.opts), param.help, param.default, repr(param.type_descriptor.annotation), param.rich_help_panel,
+            param.min, param.max)
+
+
+def test_the_four_evaluation_commands_take_the_same_shared_options():
+    shared = [p.name for p in EVALUATION]
+    described = {command: {name: _describe(_params(command)[name]) for name in shared} for command in EVALUATION_COMMANDS}
+    first = described["passkey"]
+    assert len(shared) >= 15
+    for command in EVALUATION_COMMANDS[1:]:
+        assert described[command] == first, command
+
+
+def test_perplexity_options_are_shared_by_ppl_and_compare():
+    names = [p.name for p in PERPLEXITY]
+    assert {n: _describe(_params("ppl")[n]) for n in names} == {n: _describe(_params("compare")[n]) for n in names}
+    assert "protocol" in _params("compare")  # compare poses any protocol of its task
+
+
+def test_closed_choices_are_listed_choices():
+    params = _params("passkey")
+    for name in ("dtype", "attention", "beyond_max", "protocol"):
+        assert _choices(params[name]), name
+    assert _choices(_params("ppl")["protocol"]) == [p.value for p in PplProtocol]
+
+
+def test_protocol_choices_are_the_tasks_protocols():
+    assert [p.value for p in PasskeyProtocol] == protocol_names("passkey")
+    assert [p.value for p in PplProtocol] == protocol_names("ppl")
+
+
+def test_engine_and_external_options_sit_in_their_own_panels():
+    params = _params("ruler")
+    assert params["attention"].rich_help_panel == params["chunk_size"].rich_help_panel != params["tokenizer"].rich_help_panel
+    assert params["tokenizer"].rich_help_panel == params["beyond_max"].rich_help_panel == params["tensor_parallel"].rich_help_panel
+
+
+def test_the_runner_holds_no_task_specific_branch():
+    source = inspect.getsource(evaluate)
+    for word in ("passkey", "ppl", "sliding", "buckets", "niah", "ruler"):
+        assert f'"{word}"' not in source and f"'{word}'" not in source, word
+
+
+def test_json_is_one_document_for_several_tasks(tmp_path, capsys):
+    from bamctl.checkpoint import new_random_model, save_checkpoint
+    from bamctl.model import ModelConfig
+
+    model = save_checkpoint(new_random_model(ModelConfig.from_preset("micro", "bam", train_length=128), 0), tmp_path / "m")
+    with pytest.raises(SystemExit) as done:
+        main(["ruler", str(model), "--task", "niah_single_1,niah_multikey_2", "--lengths", "512", "--samples", "1",
+              "--out", str(tmp_path / "r"), "--quiet", "--json"])
+    assert done.value.code == 0
+    document = json.loads(capsys.readouterr().out)  # one document: json.loads would fail on two
+    assert sorted(s["task"] for s in document["summaries"]) == ["niah_multikey_2", "niah_single_1"]
+
+
+def test_a_typo_in_a_later_task_is_refused_before_any_work(tmp_path, capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["ruler", "bam", "--task", "niah_single_1,niah_singel_2", "--lengths", "512", "--out", str(tmp_path), "--quiet"])
+    assert done.value.code == 2
+    assert "niah_singel_2" in capsys.readouterr().err
+    assert not list(tmp_path.glob("*.parquet"))
