@@ -7,13 +7,12 @@ resolved by their back-ends.
 
 from __future__ import annotations
 
-import difflib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from bamctl.checkpoint import Checkpoint, is_checkpoint_dir, load_checkpoint, read_config
-from bamctl.errors import BamctlError
+from bamctl.errors import BamctlError, did_you_mean
 from bamctl.positional import pe_label
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -64,7 +63,5 @@ def resolve_model(reference: str) -> Checkpoint:
     entries = catalog()
     if reference in entries:
         return load_checkpoint(entries[reference].path)
-    close = difflib.get_close_matches(reference, entries, n=3)
-    hint = f"; did you mean {', '.join(close)}?" if close else ""
-    known = f" (known: {', '.join(entries)})" if entries and not close else ""
-    raise BamctlError(f"unknown model {reference!r}: neither a catalog name nor a checkpoint directory{hint}{known}")
+    hint = did_you_mean(reference, entries) if entries else "; no checkpoints are shipped here"
+    raise BamctlError(f"unknown model {reference!r}: neither a catalog name nor a checkpoint directory{hint}")

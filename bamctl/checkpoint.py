@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from bamctl import __version__
 from bamctl.errors import BamctlError
+from bamctl.files import atomic_write
 from bamctl.model import ModelConfig, Transformer
 
 CONFIG_FILE = "config.json"
@@ -64,7 +63,7 @@ def save_checkpoint(
         raise BamctlError(f"cannot create checkpoint directory {out}: {err.strerror}") from None
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in model.state_dict().items()}
     weights = out / WEIGHTS_FILE
-    _atomic_write(weights, lambda tmp: save_file(tensors, tmp, metadata={"format": FORMAT}))
+    atomic_write(weights, lambda tmp: save_file(tensors, tmp, metadata={"format": FORMAT}))
     config = {
         "format": FORMAT,
         "bamctl_version": __version__,
@@ -74,20 +73,8 @@ def save_checkpoint(
         "weights_sha256": file_sha256(weights),
         "n_params": model.n_params(),
     }
-    _atomic_write(out / CONFIG_FILE, lambda tmp: Path(tmp).write_text(json.dumps(config, indent=2) + "\n"))
+    atomic_write(out / CONFIG_FILE, lambda tmp: Path(tmp).write_text(json.dumps(config, indent=2) + "\n"))
     return out
-
-
-def _atomic_write(target: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; checkpoints are meant to be shared
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def read_config(path: Path) -> dict:

@@ -97,16 +97,26 @@ def inspect(
         _draw_attention(checkpoint, attention_map, length or 4 * config.train_length, depth, seed)
     heads = _prior_rows(checkpoint.model)
     if json_output:
-        payload = {
-            "path": str(checkpoint.path),
-            "sha256": checkpoint.sha256,
-            "n_params": checkpoint.model.n_params(),
-            "config": config.to_dict(),
-            "recipe": checkpoint.recipe,
-            "heads": heads,
-        }
-        typer.echo(json.dumps(payload, indent=2))
+        typer.echo(json.dumps(_inspect_json(checkpoint, heads), indent=2))
         return
+    stdout.print(_summary_table(checkpoint))
+    if heads and len(heads[0]) > 2:
+        stdout.print(_heads_table(heads))
+
+
+def _inspect_json(checkpoint, heads: list[dict]) -> dict:
+    return {
+        "path": str(checkpoint.path),
+        "sha256": checkpoint.sha256,
+        "n_params": checkpoint.model.n_params(),
+        "config": checkpoint.model.config.to_dict(),
+        "recipe": checkpoint.recipe,
+        "heads": heads,
+    }
+
+
+def _summary_table(checkpoint) -> Table:
+    config = checkpoint.model.config
     summary = Table(title=f"{checkpoint.path}", show_header=False)
     summary.add_row("positional encoding", config.label)
     summary.add_row("parameters", f"{checkpoint.model.n_params():,}")
@@ -118,15 +128,17 @@ def inspect(
     if checkpoint.recipe:  # the full recipe is in config.json and in --json
         recipe = checkpoint.recipe
         summary.add_row("recipe", recipe.get("description") or recipe.get("name") or recipe.get("kind", "?"))
-    stdout.print(summary)
-    columns = [key for key in heads[0] if key not in ("layer", "head")] if heads else []
-    if columns:
-        table = Table(title="per-head positional parameters")
-        for name in ["layer", "head", *columns]:
-            table.add_column(name, justify="right")
-        for row in heads:
-            table.add_row(str(row["layer"]), str(row["head"]), *(_fmt(row[c]) for c in columns))
-        stdout.print(table)
+    return summary
+
+
+def _heads_table(heads: list[dict]) -> Table:
+    columns = [key for key in heads[0] if key not in ("layer", "head")]
+    table = Table(title="per-head positional parameters")
+    for name in ["layer", "head", *columns]:
+        table.add_column(name, justify="right")
+    for row in heads:
+        table.add_row(str(row["layer"]), str(row["head"]), *(_fmt(row[c]) for c in columns))
+    return table
 
 
 def _draw_attention(checkpoint, path: Path, length: int, depth: float, seed: int) -> None:

@@ -48,21 +48,23 @@ def generate(
         task, length_list, samples, seed, get_tokenizer(tokenizer), depth_list, protocol=protocol, corpus_path=corpus
     )
     count = 0
-    if str(out) == "-":
+
+    def write(handle) -> None:
+        nonlocal count
         for sample in stream:
-            sys.stdout.write(sample_line(sample))
+            handle.write(sample_line(sample))
             count += 1
+
+    def write_file(path: str) -> None:
+        with open(path, "w", encoding="utf-8", newline="\n") as handle:
+            write(handle)
+
+    if str(out) == "-":
+        write(sys.stdout)
         sys.stdout.flush()
     else:
+        from bamctl.files import atomic_write
+
         out.parent.mkdir(parents=True, exist_ok=True)
-        partial = out.with_name(out.name + ".partial")
-        try:
-            with partial.open("w", encoding="utf-8", newline="\n") as handle:
-                for sample in stream:
-                    handle.write(sample_line(sample))
-                    count += 1
-        except BaseException:
-            partial.unlink(missing_ok=True)
-            raise
-        partial.replace(out)
+        atomic_write(out, write_file)  # a complete file or none, also on Ctrl-C
     stderr.print(f"wrote {count} {task} samples ({len(length_list)} lengths) to {out}")

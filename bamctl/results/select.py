@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 
 import pandas as pd
 
-from bamctl.errors import BamctlError
+from bamctl.errors import BamctlError, did_you_mean
 
 MIN_HASH_PREFIX = 6  # shorter strings are names, never hash prefixes ("a" must not match half the hashes)
 
@@ -70,6 +69,5 @@ def _check_known(column: str, names: list[str], known: Iterable[str]) -> None:
     known = sorted(str(k) for k in known)
     for name in names:
         if name not in known:
-            close = difflib.get_close_matches(name, known, n=3)
-            hint = f"did you mean {', '.join(close)}?" if close else f"stored: {', '.join(known) or 'none'}"
-            raise BamctlError(f"no results for {column} {name!r}; {hint}")
+            hint = did_you_mean(name, known) if known else "; none stored"
+            raise BamctlError(f"no results for {column} {name!r}{hint}")

@@ -11,9 +11,7 @@ for bit. A finished run deletes the state file and leaves a core-format checkpoi
 from __future__ import annotations
 
 import math
-import os
 import signal
-import tempfile
 import threading
 import time
 from contextlib import contextmanager, nullcontext
@@ -27,6 +25,7 @@ import torch.nn.functional as F
 
 from bamctl.checkpoint import CONFIG_FILE, new_random_model, save_checkpoint
 from bamctl.errors import BamctlError
+from bamctl.files import atomic_write
 from bamctl.model import Transformer
 from bamctl.train.data import IGNORE, BatchMaker, text_tokens
 from bamctl.train.recipe import Recipe
@@ -121,17 +120,6 @@ def _stop_requests():
             signal.signal(sig, handler)
 
 
-def _atomic_torch_save(payload: dict, target: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    os.close(fd)
-    try:
-        torch.save(payload, tmp)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 @dataclass
 class Setup:
     """Everything a run needs before its first step."""
@@ -206,6 +194,90 @@ def _loss_curve(losses: list[float]) -> list[list[float]]:
     return [[i + 1, round(losses[i], 5)] for i in range(stride - 1, len(losses), stride)]
 
 
+@dataclass
+class Progress:
+    """What a run carries across interruptions: saved in ``train_state.pt`` with the weights."""
+
+    start: int = 0  # the step the run (re)started at
+    losses: list[float] = field(default_factory=list)
+    wall_before: float = 0.0  # seconds spent before this process took over
+    resumes: list[int] = field(default_factory=list)  # steps at which it was resumed
+    began: float = field(default_factory=time.perf_counter)
+
+    def wall(self) -> float:
+        return self.wall_before + time.perf_counter() - self.began
+
+
+def _check_target(out: Path, state_path: Path, restart: bool) -> None:
+    if restart and state_path.exists():
+        state_path.unlink()
+    if not restart and not state_path.exists() and (out / CONFIG_FILE).exists():
+        raise BamctlError(f"{out} already holds a finished checkpoint; pass --restart to train it again")
+
+
+def _resume(state_path: Path, setup: Setup, optimizer, fingerprint: str) -> Progress:
+    """The saved state's weights, optimiser moments and progress, when there is one."""
+    if not state_path.exists():
+        return Progress()
+    state = torch.load(state_path, map_location=setup.device, weights_only=True)
+    if state.get("fingerprint") != fingerprint:
+        raise BamctlError(
+            f"{state_path} belongs to another recipe (fingerprint {state.get('fingerprint')}, this one {fingerprint}); "
+            "pass --restart to discard it"
+        )
+    setup.model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    start, steps = state["step"], setup.recipe.train.steps
+    if start > steps:
+        raise BamctlError(f"{state_path} is at step {start}, past this run's {steps} steps")
+    return Progress(start, list(state["losses"]), state["wall_time_s"], [*state["resumes"], start])
+
+
+def _provenance(setup: Setup, progress: Progress, done: int, finished: bool) -> dict:
+    import platform
+
+    recipe, losses = setup.recipe, progress.losses
+    tokens_per_step = recipe.train.batch_size * recipe.train.grad_accum * recipe.model.train_length
+    return {
+        "created_by": "bamctl train",
+        "finished": finished,
+        "steps": done,
+        "final_loss": round(losses[-1], 6) if losses else None,
+        "mean_loss_last_10": round(sum(losses[-10:]) / len(losses[-10:]), 6) if losses else None,
+        "first_losses": [round(v, 6) for v in losses[:5]],
+        "loss_curve": _loss_curve(losses),
+        "tokens_seen": done * tokens_per_step,
+        "wall_time_s": round(progress.wall(), 2),
+        "resumed_at_steps": progress.resumes,
+        "device": str(setup.device),
+        "cpu_threads": recipe.train.cpu_threads if setup.device.type == "cpu" else None,
+        "torch_version": torch.__version__,
+        "python": platform.python_version(),
+        "data": setup.data_source,
+        "recipe_fingerprint": recipe.fingerprint(),
+        "saved_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _save(setup: Setup, optimizer, progress: Progress, out: Path, done: int, finished: bool) -> None:
+    """The checkpoint, and (unless finished) the state a later run resumes from; both atomic."""
+    save_checkpoint(setup.model, out, recipe=setup.recipe.to_dict(), provenance=_provenance(setup, progress, done, finished))
+    state_path = out / STATE_FILE
+    if finished:
+        state_path.unlink(missing_ok=True)
+        return
+    payload = {
+        "fingerprint": setup.recipe.fingerprint(),
+        "step": done,
+        "model": setup.model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "losses": progress.losses,
+        "wall_time_s": progress.wall(),
+        "resumes": progress.resumes,
+    }
+    atomic_write(state_path, lambda tmp: torch.save(payload, tmp))
+
+
 def train(
     recipe: Recipe,
     out: Path,
@@ -221,93 +293,31 @@ def train(
     stops the run like Ctrl-C does, after the state is saved.
     """
     out = Path(out)
-    state_path = out / STATE_FILE
-    fingerprint = recipe.fingerprint()
-    if restart and state_path.exists():
-        state_path.unlink()
-    if not restart and not state_path.exists() and (out / CONFIG_FILE).exists():
-        raise BamctlError(f"{out} already holds a finished checkpoint; pass --restart to train it again")
+    _check_target(out, out / STATE_FILE, restart)
     setup = prepare(recipe, device=device, data_dir=data_dir)
-    model, steps = setup.model, recipe.train.steps
-    optimizer = make_optimizer(model, recipe)
-    losses: list[float] = []
-    start, wall_before, resumes = 0, 0.0, []
-    if state_path.exists():
-        state = torch.load(state_path, map_location=setup.device, weights_only=True)
-        if state.get("fingerprint") != fingerprint:
-            raise BamctlError(
-                f"{state_path} belongs to another recipe (fingerprint {state.get('fingerprint')}, this one {fingerprint}); "
-                "pass --restart to discard it"
-            )
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start, losses, wall_before, resumes = state["step"], list(state["losses"]), state["wall_time_s"], list(state["resumes"])
-        resumes.append(start)
-        if start > steps:
-            raise BamctlError(f"{state_path} is at step {start}, past this run's {steps} steps")
+    optimizer = make_optimizer(setup.model, recipe)
+    progress = _resume(out / STATE_FILE, setup, optimizer, recipe.fingerprint())
     out.mkdir(parents=True, exist_ok=True)
+    steps = recipe.train.steps
     tokens_per_step = recipe.train.batch_size * recipe.train.grad_accum * recipe.model.train_length
-    began = time.perf_counter()
-
-    def provenance(done: int, finished: bool) -> dict:
-        import platform
-
-        return {
-            "created_by": "bamctl train",
-            "finished": finished,
-            "steps": done,
-            "final_loss": round(losses[-1], 6) if losses else None,
-            "mean_loss_last_10": round(sum(losses[-10:]) / len(losses[-10:]), 6) if losses else None,
-            "first_losses": [round(v, 6) for v in losses[:5]],
-            "loss_curve": _loss_curve(losses),
-            "tokens_seen": done * tokens_per_step,
-            "wall_time_s": round(wall_before + time.perf_counter() - began, 2),
-            "resumed_at_steps": resumes,
-            "device": str(setup.device),
-            "cpu_threads": recipe.train.cpu_threads if setup.device.type == "cpu" else None,
-            "torch_version": torch.__version__,
-            "python": platform.python_version(),
-            "data": setup.data_source,
-            "recipe_fingerprint": fingerprint,
-            "saved_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        }
-
-    def save(done: int, finished: bool) -> None:
-        save_checkpoint(model, out, recipe=recipe.to_dict(), provenance=provenance(done, finished))
-        if finished:
-            state_path.unlink(missing_ok=True)
-            return
-        payload = {
-            "fingerprint": fingerprint,
-            "step": done,
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "losses": losses,
-            "wall_time_s": wall_before + time.perf_counter() - began,
-            "resumes": resumes,
-        }
-        _atomic_torch_save(payload, state_path)
-
     with _cpu_threads(setup.device, recipe.train.cpu_threads), _stop_requests() as stop:
-        model.train()
+        setup.model.train()
         last = time.perf_counter()
-        for step in range(start, steps):
-            losses.append(_step(setup, optimizer, step))
-            done = step + 1
-            now = time.perf_counter()
-            report = StepReport(done, steps, losses[-1], lr_at(step, recipe), tokens_per_step / max(now - last, 1e-9), start)
+        for step in range(progress.start, steps):
+            progress.losses.append(_step(setup, optimizer, step))
+            done, now = step + 1, time.perf_counter()
+            report = StepReport(done, steps, progress.losses[-1], lr_at(step, recipe), tokens_per_step / max(now - last, 1e-9), progress.start)
             last = now
             try:
                 if on_step is not None:
                     on_step(report)
             except BaseException:
-                save(done, finished=done == steps)
+                _save(setup, optimizer, progress, out, done, finished=done == steps)
                 raise
             if stop.is_set():
-                save(done, finished=done == steps)
+                _save(setup, optimizer, progress, out, done, finished=done == steps)
                 raise KeyboardInterrupt
             if done % recipe.train.save_every == 0 and done < steps:
-                save(done, finished=False)
-        save(steps, finished=True)
-    wall = wall_before + time.perf_counter() - began
-    return TrainResult(out, losses, steps, wall, start, provenance(steps, True))
+                _save(setup, optimizer, progress, out, done, finished=False)
+        _save(setup, optimizer, progress, out, steps, finished=True)
+    return TrainResult(out, progress.losses, steps, progress.wall(), progress.start, _provenance(setup, progress, steps, True))

@@ -121,6 +121,28 @@ float exp_and_sum(float* row, float top, int64_t n) {
   return sum;
 }
 
+// Whether key block [j0, j0 + cols), wholly in the past of the `rows` queries of a block,
+// can be skipped exactly: for every row r an upper bound of its logits over the block,
+//     |q_r| * max_j |k_j| + p_r * (max or min of the prior entries the block's rows read),
+// lies more than kSkipMargin below top[r], the largest logit r has already seen, so every
+// weight there would be exactly 0 in float32. `prior` points at the first of the
+// rows + cols - 1 prior entries the block reads (t = line - 1 - i + j over its rows and
+// keys); `row_scale` at the rows' prior multipliers p_r (null: 1).
+bool block_is_negligible(const float* keys, int64_t key_stride, int64_t dim, int64_t j0, int64_t cols,
+                         const float* prior, int64_t rows, const float* q_norm, const float* row_scale,
+                         const float* top) {
+  float key_max = 0.f;
+  for (int64_t j = 0; j < cols; ++j) key_max = std::max(key_max, norm(keys + (j0 + j) * key_stride, dim));
+  const auto [prior_min, prior_max] = min_max(prior, rows + cols - 1);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float p = row_scale ? row_scale[r] : 1.f;
+    const float bound = q_norm[r] * key_max + (p >= 0.f ? p * prior_max : p * prior_min);
+    const float slack = 1e-5f * (std::fabs(bound) + std::fabs(top[r]));  // rounding in both
+    if (!(bound + kSkipMargin + slack < top[r])) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 std::vector<at::Tensor> bam_attention(
@@ -193,22 +215,11 @@ std::vector<at::Tensor> bam_attention(
       for (int64_t j0 = (visible - 1) / kKeyBlock * kKeyBlock; j0 >= 0; j0 -= kKeyBlock) {  // nearest first
         const int64_t cols = std::min(kKeyBlock, visible - j0);
         ++local_visited;
-        if (prior != nullptr && j0 + cols <= first) {  // wholly in the past of every row: may skip
-          float key_max = 0.f;
-          for (int64_t j = 0; j < cols; ++j) key_max = std::max(key_max, norm(kp + (j0 + j) * k.stride(2), dim));
-          // the prior entries the block's rows would read: t = line - 1 - i + j over its rows and keys
-          const auto [prior_min, prior_max] = min_max(prior + h * line + (line - visible + j0), rows + cols - 1);
-          bool skip = true;
-          for (int64_t r = 0; r < rows && skip; ++r) {
-            const float p = row_scale ? row_scale[h * queries + r0 + r] : 1.f;
-            const float bound = q_norm[r] * key_max + (p >= 0.f ? p * prior_max : p * prior_min);
-            const float slack = 1e-5f * (std::fabs(bound) + std::fabs(top[r]));  // rounding in both
-            skip = bound + kSkipMargin + slack < top[r];
-          }
-          if (skip) {
-            ++local_skipped;
-            continue;
-          }
+        if (prior != nullptr && j0 + cols <= first &&  // wholly in the past of every row: may skip
+            block_is_negligible(kp, k.stride(2), dim, j0, cols, prior + h * line + (line - visible + j0), rows,
+                                q_norm.data(), row_scale ? row_scale + h * queries + r0 : nullptr, top.data())) {
+          ++local_skipped;
+          continue;
         }
         // scores (rows x cols, row-major) = q_block . k_block^T
         gemm(true, cols, rows, dim, kp + j0 * k.stride(2), k.stride(2), qp, q.stride(2), 0.f, scores.data(), cols);
