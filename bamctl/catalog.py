@@ -1,6 +1,6 @@
 """Where models live: names of shipped reference checkpoints, and checkpoint paths.
 
-A model argument is a catalog name (a folder under ``baselines/`` holding a checkpoint)
+A model argument is a catalog name (a folder under ``bamctl/data/baselines/`` holding a checkpoint)
 or a path to a checkpoint directory. Back-end prefixed references (``hf:PATH``) are
 resolved by their back-ends.
 """
@@ -15,11 +15,13 @@ from bamctl.checkpoint import Checkpoint, is_checkpoint_dir, load_checkpoint, re
 from bamctl.errors import BamctlError, did_you_mean
 from bamctl.positional import pe_label
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+BASELINES_ENV = "BAMCTL_BASELINES_DIR"
+SHIPPED_BASELINES = Path(__file__).resolve().parent / "data" / "baselines"  # inside the package: wheels carry it
 
 
 def baselines_dir() -> Path:
-    return Path(os.environ.get("BAMCTL_BASELINES_DIR", REPO_ROOT / "baselines"))
+    """Where shipped checkpoints and their recipes live (``BAMCTL_BASELINES_DIR`` overrides)."""
+    return Path(os.environ.get(BASELINES_ENV, SHIPPED_BASELINES))
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class CatalogEntry:
 
 
 def catalog() -> dict[str, CatalogEntry]:
-    """Shipped checkpoints: every ``baselines/NAME/config.json``, by NAME."""
+    """Shipped checkpoints: every ``bamctl/data/baselines/NAME/config.json``, by NAME."""
     root = baselines_dir()
     if not root.is_dir():
         return {}
@@ -55,13 +57,18 @@ def catalog() -> dict[str, CatalogEntry]:
     }
 
 
-def resolve_model(reference: str) -> Checkpoint:
-    """Load a model named in the catalog, or from a checkpoint directory."""
+def checkpoint_path(reference: str) -> Path:
+    """The directory a catalog name or checkpoint path names; a one-line error if none."""
     path = Path(reference).expanduser()
     if path.is_dir():
-        return load_checkpoint(path)
+        return path
     entries = catalog()
     if reference in entries:
-        return load_checkpoint(entries[reference].path)
+        return entries[reference].path
     hint = did_you_mean(reference, entries) if entries else "; no checkpoints are shipped here"
     raise BamctlError(f"unknown model {reference!r}: neither a catalog name nor a checkpoint directory{hint}")
+
+
+def resolve_model(reference: str) -> Checkpoint:
+    """Load a model named in the catalog, or from a checkpoint directory."""
+    return load_checkpoint(checkpoint_path(reference))

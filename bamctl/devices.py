@@ -39,3 +39,21 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
         return DTYPES[name]
     except KeyError:
         raise BamctlError(f"unknown dtype {name!r}; use auto, float32, bfloat16 or float16") from None
+
+
+def available_bytes(device: torch.device) -> int:
+    """Memory a run may still take: free GPU memory, or the kernel's MemAvailable on a CPU."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 62  # unknown: do not refuse
+
+
+MEMORY_SAFETY = 0.9  # a run plans to use at most this share of the memory reported available

@@ -26,6 +26,7 @@ import torch
 
 from bamctl.backends import Backend
 from bamctl.errors import BamctlError
+from bamctl.fingerprints import digest
 from bamctl.results.provenance import provenance
 from bamctl.results.schema import row_key
 from bamctl.results.store import ResultStore
@@ -95,6 +96,9 @@ def answer_nll(backend: Backend, sample: Sample) -> list[dict]:
     return rows
 
 
+# Tokens a request kind feeds after the prompt, at most (a passkey key's digits, with room).
+ANSWER_TOKENS = {"teacher_forced": 16, "nll": 0}
+
 ANSWERS: dict[str, Callable[[Backend, Sample], list[dict]]] = {
     "teacher_forced": answer_teacher_forced,
     "generate": answer_generate,
@@ -126,6 +130,7 @@ class Evaluation:
             "dtype": backend.dtype,
             "attention": backend.attention,
             "setting": self.plan.setting,
+            "fingerprint": digest([self.plan.fingerprint, getattr(backend, "feeding", "")]),
             **provenance(),
         }
 
@@ -143,10 +148,12 @@ class Evaluation:
         return self.plan.slots[index::count]
 
     def run(
-        self, *, force: bool = False, on_row: Callable[[dict], None] | None = None, shard: tuple[int, int] = (0, 1)
+        self, *, force: bool = False, on_row: Callable[[dict], None] | None = None, shard: tuple[int, int] = (0, 1),
+        checked: bool = False,
     ) -> RunStats:
-        """Evaluate every sample of this shard not yet in the store."""
-        self.preflight()
+        """Evaluate every sample of this shard not yet in the store (``checked``: ``preflight`` already ran)."""
+        if not checked:
+            self.preflight()
         done = set() if force else self.store.done_keys()
         stats = RunStats()
         parts = []  # one per row while running, so a kill loses at most the sample in flight
@@ -168,13 +175,15 @@ class Evaluation:
         return stats
 
     def preflight(self) -> None:
-        """Let the back-end refuse the longest context now rather than after hours of work."""
+        """Let the back-end refuse the longest request now, before any sample, rather than after hours of work."""
         spec = self.plan.spec
-        longest = max(self.request.lengths) + (spec.max_new_tokens or 0) + 16  # 16: teacher-forced answer tokens
-        for hook in ("check_fits", "reserve"):  # native engine: memory estimate; vLLM: size the engine once
-            method = getattr(self.backend, hook, None)
-            if method is not None:
-                method(longest)
+        longest = max(slot.length for slot in self.plan.slots)
+        # A generation budget lies inside the length (RULER); teacher-forced answers are fed after it.
+        answer = spec.max_new_tokens if spec.scoring == "generate" else ANSWER_TOKENS.get(spec.scoring, 0)
+        prompt = longest - answer if spec.scoring == "generate" else longest
+        check = getattr(self.backend, "check_fits", None)
+        if check is not None:
+            check(prompt, answer)
 
     def _identity(self, slot: SampleSlot, position: int | None) -> dict:
         return {

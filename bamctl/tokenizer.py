@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
 from bamctl.errors import BamctlError, did_you_mean
+from bamctl.fingerprints import digest
 
 ASSETS = Path(__file__).parent / "assets"
 GPT2_RANKS = ASSETS / "gpt2.tiktoken"
@@ -31,6 +32,7 @@ class Tokenizer(Protocol):
     name: str
     vocab_size: int
     eos_id: int | None
+    fingerprint: str  # identifies the tokenizer by what it does (vocabulary, merges, rules), not its path
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -48,6 +50,7 @@ class TiktokenTokenizer:
     name: str
     encoding: object  # tiktoken.Encoding; typed loosely so tiktoken imports lazily
     eos_id: int | None
+    fingerprint: str = ""
 
     @property
     def vocab_size(self) -> int:
@@ -96,7 +99,8 @@ def gpt2_tokenizer(ranks_path: Path = GPT2_RANKS) -> TiktokenTokenizer:
         special_tokens={GPT2_EOT: len(ranks)},
         explicit_n_vocab=len(ranks) + 1,
     )
-    return TiktokenTokenizer(name="gpt2", encoding=encoding, eos_id=len(ranks))
+    fingerprint = digest({"kind": "tiktoken", "ranks": GPT2_SHA256, "pattern": GPT2_PATTERN, "special": [GPT2_EOT]})
+    return TiktokenTokenizer(name="gpt2", encoding=encoding, eos_id=len(ranks), fingerprint=fingerprint)
 
 
 # name -> factory, for tokenizers bamctl ships. Tokenizers read from a path are not registered

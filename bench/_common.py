@@ -31,7 +31,7 @@ def run_measured(cmd: list[str], *, memory_limit_bytes: int | None = None) -> tu
 
 def default_model() -> str:
     """The shipped BAM+SSMax baseline, or a random micro BAM+SSMax made once for benchmarking."""
-    shipped = REPO / "baselines" / "bam-ssmax"
+    shipped = REPO / "bamctl" / "data" / "baselines" / "bam-ssmax"
     if (shipped / "config.json").is_file():
         return str(shipped)
     path = Path("/tmp/bamctl-bench-model")

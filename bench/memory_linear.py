@@ -6,7 +6,7 @@ the shortest length; linear growth with a fixed base (Python, torch, weights) ke
 it well under the length ratio, and quadratic growth far over it.
 
     python bench/memory_linear.py                       # 8k, 32k, 128k with the shipped bam-ssmax
-    python bench/memory_linear.py --lengths 8k,32k --model baselines/rope
+    python bench/memory_linear.py --lengths 8k,32k --model bamctl/data/baselines/rope
 """
 
 from __future__ import annotations

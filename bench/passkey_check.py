@@ -3,7 +3,7 @@
 Teacher forcing (the authors' protocol): a sample is right when the argmax at all five
 answer positions equals the key's digits. 5 depths x --samples per length and seed.
 
-    python bench/passkey_check.py baselines/bam baselines/rope --lengths 128,512,2048,8192 --samples 4 --seeds 0
+    python bench/passkey_check.py bamctl/data/baselines/bam bamctl/data/baselines/rope --lengths 128,512,2048,8192 --samples 4 --seeds 0
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ def fake_row(
         "protocol": protocol,
         "setting": setting,
         "scoring": scoring,
+        "fingerprint": f"fp-{task}-{protocol}",
         "model": model,
         "model_hash": model_hash,
         "pe": pe,

@@ -90,7 +90,7 @@ def test_compare_writes_table_plot_and_identical_sample_keys(models, tmp_path, c
     assert code == 0
     printed = capsys.readouterr().out
     assert "bam-ssmax" in printed and "rope" in printed and "effective length" in printed
-    png = out / "compare-passkey.png"
+    png = out.parent / "res-passkey.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     frame = ResultStore(out).read()
     keys = {m: set(map(tuple, g[["length", "depth", "seed", "sample"]].itertuples(index=False))) for m, g in frame.groupby("model")}

@@ -133,6 +133,84 @@ def test_beyond_max_positions_refused_on_request(tiny_llama):
         open_tiny(tiny_llama, beyond_max="truncate")
 
 
+def test_teacher_forcing_at_the_models_own_limit_fits_without_warning(tiny_llama, reference, capsys):
+    backend = open_tiny(tiny_llama)
+    prompt = backend.tokenizer.encode(words(*[(5 * i) % WORDS for i in range(MAX_POSITIONS)]))  # BOS + prompt: limit + 1
+    target = backend.tokenizer.encode(words(7, 8, 9, 10, 11))
+    score = backend.score_continuation(prompt, target)
+    assert "warning" not in capsys.readouterr().err
+    fed = [1] + prompt[len(target):] + target[:-1]  # the BOS kept; the prompt's first tokens make room
+    assert len(fed) == MAX_POSITIONS
+    logits = full_logits(reference, fed)[-len(target):]
+    assert score.predicted_ids == logits.argmax(-1).tolist()
+
+
+def test_a_window_at_the_limit_leaves_out_the_bos_not_a_token(tiny_llama, reference, capsys):
+    backend = open_tiny(tiny_llama)
+    ids = backend.tokenizer.encode(words(*[(3 * i) % WORDS for i in range(MAX_POSITIONS)]))
+    nll = backend.token_nll(ids)
+    assert "warning" not in capsys.readouterr().err
+    logits = full_logits(reference, ids)
+    torch.testing.assert_close(nll, F.cross_entropy(logits[:-1], torch.tensor(ids[1:]), reduction="none"), atol=1e-4, rtol=1e-4)
+
+
+def test_a_tokenizer_of_another_vocabulary_is_refused(tiny_llama):
+    with pytest.raises(BamctlError, match="--tokenizer gpt2 is not"):
+        open_tiny(tiny_llama, tokenizer="gpt2")
+    assert open_tiny(tiny_llama, tokenizer=str(tiny_llama)).tokenizer.encode(words(3)) == [6]  # its own: fine
+
+
+def test_options_hf_cannot_honour_are_refused(tiny_llama):
+    with pytest.raises(BamctlError, match="--attention does not apply to hf"):
+        open_tiny(tiny_llama, attention="native")
+    with pytest.raises(BamctlError, match="--tensor-parallel does not apply to hf"):
+        open_tiny(tiny_llama, tensor_parallel=2)
+
+
+def _cli(capsys, *args):
+    from bamctl.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(list(args))
+    captured = capsys.readouterr()
+    return done.value.code, captured.out, captured.err
+
+
+def test_beyond_max_refuse_stops_before_the_first_sample(tiny_llama, tmp_path, capsys):
+    code, _, err = _cli(capsys, "ppl", f"hf:{tiny_llama}", "--lengths", "16,100", "--beyond-max", "refuse",
+                        "--device", "cpu", "--out", str(tmp_path), "--quiet")
+    assert code == 2 and "beyond-max refuse" in err and len(err.strip().splitlines()) == 1
+    assert not list(tmp_path.glob("*.parquet"))  # the 16-token windows did not run first
+
+
+def test_memory_estimate_refuses_before_the_first_sample(tiny_llama, tmp_path, capsys, monkeypatch):
+    import bamctl.devices as devices
+
+    monkeypatch.setattr(devices, "available_bytes", lambda device: 1 << 10)
+    code, _, err = _cli(capsys, "ppl", f"hf:{tiny_llama}", "--lengths", "16,32", "--device", "cpu", "--out", str(tmp_path), "--quiet")
+    assert code == 2 and "GiB" in err and not list(tmp_path.glob("*.parquet"))
+
+
+def test_compare_says_when_models_see_other_prompts(tiny_llama, tmp_path, capsys):
+    code, out, err = _cli(capsys, "compare", "bam", f"hf:{tiny_llama}", "--task", "ppl", "--lengths", "32",
+                          "--device", "cpu", "--out", str(tmp_path / "r"), "--quiet", "--json")
+    assert code == 0, err
+    assert "sees other ppl prompts" in err
+    summaries = __import__("json").loads(out)["summaries"]
+    assert len(summaries) == 2 and len({s["fingerprint"] for s in summaries}) == 2
+
+
+def test_quiet_silences_transformers_progress_bars(tiny_llama, tmp_path, capsys):
+    from transformers.utils import logging
+
+    try:
+        code, _, err = _cli(capsys, "ppl", f"hf:{tiny_llama}", "--lengths", "16", "--device", "cpu", "--out", str(tmp_path), "--quiet")
+        assert code == 0 and not logging.is_progress_bar_enabled()
+        assert "Loading" not in err
+    finally:
+        logging.enable_progress_bar()
+
+
 def test_chat_template_only_when_asked_and_only_if_the_model_has_one(tiny_llama, tmp_path):
     with pytest.raises(BamctlError, match="no chat template"):
         open_tiny(tiny_llama, chat_template=True)

@@ -85,8 +85,9 @@ def test_plot_commands_write_pngs(store_dir, tmp_path, capsys):
                         "--out", str(tmp_path / "c.png")], capsys)
     assert code == 0 and (tmp_path / "c.png").read_bytes().startswith(b"\x89PNG")
     code, out, _ = run(["plot", "heatmap", "--dir", str(store_dir)], capsys)
-    assert code == 0 and Path(out.strip()) == store_dir / "heatmap.png"
-    assert (store_dir / "heatmap.png").read_bytes().startswith(b"\x89PNG")
+    beside = store_dir.parent / f"{store_dir.name}-heatmap.png"
+    assert code == 0 and Path(out.strip()) == beside
+    assert beside.read_bytes().startswith(b"\x89PNG")
     assert len(ResultStore(store_dir).read()) == len(passkey_grid()) + len(perplexity_rows())  # PNG is not data
 
 

@@ -12,7 +12,7 @@ from bamctl.tasks import generate_samples
 from bamctl.tokenizer import get_tokenizer
 from bamctl.train import PASSKEY_SEED_OFFSET, build_token_subset, is_passkey_row, passkey_token_ids, prepare, recipe_from_dict
 from bamctl.train.data import IGNORE, TokenShards, directory_tokens, passkey_row, shipped_text_tokens
-from tests.test_train_recipe import BASE
+from test_train_recipe import BASE
 
 
 @pytest.fixture(scope="module")

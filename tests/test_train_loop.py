@@ -12,7 +12,7 @@ from bamctl.checkpoint import load_checkpoint
 from bamctl.errors import BamctlError
 from bamctl.train import STATE_FILE, first_losses, load_recipe, lr_at, param_groups, prepare, recipe_from_dict, train
 from bamctl.train.loop import make_optimizer
-from tests.test_train_recipe import BASE
+from test_train_recipe import BASE
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -134,7 +134,7 @@ def test_cli_train_writes_a_loadable_checkpoint_with_recipe_and_provenance(tmp_p
 
 
 def test_paper_recipe_smoke_runs_on_a_tiny_override_with_a_text_folder(tmp_path):
-    recipe = load_recipe(REPO / "baselines" / "paper-l12-bam-ssmax.toml")
+    recipe = load_recipe(REPO / "bamctl" / "data" / "baselines" / "paper-l12-bam-ssmax.toml")
     assert (recipe.model.preset, recipe.model.pe, recipe.model.train_length) == ("l12", "bam-ssmax", 512)
     assert recipe.data.text == "data-dir" and recipe.data.vocab_size == 0
     with pytest.raises(BamctlError, match="--data"):

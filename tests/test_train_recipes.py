@@ -6,7 +6,7 @@ import pytest
 
 from bamctl.train import first_losses, load_recipe, recipe_from_dict
 
-BASELINES = Path(__file__).resolve().parents[1] / "baselines"
+BASELINES = Path(__file__).resolve().parents[1] / "bamctl" / "data" / "baselines"
 RECIPES = sorted(p for p in BASELINES.glob("*.toml") if not p.name.startswith("paper-"))
 
 

@@ -20,13 +20,14 @@ from bamctl.backends.base import (
     EngineOptions,
     HFOptions,
     ModelInfo,
+    ModelPeek,
     RunOptions,
     VLLMOptions,
     options_for,
 )
 from bamctl.errors import BamctlError, did_you_mean
 
-__all__ = ["Backend", "ContinuationScore", "ModelInfo", "RunOptions", "BACKENDS", "PREFIXES", "open_backend"]
+__all__ = ["Backend", "ContinuationScore", "ModelInfo", "ModelPeek", "RunOptions", "BACKENDS", "PREFIXES", "open_backend", "peek_backend"]
 
 
 @dataclass(frozen=True)
@@ -36,18 +37,28 @@ class BackendEntry:
     target: str  # "bamctl.backends.hf:HFBackend"
     options: type  # its option type (bamctl.backends.base)
     what: str  # how errors name it: "hf: models"
+    peeker: str  # "bamctl.backends.hf_common:peek": reads a reference's lengths without loading the model
+
+    def options_for(self, run: RunOptions):
+        return options_for(self.options, run, self.what)
 
     def open(self, reference: str, run: RunOptions) -> Backend:
-        options = options_for(self.options, run, self.what)
-        module, _, name = self.target.partition(":")
-        return getattr(importlib.import_module(module), name)(reference, options)
+        return _load(self.target)(reference, self.options_for(run))
+
+    def peek(self, reference: str) -> ModelPeek:
+        return _load(self.peeker)(reference)
+
+
+def _load(target: str):
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 BACKENDS: dict[str, BackendEntry] = {
-    "native": BackendEntry("bamctl.backends.native:NativeBackend", EngineOptions, "bamctl's own models"),
-    "bam": BackendEntry("bamctl.backends.authors:AuthorsBackend", AuthorsOptions, "the BAM authors' checkpoints (bam:)"),
-    "hf": BackendEntry("bamctl.backends.hf:HFBackend", HFOptions, "hf: models"),
-    "vllm": BackendEntry("bamctl.backends.vllm:VLLMBackend", VLLMOptions, "vllm: models"),
+    "native": BackendEntry("bamctl.backends.native:NativeBackend", EngineOptions, "bamctl's own models", "bamctl.backends.native:peek"),
+    "bam": BackendEntry("bamctl.backends.authors:AuthorsBackend", AuthorsOptions, "the BAM authors' checkpoints (bam:)", "bamctl.backends.authors:peek"),
+    "hf": BackendEntry("bamctl.backends.hf:HFBackend", HFOptions, "hf: models", "bamctl.backends.hf_common:peek"),
+    "vllm": BackendEntry("bamctl.backends.vllm:VLLMBackend", VLLMOptions, "vllm: models", "bamctl.backends.hf_common:peek"),
 }
 # Prefixes a reference may carry: PREFIX:PATH.
 PREFIXES = ("bam", "hf", "vllm")
@@ -73,3 +84,10 @@ def is_authors_folder(path: str) -> bool:
 def open_backend(reference: str, options: RunOptions = RunOptions()) -> Backend:
     entry, rest = backend_for(reference)
     return entry.open(rest, options)
+
+
+def peek_backend(reference: str, options: RunOptions = RunOptions()) -> ModelPeek:
+    """Check a reference and the options against its back-end, and read its lengths, loading nothing."""
+    entry, rest = backend_for(reference)
+    entry.options_for(options)  # refuses, by name, any option this back-end cannot honour
+    return entry.peek(rest)

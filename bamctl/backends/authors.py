@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from bamctl.backends.base import AuthorsOptions
+from bamctl.backends.base import AuthorsOptions, ModelPeek
 from bamctl.backends.native import EngineBackend
 from bamctl.checkpoint import file_sha256
 from bamctl.errors import BamctlError, did_you_mean
@@ -270,3 +270,12 @@ class AuthorsBackend(EngineBackend):
                 f"{config.vocab_size} rows; {TOKENIZER_HINT}"
             )
         super().__init__(checkpoint, self.tokenizer, path.resolve().name, options)
+
+
+def peek(reference: str) -> ModelPeek:
+    """The training length from ``args.json`` alone."""
+    path = Path(reference).expanduser()
+    if not is_authors_checkpoint(path):
+        raise BamctlError(f"{reference} is not an authors' BAM checkpoint (needs {WEIGHTS_FILE} and {ARGS_FILE})")
+    args, model_args = read_args(path)
+    return ModelPeek(train_length=int(args.get("sequence_length") or model_args.get("max_seq_len") or 512))

@@ -34,6 +34,14 @@ class ModelInfo:
 
 
 @dataclass(frozen=True)
+class ModelPeek:
+    """What a reference says about its model without loading the weights: checked before any work."""
+
+    train_length: int
+    max_length: int | None = None  # configured maximum positions, for back-ends that have one
+
+
+@dataclass(frozen=True)
 class ContinuationScore:
     """The answer to ``score_continuation``: one entry per target token."""
 
@@ -47,12 +55,17 @@ class Backend(Protocol):
     device: str
     dtype: str
     attention: str
+    feeding: str  # fingerprint of what the back-end puts around a prompt (BOS, chat template); "" for nothing
 
     def score_continuation(self, prompt_ids: Sequence[int], target_ids: Sequence[int]) -> ContinuationScore: ...
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]: ...
 
     def token_nll(self, ids: Sequence[int], score_from: int = 1): ...  # torch.Tensor (n,), float32, CPU
+
+    def check_fits(self, n_prompt: int, n_answer: int) -> None:
+        """Before any sample: refuse (one line) a request of prompts up to ``n_prompt`` tokens,
+        plus ``n_answer`` fed or generated after them, that this back-end cannot run."""
 
 
 # -- options ---------------------------------------------------------------------------------

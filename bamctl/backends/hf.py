@@ -33,6 +33,7 @@ from bamctl.backends.base import ContinuationScore, HFOptions, ModelInfo
 from bamctl.backends.hf_common import (
     LengthPolicy,
     RequestShaper,
+    estimate_bytes,
     import_transformers,
     locate,
     max_positions,
@@ -46,7 +47,7 @@ from bamctl.errors import BamctlError
 
 class HFBackend:
     def __init__(self, reference: str, options: HFOptions):
-        from bamctl.backends.hf_tokenizer import load_hf_tokenizer, resolve_tokenizer
+        from bamctl.backends.hf_tokenizer import model_tokenizer
 
         import_transformers()
         from transformers import AutoModelForCausalLM
@@ -63,12 +64,13 @@ class HFBackend:
         except (OSError, ValueError, ImportError) as err:
             raise BamctlError(f"hf: cannot load {reference}: {str(err).splitlines()[0]}") from None
         self.model = model.to(device=device, dtype=dtype).eval()
-        self.tokenizer = resolve_tokenizer(options.tokenizer) if options.tokenizer else load_hf_tokenizer(folder, gguf_file)
+        self.tokenizer = model_tokenizer(folder, gguf_file, options.tokenizer, reference)
         name = gguf_file.removesuffix(".gguf") if gguf_file else folder.resolve().name
         config = self.model.config
         limit = max_positions(config)
         self.lengths = LengthPolicy(name, limit, options.beyond_max)
         self.shaper = RequestShaper(self.tokenizer, options.chat_template)
+        self.feeding = self.shaper.fingerprint
         self.chunk_size = options.chunk_size
         self.stop_ids = self._stop_ids()
         parameters = inspect.signature(self.model.forward).parameters
@@ -149,21 +151,39 @@ class HFBackend:
     # -- request kinds --------------------------------------------------------------------
     @torch.inference_mode()
     def score_continuation(self, prompt_ids: Sequence[int], target_ids: Sequence[int]):
-        prompt = self.shaper.prompt(prompt_ids)
-        ids = prompt + list(target_ids)
-        self.lengths.check(len(ids))
-        logprobs = torch.log_softmax(self._logits_at(ids, list(range(len(prompt) - 1, len(ids) - 1))), dim=-1)
-        target = torch.tensor(list(target_ids), dtype=torch.long, device=logprobs.device)
+        targets = list(target_ids)
+        prefix, prompt = (([], self.shaper.prompt(prompt_ids)) if self.shaper.chat else (self.shaper.prefix, list(prompt_ids)))
+        fed = self.lengths.fit(prefix, prompt, targets)
+        first = len(fed) - len(targets)  # the row predicting the first target
+        logprobs = torch.log_softmax(self._logits_at(fed, list(range(first, len(fed)))), dim=-1)
+        target = torch.tensor(targets, dtype=torch.long, device=logprobs.device)
         return ContinuationScore(
             predicted_ids=logprobs.argmax(-1).tolist(),
             logprobs=logprobs.gather(1, target[:, None])[:, 0].tolist(),
         )
 
+    def check_fits(self, n_prompt: int, n_answer: int) -> None:
+        """Before any sample: the ``--beyond-max`` policy on the longest prompt, then memory."""
+        from bamctl import devices
+
+        self.lengths.check(n_prompt)
+        need = estimate_bytes(self.model, n_prompt + n_answer, self.chunk_size)
+        budget = int(devices.available_bytes(self.model.device) * devices.MEMORY_SAFETY)
+        if need > budget:
+            raise BamctlError(
+                f"{n_prompt + n_answer:,} tokens need about {need / 2**30:.1f} GiB for {self.info.name} on "
+                f"{self.device} (chunk {self.chunk_size}), but only {budget / 2**30:.1f} GiB are available; "
+                "use shorter --lengths or a smaller --chunk-size"
+            )
+
     @torch.inference_mode()
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
         """Greedy decoding; stops after the model's EOS (included, as the native engine does)."""
-        ids = self.shaper.prompt(prompt_ids)
-        self.lengths.check(len(ids) + max_new_tokens)
+        if self.shaper.chat:
+            ids = self.shaper.prompt(prompt_ids)
+            self.lengths.check(len(ids) + max_new_tokens)
+        else:
+            ids = self.lengths.fit_prefix(self.shaper.prefix, list(prompt_ids), max_new_tokens)
         if max_new_tokens < 1:
             return []
         last: list[torch.Tensor] = []
@@ -187,9 +207,8 @@ class HFBackend:
         takes one, goes in front but is neither scored nor counted."""
         if not 1 <= score_from <= len(ids):
             raise ValueError(f"score_from must be in [1, {len(ids)}], got {score_from}")
-        prefix = self.shaper.prefix
-        full = prefix + list(ids)
-        self.lengths.check(len(full))
+        full = self.lengths.fit_prefix(self.shaper.prefix, list(ids))
+        prefix = full[: len(full) - len(ids)]
         first = len(prefix) + score_from  # first scored index in `full`
         targets = torch.tensor(full, dtype=torch.long)
         pieces: list[torch.Tensor] = []

@@ -125,6 +125,50 @@ class LengthPolicy:
             )
 
 
+    def fit(self, prefix: list[int], prompt: list[int], targets: list[int]) -> list[int]:
+        """What to feed to score ``targets`` after ``prefix + prompt`` by teacher forcing.
+
+        The last target is only predicted, never fed. When the prompt itself fits the limit
+        and only the prefix (a BOS) and the answer tokens before the last would take it past
+        (a length equal to the model's own limit), that many tokens are left out from the
+        prompt's start, after the prefix, so what is fed fits; otherwise the ``--beyond-max``
+        policy applies.
+        """
+        fed = prefix + prompt + targets[:-1]
+        if self.limit is not None and len(fed) > self.limit >= len(prompt):
+            return prefix + prompt[len(fed) - self.limit :] + targets[:-1]
+        self.check(len(fed))
+        return fed
+
+    def fit_prefix(self, prefix: list[int], ids: list[int], after: int = 0) -> list[int]:
+        """``prefix + ids``; or ``ids`` alone when only the prefix (a BOS) would take it past the
+        limit with ``after`` tokens still to come: a length equal to the model's limit then
+        fits. Beyond that the ``--beyond-max`` policy applies."""
+        if self.limit is not None and len(prefix) + len(ids) + after > self.limit >= len(ids) + after:
+            return list(ids)
+        self.check(len(prefix) + len(ids) + after)
+        return prefix + list(ids)
+
+
+def estimate_bytes(model, n_tokens: int, chunk_size: int) -> int:
+    """Peak bytes to stream ``n_tokens`` through a transformers causal LM in chunks (high side):
+    weights, the KV cache, one chunk's attention scores and mask against every key, activations."""
+    config = getattr(model.config, "get_text_config", lambda: model.config)()
+    element = next(model.parameters()).element_size()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    heads = int(getattr(config, "num_attention_heads", 1) or 1)
+    hidden = int(getattr(config, "hidden_size", 0) or getattr(config, "n_embd", 0) or 0)
+    head_dim = int(getattr(config, "head_dim", 0) or (hidden // heads if heads else 0))
+    kv_heads = int(getattr(config, "num_key_value_heads", 0) or heads)
+    layers = int(getattr(config, "num_hidden_layers", 0) or getattr(config, "n_layer", 0) or 1)
+    intermediate = int(getattr(config, "intermediate_size", 0) or 4 * hidden)
+    chunk = min(chunk_size, n_tokens)
+    cache = 2 * layers * kv_heads * head_dim * n_tokens * element
+    scores = chunk * n_tokens * (4 * heads + element)  # float32 scores per head, and the chunk's mask
+    activations = 4 * chunk * (8 * hidden + 3 * intermediate)
+    return weights + cache + scores + activations
+
+
 class RequestShaper:
     """What goes in front of a request: one BOS (base mode) or the chat template."""
 
@@ -135,7 +179,37 @@ class RequestShaper:
             raise BamctlError(f"tokenizer {tokenizer.name} has no chat template; drop --chat-template")
         self.prefix = list(getattr(tokenizer, "leading_special_ids", []))
 
+    @property
+    def fingerprint(self) -> str:
+        """What is put around every prompt, hashed: the BOS ids, or the chat template."""
+        from bamctl.fingerprints import digest
+
+        template = getattr(getattr(self.tokenizer, "backend", None), "chat_template", None) if self.chat else None
+        return digest({"prefix": self.prefix, "chat_template": template, "chat": self.chat})
+
     def prompt(self, prompt_ids: Sequence[int]) -> list[int]:
         if self.chat:
             return self.tokenizer.chat_ids(prompt_ids)
         return self.prefix + list(prompt_ids)
+
+
+def read_config(reference: str):
+    """The model's Hugging Face config (local files only), and its folder and GGUF file name."""
+    transformers = import_transformers()
+    folder, gguf_file = locate(Path(reference).expanduser())
+    try:
+        config = transformers.AutoConfig.from_pretrained(
+            str(folder), local_files_only=True, **({"gguf_file": gguf_file} if gguf_file else {})
+        )
+    except (OSError, ValueError) as err:
+        raise BamctlError(f"cannot read the config of {reference}: {str(err).splitlines()[0]}") from None
+    return config, folder, gguf_file
+
+
+def peek(reference: str):
+    """Training and maximum length from the config alone."""
+    from bamctl.backends.base import ModelPeek
+
+    config, _, _ = read_config(reference)
+    limit = max_positions(config)
+    return ModelPeek(train_length=trained_length(config, limit), max_length=limit)

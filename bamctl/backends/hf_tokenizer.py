@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Sequence
 
 from bamctl.errors import BamctlError
+from bamctl.fingerprints import digest, file_digest
 
 INSTALL_HINT = "pip install 'bamctl[hf]'"
 
@@ -29,6 +30,7 @@ class HFTokenizer:
     backend: object  # transformers PreTrainedTokenizerBase, or tokenizers.Tokenizer
     leading_special_ids: list[int] = field(default_factory=list)  # what a plain call prepends (a BOS)
     bos_id: int | None = None
+    fingerprint: str = ""  # of its full definition (tokenizer_fingerprint), not its path
 
     @property
     def is_transformers(self) -> bool:
@@ -57,6 +59,18 @@ class HFTokenizer:
         if hasattr(out, "keys"):  # transformers 5 may answer a BatchEncoding
             out = out["input_ids"]
         return [int(i) for i in out]
+
+
+def tokenizer_fingerprint(backend) -> str:
+    """What the tokenizer does, hashed: a fast tokenizer's full JSON definition (vocabulary,
+    merges, normalizer, pre-tokenizer, added tokens); a slow one's model file, else its vocabulary."""
+    fast = getattr(backend, "backend_tokenizer", backend)
+    if hasattr(fast, "to_str"):
+        return digest({"kind": "tokenizers", "definition": fast.to_str()})
+    vocab_file = getattr(backend, "vocab_file", None)
+    if vocab_file and Path(vocab_file).is_file():
+        return digest({"kind": type(backend).__name__, "file": file_digest(vocab_file)})
+    return digest({"kind": type(backend).__name__, "vocab": sorted(backend.get_vocab().items())})
 
 
 def _leading_specials(with_special: list[int], plain: list[int]) -> list[int]:
@@ -111,7 +125,7 @@ def load_hf_tokenizer(path: str | Path, gguf_file: str | None = None) -> HFToken
         eos = tok.eos_token_id if tok.eos_token_id is not None else _guess_eos(tok.convert_tokens_to_ids, tok.unk_token_id)
         return HFTokenizer(
             name=path.name, vocab_size=len(tok), eos_id=eos, backend=tok,
-            leading_special_ids=leading, bos_id=tok.bos_token_id,
+            leading_special_ids=leading, bos_id=tok.bos_token_id, fingerprint=tokenizer_fingerprint(tok),
         )
     try:
         import tokenizers
@@ -129,6 +143,7 @@ def load_hf_tokenizer(path: str | Path, gguf_file: str | None = None) -> HFToken
     return HFTokenizer(
         name=(path.parent if path.is_file() else path).name, vocab_size=tok.get_vocab_size(with_added_tokens=True),
         eos_id=eos, backend=tok, leading_special_ids=leading, bos_id=leading[0] if leading else None,
+        fingerprint=tokenizer_fingerprint(tok),
     )
 
 
@@ -148,3 +163,26 @@ def resolve_tokenizer(spec: str):
         known = ", ".join(TOKENIZERS)
         raise BamctlError(f"tokenizer {spec!r} is neither a known name ({known}) nor an existing path")
     return load_hf_tokenizer(spec)
+
+
+def same_vocabulary(a, b) -> bool:
+    """Whether two tokenizers map the same strings to the same ids (Hugging Face ones only)."""
+    vocabularies = [getattr(getattr(t, "backend", None), "get_vocab", None) for t in (a, b)]
+    if not all(vocabularies):
+        return False
+    return vocabularies[0]() == vocabularies[1]()
+
+
+def model_tokenizer(folder, gguf_file: str | None, override: str | None, who: str):
+    """A model's own tokenizer, or ``override`` when it has the same vocabulary; a one-line
+    error otherwise (ids from another vocabulary would be silently wrong)."""
+    own = load_hf_tokenizer(folder, gguf_file)
+    if override is None:
+        return own
+    other = resolve_tokenizer(override)
+    if not same_vocabulary(own, other):
+        raise BamctlError(
+            f"--tokenizer {override} is not {who}'s vocabulary ({other.vocab_size:,} tokens against its "
+            f"{own.vocab_size:,}, or other ids); drop --tokenizer to use the model's own"
+        )
+    return other

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bamctl.backends.base import ContinuationScore, EngineOptions, ModelInfo
+from bamctl.backends.base import ContinuationScore, EngineOptions, ModelInfo, ModelPeek
 from bamctl.tokenizer import Tokenizer
 
 
@@ -36,6 +36,7 @@ class EngineBackend:
         self.device = str(self.engine.device)
         self.dtype = str(self.engine.dtype).removeprefix("torch.")
         self.attention = self.engine.attention
+        self.feeding = ""  # prompts go in exactly as the task built them
 
     def score_continuation(self, prompt_ids, target_ids) -> ContinuationScore:
         predicted, logprobs = self.engine.score_continuation(prompt_ids, target_ids)
@@ -48,8 +49,9 @@ class EngineBackend:
     def token_nll(self, ids, score_from=1):
         return self.engine.token_nll(ids, score_from)
 
-    def check_fits(self, n_tokens: int) -> None:
-        self.engine.check_fits(n_tokens)
+    def check_fits(self, n_prompt: int, n_answer: int) -> None:
+        """Before any sample: refuse what the memory here cannot hold."""
+        self.engine.check_fits(n_prompt + n_answer)
 
 
 class NativeBackend(EngineBackend):
@@ -62,3 +64,11 @@ class NativeBackend(EngineBackend):
         checkpoint = resolve_model(reference)
         tokenizer = get_tokenizer(checkpoint.model.config.tokenizer)
         super().__init__(checkpoint, tokenizer, reference.rstrip("/").split("/")[-1], options)
+
+
+def peek(reference: str) -> ModelPeek:
+    """The checkpoint's training length, from its config.json alone."""
+    from bamctl.catalog import checkpoint_path
+    from bamctl.checkpoint import read_config
+
+    return ModelPeek(train_length=int(read_config(checkpoint_path(reference))["model"]["train_length"]))

@@ -70,7 +70,7 @@ def import_vllm():
 
 class VLLMBackend:
     def __init__(self, reference: str, options: VLLMOptions):
-        from bamctl.backends.hf_tokenizer import load_hf_tokenizer, resolve_tokenizer
+        from bamctl.backends.hf_tokenizer import model_tokenizer
 
         self.vllm = import_vllm()
         from transformers import AutoConfig
@@ -80,7 +80,7 @@ class VLLMBackend:
             raise BamctlError(f"unknown dtype {options.dtype!r}; use one of {', '.join(DTYPES)}")
         self.model_path = str(folder / gguf_file) if gguf_file else str(folder)
         self.tokenizer_path = options.tokenizer or str(folder)
-        self.tokenizer = resolve_tokenizer(options.tokenizer) if options.tokenizer else load_hf_tokenizer(folder, gguf_file)
+        self.tokenizer = model_tokenizer(folder, gguf_file, options.tokenizer, reference)
         try:
             config = AutoConfig.from_pretrained(str(folder), local_files_only=True, **({"gguf_file": gguf_file} if gguf_file else {}))
         except (OSError, ValueError) as err:
@@ -89,6 +89,7 @@ class VLLMBackend:
         self.limit = max_positions(config)
         self.lengths = LengthPolicy(name, self.limit, options.beyond_max)
         self.shaper = RequestShaper(self.tokenizer, options.chat_template)
+        self.feeding = self.shaper.fingerprint
         self.tensor_parallel = options.tensor_parallel
         self.vllm_dtype = DTYPES[options.dtype]
         generation_eos = getattr(config, "eos_token_id", None)
@@ -152,20 +153,28 @@ class VLLMBackend:
 
     # -- request kinds --------------------------------------------------------------------
     def score_continuation(self, prompt_ids: Sequence[int], target_ids: Sequence[int]):
-        prompt = self.shaper.prompt(prompt_ids)
-        ids = prompt + list(target_ids)
-        self.lengths.check(len(ids))
+        targets = list(target_ids)
+        prefix, prompt = (([], self.shaper.prompt(prompt_ids)) if self.shaper.chat else (self.shaper.prefix, list(prompt_ids)))
+        ids = self.lengths.fit(prefix, prompt, targets) + targets[-1:]  # vLLM reads log p(token t) at entry t
         entries = self._run(ids, 1, prompt_logprobs=1).prompt_logprobs  # entry t: log p(. | ids[:t])
         predicted, logprobs = [], []
-        for t in range(len(prompt), len(ids)):
+        for t in range(len(ids) - len(targets), len(ids)):
             entry = entries[t]
             predicted.append(next(token for token, lp in entry.items() if lp.rank == 1))
             logprobs.append(float(entry[ids[t]].logprob))
         return ContinuationScore(predicted_ids=predicted, logprobs=logprobs)
 
+    def check_fits(self, n_prompt: int, n_answer: int) -> None:
+        """Before any sample: the ``--beyond-max`` policy on the longest prompt; size the engine once."""
+        self.lengths.check(n_prompt)
+        self.reserve(n_prompt + n_answer)
+
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
-        ids = self.shaper.prompt(prompt_ids)
-        self.lengths.check(len(ids) + max_new_tokens)
+        if self.shaper.chat:
+            ids = self.shaper.prompt(prompt_ids)
+            self.lengths.check(len(ids) + max_new_tokens)
+        else:
+            ids = self.lengths.fit_prefix(self.shaper.prefix, list(prompt_ids), max_new_tokens)
         if max_new_tokens < 1:
             return []
         out = self._run(ids, max_new_tokens, stop_token_ids=sorted(self.stop_ids))
@@ -174,9 +183,8 @@ class VLLMBackend:
     def token_nll(self, ids: Sequence[int], score_from: int = 1) -> torch.Tensor:
         if not 1 <= score_from <= len(ids):
             raise ValueError(f"score_from must be in [1, {len(ids)}], got {score_from}")
-        prefix = self.shaper.prefix
-        full = prefix + list(ids)
-        self.lengths.check(len(full))
+        full = self.lengths.fit_prefix(self.shaper.prefix, list(ids))
+        prefix = full[: len(full) - len(ids)]
         entries = self._run(full, 1, prompt_logprobs=0).prompt_logprobs
         nll = [-float(entries[t][full[t]].logprob) for t in range(len(prefix) + score_from, len(full))]
         return torch.tensor(nll, dtype=torch.float32)

@@ -79,38 +79,130 @@ def _progress(quiet: bool):
 
 
 def run_models(models: list[str], requests_for, ev, *, threshold: float = 0.9, plot: Path | None = None) -> None:
-    """Evaluate every model on each request ``requests_for(train_lengths)`` returns; print one summary."""
-    from bamctl.backends import open_backend
+    """Evaluate every model on each request ``requests_for(train_lengths, seeds)`` returns; print one summary.
+
+    Everything is checked before the first model loads: options, seeds, shard, model
+    references and their back-ends, task names and protocols, and the plans. Models are
+    then opened one at a time and released before the next; each back-end checks its
+    longest request (memory, ``--beyond-max``) before its first sample.
+    """
+    import gc
+
+    from bamctl.backends import open_backend, peek_backend
     from bamctl.evaluate import Evaluation, new_run_id, parse_shard
     from bamctl.results.store import ResultStore
+    from bamctl.tokenizer import get_tokenizer
 
     shard_of = parse_shard(ev.shard)
     seeds = _seeds(ev.seed)
+    run = _run_options(ev)
+    if run.device is not None:
+        from bamctl.devices import resolve_device
+
+        resolve_device(run.device)
+    peeks = [peek_backend(model, run) for model in models]
+    requests = requests_for([p.train_length for p in peeks], seeds)
+    plans = [request.plan(get_tokenizer("gpt2")) for request in requests]  # options and protocols checked now
+    for request in requests:
+        _refuse_beyond_max(request, models, peeks, run)
+    if not ev.lengths:
+        _say_planned_lengths(requests, plans, peeks)
     store = ResultStore(ev.out)
     store.ensure_writable()
+    if ev.quiet:
+        _quiet_external_libraries()
     names = _model_names(models)
-    backends = [open_backend(model, _run_options(ev)) for model in models]
-    requests = requests_for([b.info.train_length for b in backends], seeds)
     run_id = new_run_id()
-    covered, hashes = set(), {b.info.model_hash for b in backends}
+    covered, hashes, prompts = set(), set(), {}
     with _progress(ev.quiet) as progress:
-        for request in requests:
-            for backend, name in zip(backends, names):
-                evaluation = Evaluation(backend, request, store, model_name=name, run_id=run_id)
-                covered |= evaluation.keys()
-                bar = progress.add_task(f"{request.task} {name}", total=evaluation.count(shard_of), rate="")
-                tokens, seconds = 0, 0.0
-
-                def advance(row, bar=bar):
-                    nonlocal tokens, seconds
-                    tokens, seconds = tokens + row["n_tokens"], seconds + row["seconds"]
-                    progress.update(bar, advance=1, rate=f"{tokens / max(seconds, 1e-9):,.0f} tok/s")
-
-                stats = evaluation.run(force=ev.force, on_row=advance, shard=shard_of)
-                progress.update(bar, completed=progress.tasks[bar].total)
-                if stats.skipped:
-                    stderr.print(f"{name}: {stats.skipped} samples already in {ev.out}, skipped (--force recomputes)")
+        for model, name in zip(models, names):
+            backend = open_backend(model, run)
+            hashes.add(backend.info.model_hash)
+            evaluations = [Evaluation(backend, request, store, model_name=name, run_id=run_id) for request in requests]
+            covered |= _evaluate_model(evaluations, name, progress, ev, shard_of, prompts)
+            del backend, evaluations  # one model in memory at a time
+            gc.collect()
     _report(store, covered, hashes, names, json_output=ev.json, threshold=threshold, plot=plot)
+
+
+def _evaluate_model(evaluations, name: str, progress, ev, shard_of, prompts: dict) -> set:
+    """Check every request of one model before its first sample, then run them; the keys they cover."""
+    for evaluation in evaluations:
+        evaluation.preflight()
+        _note_other_prompts(prompts, evaluation, name)
+    covered = set()
+    for evaluation in evaluations:
+        covered |= evaluation.keys()
+        _run_one(evaluation, name, progress, ev, shard_of)
+    return covered
+
+
+def _run_one(evaluation, name: str, progress, ev, shard_of) -> None:
+    bar = progress.add_task(f"{evaluation.request.task} {name}", total=evaluation.count(shard_of), rate="")
+    tokens, seconds = 0, 0.0
+
+    def advance(row):
+        nonlocal tokens, seconds
+        tokens, seconds = tokens + row["n_tokens"], seconds + row["seconds"]
+        progress.update(bar, advance=1, rate=f"{tokens / max(seconds, 1e-9):,.0f} tok/s")
+
+    stats = evaluation.run(force=ev.force, on_row=advance, shard=shard_of, checked=True)
+    progress.update(bar, completed=progress.tasks[bar].total)
+    if stats.skipped:
+        stderr.print(f"{name}: {stats.skipped} samples already in {ev.out}, skipped (--force recomputes)", soft_wrap=True)
+
+
+def _refuse_beyond_max(request, models, peeks, run) -> None:
+    """``--beyond-max refuse``: a length past a model's configured maximum stops the run before any work."""
+    if run.beyond_max != "refuse":
+        return
+    longest = max(request.lengths)
+    for model, peek in zip(models, peeks):
+        if peek.max_length is not None and longest > peek.max_length:
+            raise BamctlError(
+                f"--lengths reach {longest:,} tokens, past {model}'s configured maximum of {peek.max_length:,} "
+                "positions (--beyond-max refuse); use shorter --lengths or --beyond-max warn"
+            )
+
+
+def _say_planned_lengths(requests, plans, peeks) -> None:
+    """Without --lengths, say what the defaults plan before a long run starts."""
+    from bamctl.results.render import format_length
+
+    lengths = sorted({length for r in requests for length in r.lengths})
+    base = min(p.train_length for p in peeks)
+    samples = sum(len(plan.slots) for plan in plans)
+    stderr.print(
+        f"planning {len(lengths)} lengths, {format_length(lengths[0])} to {format_length(lengths[-1])} "
+        f"(1x to {lengths[-1] // base}x the training length {base:,}), {samples:,} samples per model; "
+        "--lengths chooses others",
+        soft_wrap=True,
+    )
+
+
+def _note_other_prompts(prompts: dict, evaluation, name: str) -> None:
+    """Models whose tokenizers differ see other prompts: say so (their rows are summarised apart)."""
+    key = (evaluation.request.task, evaluation.plan.spec.protocol)
+    fingerprint = evaluation.common["fingerprint"]
+    first = prompts.setdefault(key, (name, fingerprint, evaluation.backend.tokenizer.name))
+    if first[1] != fingerprint:
+        stderr.print(
+            f"note: {name} sees other {key[0]} prompts than {first[0]} (tokenizer {evaluation.backend.tokenizer.name} "
+            f"against {first[2]}); their results are summarised apart",
+            soft_wrap=True,
+        )
+
+
+def _quiet_external_libraries() -> None:
+    """--quiet: no progress bars from Hugging Face libraries either (loading shards, downloads)."""
+    import os
+
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    try:
+        import transformers
+    except ImportError:
+        return
+    transformers.utils.logging.disable_progress_bar()
 
 
 def _model_names(models: list[str]) -> list[str]:
@@ -246,7 +338,7 @@ def compare(
     task: Annotated[str, typer.Option("--task", "-t", help="passkey, a RULER task (niah_single_1, ...) or ppl.")] = "passkey",
     protocol: Annotated[Optional[str], typer.Option(help="The task's protocol: passkey authors|landmark, ppl sliding|buckets (default: the task's).")] = None,
     depths: opt.Depths = None,
-    plot: Annotated[Optional[Path], typer.Option(help="PNG of score against length, one line per model (default: OUT/compare-TASK.png).")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="PNG of score against length, one line per model (default: OUT-TASK.png beside the results directory, which stays a plain Parquet dataset).")] = None,
     threshold: opt.Threshold = 0.9,
     *,
     evaluation,
@@ -262,12 +354,21 @@ def compare(
     """
     from bamctl.tasks import get_task
 
-    get_task(_task_names(task)[0] if "," not in task else task, protocol)
+    get_task(task, protocol)
     options = _task_options(task, perplexity)
     run_models(
         models,
         lambda train, seeds: [_request(task, evaluation, train, seeds, depths=depths, protocol=protocol, options=options)],
         evaluation,
         threshold=threshold,
-        plot=plot or evaluation.out / f"compare-{task}.png",
+        plot=beside(evaluation.out, plot, task),
     )
+
+
+def beside(results: Path, plot: Path | None, name: str) -> Path:
+    """Where a plot of a results directory goes: ``--plot``, or ``DIR-NAME.png`` next to it; never
+    inside it, so the directory stays a Parquet dataset any reader opens as it is."""
+    path = plot if plot is not None else results.parent / f"{results.name}-{name}.png"
+    if path.resolve().is_relative_to(results.resolve()):
+        raise BamctlError(f"--plot {path} is inside the results directory {results}; put it beside it (a results directory holds Parquet files only)")
+    return path

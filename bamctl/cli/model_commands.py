@@ -27,14 +27,18 @@ def new(
     seed: Annotated[int, typer.Option(help="Seed of the random initialisation; same seed, same weights.")] = 0,
     train_length: Annotated[int, typer.Option(help="Training context length recorded in the checkpoint (the unit of extrapolation ratios).")] = 512,
     bam_init: Annotated[str, typer.Option(help="BAM prior initialisation: flat (theta = 0) or alibi (beta = 1, ALiBi slopes).")] = "flat",
+    force: Annotated[bool, typer.Option("--force", help="Overwrite a checkpoint already in --out.")] = False,
 ) -> None:
     """Write a randomly initialised model, for tests and pipeline checks.
 
     Example: bamctl new --pe bam-ssmax --preset tiny --seed 0 --out models/random-bam
     """
-    from bamctl.checkpoint import new_random_model, save_checkpoint
+    from bamctl.checkpoint import is_checkpoint_dir, new_random_model, save_checkpoint
+    from bamctl.errors import BamctlError
     from bamctl.model import ModelConfig
 
+    if is_checkpoint_dir(out) and not force:
+        raise BamctlError(f"{out} already holds a checkpoint; pass --force to overwrite it, or choose another --out")
     config = ModelConfig.from_preset(preset, pe, train_length=train_length, bam_init=bam_init)
     model = new_random_model(config, seed)
     save_checkpoint(model, out, recipe={"kind": "random", "seed": seed, "preset": preset}, provenance={"created_by": "bamctl new"})

@@ -51,14 +51,14 @@ class BeyondMax(str, Enum):
 
 
 class PasskeyProtocol(str, Enum):
-    """The protocols of ``tasks/passkey.toml`` (a test keeps them in step)."""
+    """The protocols of ``bamctl/data/tasks/passkey.toml`` (a test keeps them in step)."""
 
     authors = "authors"
     landmark = "landmark"
 
 
 class PplProtocol(str, Enum):
-    """The protocols of ``tasks/ppl.toml`` (a test keeps them in step)."""
+    """The protocols of ``bamctl/data/tasks/ppl.toml`` (a test keeps them in step)."""
 
     sliding = "sliding"
     buckets = "buckets"

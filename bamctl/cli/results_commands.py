@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 
 from bamctl.cli.app import app
+from bamctl.cli.eval_commands import beside
 from bamctl.errors import BamctlError
 
 if TYPE_CHECKING:
@@ -152,7 +153,7 @@ def export(
 
 @plot_app.command("curves")
 def curves(
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="PNG file to write; default DIR/curves.png.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="PNG file to write; default DIR-curves.png beside the results directory.")] = None,
     directory: DirOption = Path("results"),
     task: TaskOption = None,
     model: ModelOption = None,
@@ -167,12 +168,12 @@ def curves(
     from bamctl.results.plots import plot_curves
 
     frame = _load(directory, task, model, where)
-    typer.echo(str(plot_curves(frame, out or directory / "curves.png", models=model, threshold=threshold)))
+    typer.echo(str(plot_curves(frame, beside(directory, out, "curves"), models=model, threshold=threshold)))
 
 
 @plot_app.command("heatmap")
 def heatmap(
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="PNG file to write; default DIR/heatmap.png.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="PNG file to write; default DIR-heatmap.png beside the results directory.")] = None,
     directory: DirOption = Path("results"),
     task: TaskOption = None,
     model: ModelOption = None,
@@ -185,4 +186,4 @@ def heatmap(
     from bamctl.results.plots import plot_heatmap
 
     frame = _load(directory, task, model, where)
-    typer.echo(str(plot_heatmap(frame, out or directory / "heatmap.png", models=model)))
+    typer.echo(str(plot_heatmap(frame, beside(directory, out, "heatmap"), models=model)))

@@ -1,4 +1,4 @@
-"""Training command: ``train`` runs a recipe (``baselines/*.toml``) into a checkpoint directory."""
+"""Training command: ``train`` runs a recipe (``bamctl/data/baselines/*.toml``) into a checkpoint directory."""
 
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ def _progress_display(total: int):
 
 @app.command()
 def train(
-    recipe: Annotated[Path, typer.Option("--recipe", "-r", help="Recipe TOML file, e.g. baselines/bam.toml (model, PE, data mix, optimiser, schedule, steps, seed).")],
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Checkpoint directory to write (config.json, model.safetensors, and train_state.pt while running). Default: baselines/NAME beside the recipe.")] = None,
+    recipe: Annotated[str, typer.Option("--recipe", "-r", help="A shipped recipe's name (bam, rope-ssmax, ...: the recipe of that reference model) or a recipe TOML file (model, PE, data mix, optimiser, schedule, steps, seed).")],
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Checkpoint directory to write (config.json, model.safetensors, and train_state.pt while running). Default: bamctl/data/baselines/NAME beside the recipe.")] = None,
     steps: Annotated[Optional[int], typer.Option(help="Override the recipe's number of optimiser steps.")] = None,
     seed: Annotated[Optional[int], typer.Option(help="Override the recipe's seed (model init, text windows, key depths).")] = None,
     device: Annotated[str, typer.Option(help="auto (CUDA when present), cpu, cuda or cuda:N. On CUDA the forward pass runs under bfloat16 autocast.")] = "auto",
@@ -51,13 +51,14 @@ def train(
     the same weights. A finished run leaves a core-format checkpoint whose config.json
     holds the full recipe and its provenance (losses, steps, wall time, torch version).
 
-    Example: bamctl train --recipe baselines/bam.toml --out models/bam --device cpu
+    Example: bamctl train --recipe bam --out models/bam --device cpu
     """
-    from bamctl.train import STATE_FILE, load_recipe
+    from bamctl.train import STATE_FILE, load_recipe, recipe_path
     from bamctl.train import train as run_training
 
-    spec = load_recipe(recipe).with_overrides(steps=steps, seed=seed)
-    target = out if out is not None else recipe.parent / spec.name
+    path = recipe_path(recipe)
+    spec = load_recipe(path).with_overrides(steps=steps, seed=seed)
+    target = out if out is not None else path.parent / spec.name
     resuming = (target / STATE_FILE).exists() and not restart
     progress = _progress_display(spec.train.steps)
     if resuming:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch
 
 from bamctl.engine.cache import KVCache
+from bamctl import devices
 from bamctl.errors import BamctlError
 
 KEY_BLOCK = 1024  # blockwise kernel's key block (bamctl.engine.attention)
-SAFETY = 0.9  # use at most this share of the memory reported available
 
 
 def estimate_bytes(config, n_tokens: int, chunk_size: int, dtype: torch.dtype, attention: str) -> int:
@@ -34,21 +34,6 @@ def estimate_bytes(config, n_tokens: int, chunk_size: int, dtype: torch.dtype, a
     return weights + cache + tables + scores + activations + prompt
 
 
-def available_bytes(device: torch.device) -> int:
-    """Memory a run may still take: free GPU memory, or the kernel's MemAvailable on a CPU."""
-    if device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
-        return int(free)
-    try:
-        with open("/proc/meminfo") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 1 << 62  # unknown: do not refuse
-
-
 def largest_fitting(config, budget: int, chunk_size: int, dtype: torch.dtype, attention: str) -> int:
     """The longest power-of-two length whose estimate fits in ``budget`` bytes (0 if none)."""
     n, best = 1024, 0
@@ -60,7 +45,7 @@ def largest_fitting(config, budget: int, chunk_size: int, dtype: torch.dtype, at
 def check_fits(config, n_tokens: int, chunk_size: int, dtype: torch.dtype, attention: str, device: torch.device) -> None:
     """Raise a BamctlError naming the estimate and what would fit when ``n_tokens`` cannot."""
     need = estimate_bytes(config, n_tokens, chunk_size, dtype, attention)
-    budget = int(available_bytes(device) * SAFETY)
+    budget = int(devices.available_bytes(device) * devices.MEMORY_SAFETY)
     if need <= budget:
         return
     fits = largest_fitting(config, budget, chunk_size, dtype, attention)

@@ -12,6 +12,9 @@ Three request kinds cover every task:
 
 from __future__ import annotations
 
+import functools
+import sys
+
 from typing import Callable, Sequence
 
 import torch
@@ -47,9 +50,12 @@ def resolve_attention(name: str, device: torch.device) -> str:
     if name == "auto":
         if device.type == "cuda":
             return "flex" if flex_available()[0] else "blockwise"
-        if native_available()[0]:
+        ok, why = native_available()
+        if ok:
             return "native"
-        return "fused" if fused_available()[0] else "blockwise"
+        fallback = "fused" if fused_available()[0] else "blockwise"
+        _notice(f"{why}; using the {fallback} attention path")
+        return fallback
     if name == "flex":
         require_flex()
     if name == "native" and not native_available()[0]:
@@ -57,6 +63,42 @@ def resolve_attention(name: str, device: torch.device) -> str:
     if name not in ATTENTION_PATHS:
         raise BamctlError(f"unknown attention path {name!r}; use one of {', '.join(ATTENTION_CHOICES)}")
     return name
+
+
+# Paths that fold SSMax's factor into the queries: exact to 1e-4 for factors >= 0 only.
+FOLDING_PATHS = ("native", "fused")
+
+
+def _exact_for(model: Transformer, attention: str, chosen_by_auto: bool) -> str:
+    """The path, unless it folds SSMax into the queries and the model has a negative SSMax scale.
+
+    With s < 0, the logits-scope factor multiplies a prior that grows with distance into
+    large positive logits; folding it into the queries then rounds differently from the
+    reference by up to ~4e-3. ``auto`` takes the blockwise path instead; asked for, it is refused.
+    """
+    if attention not in FOLDING_PATHS:
+        return attention
+    negative = [
+        (layer, head, float(value))
+        for layer, block in enumerate(model.layers)
+        if block.attention.ssmax_scale is not None
+        for head, value in enumerate(block.attention.ssmax_scale.detach().float().tolist())
+        if value < 0
+    ]
+    if not negative:
+        return attention
+    layer, head, value = negative[0]
+    what = f"this model has a negative SSMax scale (layer {layer}, head {head}: s = {value:.3g})"
+    if chosen_by_auto:
+        _notice(f"{what}; using the blockwise attention path, which stays exact for it")
+        return "blockwise"
+    raise BamctlError(f"--attention {attention} is exact only for SSMax scales >= 0 and {what}; use --attention blockwise")
+
+
+@functools.cache
+def _notice(message: str) -> None:
+    """One line on stderr, once per process."""
+    print(f"note: {message}", file=sys.stderr)
 
 
 def kernel_for(name: str):
@@ -78,7 +120,7 @@ class StreamingEngine:
             raise BamctlError(f"--chunk-size must be a positive number of tokens, not {chunk_size}")
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
-        self.attention = resolve_attention(attention, self.device)
+        self.attention = _exact_for(model, resolve_attention(attention, self.device), attention == "auto")
         self.kernel = kernel_for(self.attention)
         self.chunk_size = chunk_size
         self.model = model.to(device=self.device, dtype=self.dtype).eval()

@@ -26,10 +26,10 @@ from bamctl.results.summary import Summary
 
 FORMATS = ("csv", "markdown", "latex", "json")
 LONG_COLUMNS = (
-    "task", "protocol", "setting", "metric", "model", "length", "train_length",
+    "task", "protocol", "setting", "fingerprint", "metric", "model", "length", "train_length",
     "n", "score", "k", "lo", "hi", "ppl", "nll", "n_scored",
 )
-KEY = ["task", "protocol", "setting", "metric", "length"]
+KEY = ["task", "protocol", "setting", "fingerprint", "metric", "length"]
 
 
 def long_frame(summaries: Sequence[Summary]) -> pd.DataFrame:
@@ -40,7 +40,7 @@ def long_frame(summaries: Sequence[Summary]) -> pd.DataFrame:
             for model in s.models:
                 if pd.isna(s.table.at[length, ("n", model)]):
                     continue
-                row = {"task": s.task, "protocol": s.protocol, "setting": s.setting, "metric": s.metric,
+                row = {"task": s.task, "protocol": s.protocol, "setting": s.setting, "fingerprint": s.fingerprint, "metric": s.metric,
                        "model": model, "length": length}
                 for field in dict.fromkeys(s.table.columns.get_level_values("field")):
                     row[field] = s.table.at[length, (field, model)]
@@ -52,7 +52,7 @@ def long_frame(summaries: Sequence[Summary]) -> pd.DataFrame:
 
 
 def pivot_frame(summaries: Sequence[Summary]) -> pd.DataFrame:
-    """Rows = (task, protocol, setting, metric, length), columns = models, value = score or perplexity."""
+    """Rows = (task, protocol, setting, fingerprint, metric, length), columns = models, value = score or perplexity."""
     frame = long_frame(summaries)
     frame["value"] = frame["score"].where(frame["metric"] == "accuracy", frame["ppl"])
     models = list(dict.fromkeys(m for s in summaries for m in s.models))

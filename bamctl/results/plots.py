@@ -16,7 +16,7 @@ from matplotlib.ticker import FixedLocator, NullLocator
 
 from bamctl.errors import BamctlError
 from bamctl.results.render import format_length
-from bamctl.results.summary import GROUP_COLUMNS, is_perplexity, model_labels, summarize
+from bamctl.results.summary import GROUP_COLUMNS, is_perplexity, model_labels, summarize, with_fingerprint_labels
 
 PANEL_INCHES = (6.0, 4.0)
 ANNOTATE_MAX_CELLS = 160  # write values into heatmap cells only while they stay legible
@@ -71,14 +71,14 @@ def plot_heatmap(frame: pd.DataFrame, path: str | Path, *, models: Sequence[str]
     rows = frame[frame["depth"].notna()]
     if rows.empty:
         raise BamctlError("no result rows with a needle depth to plot; heatmaps need passkey or niah rows")
-    rows = rows.assign(_label=model_labels(rows))
+    rows = with_fingerprint_labels(rows).assign(_label=model_labels(rows))
     groups = [(key, g) for key, g in rows.groupby(list(GROUP_COLUMNS), sort=True) if not is_perplexity(g)]
     present = list(dict.fromkeys(sorted(rows["_label"])))
     order = [m for m in (models or []) if m in present] + [m for m in present if m not in (models or [])]
     fig = Figure(figsize=(4.5 * len(order) + 1, 4.0 * len(groups)), layout="constrained")
     axes = fig.subplots(len(groups), len(order), squeeze=False)
     image = None
-    for r, ((task, protocol, setting), group) in enumerate(groups):
+    for r, ((task, protocol, setting, _fingerprint), group) in enumerate(groups):
         lengths = sorted(group["length"].unique())
         depths = sorted(group["depth"].unique())
         title = " / ".join(p for p in (task, protocol, setting) if p)

@@ -112,6 +112,7 @@ def summary_to_dict(summary: Summary) -> dict[str, Any]:
         "task": summary.task,
         "protocol": summary.protocol,
         "setting": summary.setting,
+        "fingerprint": summary.fingerprint,
         "metric": summary.metric,
         "models": summary.models,
         "lengths": summary.lengths,
@@ -134,7 +135,7 @@ def summary_to_dict(summary: Summary) -> dict[str, Any]:
 
 
 def summaries_to_json(summaries: Sequence[Summary]) -> dict[str, Any]:
-    """`{"schema_version": 1, "summaries": [...]}`, what `--json` prints."""
+    """`{"schema_version": SCHEMA_VERSION, "summaries": [...]}`, what `--json` prints."""
     return {"schema_version": SCHEMA_VERSION, "summaries": [summary_to_dict(s) for s in summaries]}
 
 

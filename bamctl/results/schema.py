@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 VERSION_KEY = b"bamctl.schema_version"
 
 
@@ -33,6 +33,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("protocol", pa.string(), False, "how the task was posed (`--protocol`): passkey authors or landmark; ruler for RULER's tasks; ppl sliding or buckets"),
     Column("setting", pa.string(), False, "options that set the prompts apart from the protocol's defaults, as key=value words (e.g. stride=256, bucket=512, corpus=FILE); empty with the defaults"),
     Column("scoring", pa.string(), False, "the request kind the model answered: teacher_forced, generate or nll"),
+    Column("fingerprint", pa.string(), True, "hash of everything that made the prompt and its scoring: task spec and generator version, data file contents (texts, word lists, --corpus), tokenizer, resolved options, what the back-end puts around a prompt (BOS, chat template); null in rows written before version 3"),
     Column("model", pa.string(), False, "model name as the user gave it"),
     Column("model_hash", pa.string(), False, "hash of the model weights and config; identifies the model"),
     Column("pe", pa.string(), False, "positional encoding (rope, alibi, nope, bam, ...)"),
@@ -70,9 +71,9 @@ SCHEMA: pa.Schema = pa.schema(
 )
 
 # A sample is done when a row with the same key exists; reruns skip it.
-KEY_COLUMNS: tuple[str, ...] = ("model_hash", "task", "protocol", "setting", "length", "depth", "seed", "sample", "position")
+KEY_COLUMNS: tuple[str, ...] = ("model_hash", "fingerprint", "task", "protocol", "setting", "length", "depth", "seed", "sample", "position")
 
-ResumeKey = tuple[str, str, str, str, int, float | None, int, int, int | None]
+ResumeKey = tuple[str, str | None, str, str, str, int, float | None, int, int, int | None]
 
 
 def row_key(row: Mapping[str, Any]) -> ResumeKey:
@@ -82,8 +83,12 @@ def row_key(row: Mapping[str, Any]) -> ResumeKey:
         depth = float(depth)
         if math.isnan(depth):  # pandas spells null as NaN; NaN != NaN would break set lookups
             depth = None
+    fingerprint = row.get("fingerprint")
+    if not isinstance(fingerprint, str):  # null, NaN or pandas' NA: a row from before fingerprints
+        fingerprint = None
     return (
         str(row["model_hash"]),
+        fingerprint,
         str(row["task"]),
         str(row["protocol"]),
         str(row["setting"]),
@@ -157,7 +162,7 @@ def upgrade(table: pa.Table, version: int) -> pa.Table:
     ``sliding:stride=N``, ``buckets:N``); its ``depth`` was where a RULER needle landed.
     """
     if version >= 2:
-        return table
+        return table  # version 2 lacked only `fingerprint`, which reads as null
     rows = table.to_pylist()
     for row in rows:
         old, variant = row.pop("protocol"), row.pop("variant")

@@ -17,7 +17,10 @@ import numpy as np
 import pandas as pd
 
 Z_95 = 1.959963984540054  # two-sided 95% normal quantile
-GROUP_COLUMNS = ("task", "protocol", "setting")
+# Rows are pooled only within one (task, protocol, setting) and one fingerprint: rows made from
+# other prompts (another tokenizer, corpus, task version) are never averaged together.
+GROUP_COLUMNS = ("task", "protocol", "setting", "fingerprint")
+NO_FINGERPRINT = "none"  # how rows written before fingerprints are labelled
 ACCURACY_FIELDS = ("score", "k", "n", "lo", "hi", "train_length")
 PERPLEXITY_FIELDS = ("ppl", "nll", "n_scored", "n", "train_length")
 
@@ -144,7 +147,9 @@ def best_models(table: pd.DataFrame, metric: Literal["accuracy", "perplexity"]) 
 
 @dataclass(frozen=True)
 class Summary:
-    """The summary of one (task, protocol, setting): a wide table and, for accuracy, effective lengths."""
+    """The summary of one (task, protocol, setting, fingerprint): a wide table and, for accuracy,
+    effective lengths. ``distinct`` marks a summary that shares its (task, protocol, setting)
+    with another of other prompts, so its title names its fingerprint."""
 
     task: str
     protocol: str
@@ -153,11 +158,14 @@ class Summary:
     table: pd.DataFrame
     effective: pd.DataFrame | None
     threshold: float
+    fingerprint: str = NO_FINGERPRINT
+    distinct: bool = False
 
     @property
     def title(self) -> str:
         parts = [self.task] + [p for p in (self.protocol, self.setting) if p]
-        return " / ".join(parts)
+        suffix = f" (prompts {self.fingerprint})" if self.distinct else ""
+        return " / ".join(parts) + suffix
 
     @property
     def models(self) -> list[str]:
@@ -173,23 +181,34 @@ class Summary:
 
 
 def summarize(frame: pd.DataFrame, threshold: float = 0.9, models: Sequence[str] | None = None) -> list[Summary]:
-    """One Summary per (task, protocol, setting) in the rows, in sorted order."""
+    """One Summary per (task, protocol, setting, fingerprint) in the rows, in sorted order."""
     summaries = []
-    for (task, protocol, setting), rows in frame.groupby(list(GROUP_COLUMNS), sort=True):
+    frame = with_fingerprint_labels(frame)
+    groups = frame.groupby(list(GROUP_COLUMNS), sort=True)
+    shared = pd.Series([key[:3] for key, _ in groups]).value_counts()
+    for (task, protocol, setting, fingerprint), rows in groups:
         if is_perplexity(rows):
             table, metric, effective = perplexity_table(rows, models), "perplexity", None
         else:
             table, metric = accuracy_table(rows, models), "accuracy"
             effective = effective_length(table, threshold)
-        summaries.append(Summary(str(task), str(protocol), str(setting), metric, table, effective, threshold))
+        distinct = bool(shared[(task, protocol, setting)] > 1)
+        summaries.append(Summary(str(task), str(protocol), str(setting), metric, table, effective, threshold, str(fingerprint), distinct))
     return summaries
 
 
+def with_fingerprint_labels(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows from before fingerprints get the label ``none``, so grouping keeps them (apart)."""
+    if "fingerprint" not in frame:
+        return frame.assign(fingerprint=NO_FINGERPRINT)
+    return frame.assign(fingerprint=frame["fingerprint"].astype(object).where(frame["fingerprint"].notna(), NO_FINGERPRINT))
+
+
 def _require_one_group(frame: pd.DataFrame) -> None:
-    groups = frame[list(GROUP_COLUMNS)].drop_duplicates()
+    groups = with_fingerprint_labels(frame)[list(GROUP_COLUMNS)].drop_duplicates()
     if len(groups) > 1:
         found = ", ".join("/".join(map(str, g)) for g in groups.itertuples(index=False))
-        raise ValueError(f"rows mix several (task, protocol, setting): {found}; split them with summarize()")
+        raise ValueError(f"rows mix several (task, protocol, setting, fingerprint): {found}; split them with summarize()")
 
 
 def _widen(cells: pd.DataFrame, rows: pd.DataFrame, fields: Sequence[str], models: Sequence[str] | None) -> pd.DataFrame:

@@ -2,7 +2,7 @@
 
 Tasks never see models: a task plans :class:`SampleSlot` objects and builds each into a
 :class:`Sample` (token ids, text, answers, how to score), a back-end answers it, a metric
-scores the answer. Tasks and their protocols are data in the repository's ``tasks/*.toml``.
+scores the answer. Tasks and their protocols are data in the repository's ``bamctl/data/tasks/*.toml``.
 """
 
 from bamctl.tasks.metrics import METRICS, score, string_match_all, string_match_part

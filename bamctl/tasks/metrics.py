@@ -1,6 +1,6 @@
 """Metrics by name: pure functions from a prediction and its sample to a score in [0, 1].
 
-A task variant names its metric in ``tasks/*.toml``; back-ends never choose one.
+A task variant names its metric in ``bamctl/data/tasks/*.toml``; back-ends never choose one.
 RULER's own corpus-level functions are here too, verbatim in behaviour
 (``scripts/eval/synthetic/constants.py``): mean over samples, times 100, rounded
 to 2 decimals. Our per-sample scores are the same quantities before the mean.

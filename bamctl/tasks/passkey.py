@@ -1,6 +1,6 @@
 """Passkey retrieval: a 5-digit key hidden in repeated filler, at an exact token length.
 
-Two protocols, chosen by the variant's ``join`` argument (``tasks/passkey.toml``):
+Two protocols, chosen by the variant's ``join`` argument (``bamctl/data/tasks/passkey.toml``):
 
 * ``authors`` (BAM paper, default): the pieces are tokenised separately and the
   token lists concatenated, as the authors' code does with a SentencePiece

@@ -23,6 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from bamctl.errors import BamctlError
+from bamctl.fingerprints import file_digest
 from bamctl.tasks.sample import Sample, SampleSlot, ScoredSpan
 from bamctl.tasks.texts import Corpus, file_corpus, shipped_corpus
 from bamctl.tokenizer import Tokenizer
@@ -94,12 +95,17 @@ def position_buckets(n_tokens: int, bucket: int) -> list[Bucket]:
 
 
 def ppl_corpus(corpus_path: Path | None = None) -> Corpus:
-    """The shipped perplexity corpus (see ``tasks/README.md``) or a user's UTF-8 file."""
+    """The shipped perplexity corpus (see ``bamctl/data/tasks/README.md``) or a user's UTF-8 file."""
     return shipped_corpus("ppl") if corpus_path is None else file_corpus(Path(corpus_path))
 
 
-@lru_cache(maxsize=4)
 def _corpus_tokens(tokenizer: Tokenizer, corpus_path: str | None) -> tuple[int, ...]:
+    """The corpus as tokens; a user's file is read again when its contents change."""
+    return _encoded_corpus(tokenizer, corpus_path, file_digest(corpus_path) if corpus_path else None)
+
+
+@lru_cache(maxsize=4)
+def _encoded_corpus(tokenizer: Tokenizer, corpus_path: str | None, contents: str | None) -> tuple[int, ...]:
     corpus = ppl_corpus(Path(corpus_path) if corpus_path else None)
     ids = tuple(tokenizer.encode(corpus.text))
     if len(ids) < 2:

@@ -1,4 +1,4 @@
-"""Tasks are data: ``tasks/*.toml`` names each task's generator, arguments and metric.
+"""Tasks are data: ``bamctl/data/tasks/*.toml`` names each task's generator, arguments and metric.
 
 A table is a task. A ``protocols`` sub-table lists the ways one task can be posed
 (passkey: ``authors`` or ``landmark``; ppl: ``sliding`` or ``buckets``), with
@@ -15,16 +15,18 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass, field
 from functools import cache
+from pathlib import Path
 from typing import Callable, Iterator
 
 from bamctl.errors import BamctlError, did_you_mean
+from bamctl.fingerprints import digest, file_digest
 from bamctl.lengths import parse_depths
 from bamctl.tasks.metrics import METRICS
 from bamctl.tasks.passkey import passkey_sample
 from bamctl.tasks.perplexity import ppl_options, ppl_plan, ppl_sample, ppl_setting
 from bamctl.tasks.ruler import niah_sample
 from bamctl.tasks.sample import SCORING_KINDS, Sample, SampleSlot
-from bamctl.tasks.texts import read_toml, tasks_dir
+from bamctl.tasks.texts import corpus_files, read_toml, tasks_dir, word_files
 from bamctl.tokenizer import Tokenizer
 
 
@@ -46,24 +48,42 @@ def no_setting(spec: "TaskSpec", lengths: list[int], options: dict) -> str:
     return ""
 
 
+def no_files(spec: "TaskSpec", options: dict) -> list[Path]:
+    return []
+
+
+def niah_files(spec: "TaskSpec", options: dict) -> list[Path]:
+    return [*corpus_files("essays"), *word_files()]
+
+
+def ppl_files(spec: "TaskSpec", options: dict) -> list[Path]:
+    path = options.get("corpus_path")
+    return [Path(path)] if path is not None else corpus_files("ppl")
+
+
 @dataclass(frozen=True)
 class Generator:
     """``build(slot, tokenizer, **args)`` makes one sample; ``plan`` lists a request's slots;
     ``resolve`` fills in the options whose default depends on the request (e.g. its lengths);
-    ``setting`` names the options that depart from the protocol's defaults (``stride=256``)."""
+    ``setting`` names the options that depart from the protocol's defaults (``stride=256``);
+    ``files`` lists the data files its samples are made from (their contents are part of
+    the fingerprint). ``version`` counts changes to what ``build`` makes: raise it whenever
+    the same slot would give another sample (``tests/test_fingerprints.py`` pins them)."""
 
     build: Callable[..., Sample]
+    version: int = 1
     plan: Callable[..., list[SampleSlot]] = grid_plan
     resolve: Callable[..., dict] = as_given
     setting: Callable[..., str] = no_setting
+    files: Callable[..., list[Path]] = no_files
     takes_depths: bool = True
 
 
 # generator name in the TOML -> its functions
 GENERATORS: dict[str, Generator] = {
-    "passkey": Generator(passkey_sample),
-    "niah": Generator(niah_sample),
-    "ppl": Generator(ppl_sample, ppl_plan, ppl_options, ppl_setting, takes_depths=False),
+    "passkey": Generator(passkey_sample, version=1),
+    "niah": Generator(niah_sample, version=1, files=niah_files),
+    "ppl": Generator(ppl_sample, version=1, plan=ppl_plan, resolve=ppl_options, setting=ppl_setting, files=ppl_files, takes_depths=False),
 }
 
 
@@ -173,6 +193,7 @@ class TaskPlan:
     tokenizer: Tokenizer
     options: dict  # resolved: every default that depends on the request filled in
     setting: str = ""  # the options that depart from the protocol's defaults, as key=value words
+    fingerprint: str = ""  # of everything the prompts and their scoring are made from (see plan_fingerprint)
 
     def build(self, slot: SampleSlot) -> Sample:
         return self.spec.functions.build(slot=slot, tokenizer=self.tokenizer, **self.spec.args, **self.options)
@@ -221,7 +242,24 @@ def plan_samples(
         for seed in seeds
         for slot in spec.functions.plan(spec=spec, lengths=lengths, depths=depths, n_samples=n_samples, seed=seed, **options)
     ]
-    return TaskPlan(spec, slots, tokenizer, options, setting)
+    return TaskPlan(spec, slots, tokenizer, options, setting, plan_fingerprint(spec, options, tokenizer))
+
+
+def plan_fingerprint(spec: TaskSpec, options: dict, tokenizer: Tokenizer) -> str:
+    """The fingerprint of what a task's prompts and scoring are made from: the protocol's
+    spec (generator and its version, arguments, scoring, metric, answer budget), the
+    resolved options, the contents of every data file read, and the tokenizer."""
+    functions = spec.functions
+    return digest({
+        "task": spec.task,
+        "protocol": spec.protocol,
+        "generator": [spec.generator, functions.version],
+        "args": spec.args,
+        "scoring": [spec.scoring, spec.metric, spec.max_new_tokens],
+        "options": {key: str(value) for key, value in options.items() if key != "corpus_path"},
+        "files": [file_digest(path) for path in functions.files(spec, options)],
+        "tokenizer": getattr(tokenizer, "fingerprint", "") or f"{tokenizer.name}:{tokenizer.vocab_size}",
+    })
 
 
 def generate_samples(

@@ -69,7 +69,7 @@ NEEDLE_KINDS: dict[str, Callable] = {"numbers": random_number, "words": random_w
 
 @dataclass(frozen=True)
 class NiahSpec:
-    """One RULER variant: the arguments of its entry in ``tasks/ruler.toml``."""
+    """One RULER variant: the arguments of its entry in ``bamctl/data/tasks/ruler.toml``."""
 
     haystack: str
     key_type: str

@@ -1,8 +1,8 @@
-"""Where the shipped task data lives, and reading it: corpora, word lists, variant specs.
+"""Where the shipped task data lives, and reading it: corpora, word lists, task specs.
 
-The data sits in the repository's top-level ``tasks/`` folder, not inside the
-package: it is data a reader should find next to the code, not behind an import.
-``BAMCTL_TASKS_DIR`` points elsewhere (an installed copy, a test fixture).
+The data travels inside the package, in ``bamctl/data/tasks/`` (plain files: TOML
+specs, texts, word lists), so an installed wheel has it too. ``BAMCTL_TASKS_DIR``
+points elsewhere (a user's copy, a test fixture).
 """
 
 from __future__ import annotations
@@ -16,18 +16,17 @@ from pathlib import Path
 from bamctl.errors import BamctlError
 
 TASKS_DIR_ENV = "BAMCTL_TASKS_DIR"
-# bamctl/tasks/texts.py -> repository root -> tasks/
-_REPO_TASKS = Path(__file__).resolve().parents[2] / "tasks"
+SHIPPED_TASKS = Path(__file__).resolve().parents[1] / "data" / "tasks"  # bamctl/tasks/texts.py -> bamctl/data/tasks
 
 
 def tasks_dir() -> Path:
     """The folder holding ``*.toml`` variant specs, ``texts/`` and ``words/``."""
     override = os.environ.get(TASKS_DIR_ENV)
-    folder = Path(override) if override else _REPO_TASKS
+    folder = Path(override) if override else SHIPPED_TASKS
     if not folder.is_dir():
         where = f"{TASKS_DIR_ENV}={override}" if override else str(folder)
         raise BamctlError(
-            f"task data folder not found ({where}); run from a bamctl checkout or set {TASKS_DIR_ENV}"
+            f"task data folder not found ({where}); reinstall bamctl or set {TASKS_DIR_ENV}"
         )
     return folder
 
@@ -62,7 +61,7 @@ class Corpus:
 
 @cache
 def shipped_corpus(name: str) -> Corpus:
-    """A corpus listed in ``tasks/texts/corpora.toml`` (``essays``, ``ppl``, ``train``)."""
+    """A corpus listed in ``bamctl/data/tasks/texts/corpora.toml`` (``essays``, ``ppl``, ``train``)."""
     root = tasks_dir() / "texts"
     manifest = read_toml(root / "corpora.toml")
     if name not in manifest:
@@ -70,6 +69,20 @@ def shipped_corpus(name: str) -> Corpus:
     files = tuple(manifest[name]["files"])
     text = "\n\n".join(read_text(root / file).strip() for file in files)
     return Corpus(name=name, text=text, files=files)
+
+
+def corpus_files(name: str) -> list[Path]:
+    """The files a shipped corpus is made of, in order (what its fingerprint hashes)."""
+    root = tasks_dir() / "texts"
+    manifest = read_toml(root / "corpora.toml")
+    if name not in manifest:
+        raise BamctlError(f"unknown corpus {name!r}; shipped: {', '.join(manifest)}")
+    return [root / "corpora.toml", *(root / file for file in manifest[name]["files"])]
+
+
+def word_files() -> list[Path]:
+    folder = tasks_dir() / "words"
+    return [folder / "adjectives.txt", folder / "nouns.txt"]
 
 
 def file_corpus(path: Path) -> Corpus:
@@ -82,7 +95,7 @@ def file_corpus(path: Path) -> Corpus:
 @cache
 def word_pairs() -> tuple[str, ...]:
     """RULER's ``words`` keys: every adjective-noun pair, sorted (``"bold-lantern"``)."""
-    folder = tasks_dir() / "words"
-    adjectives = read_text(folder / "adjectives.txt").split()
-    nouns = read_text(folder / "nouns.txt").split()
+    adjective_file, noun_file = word_files()
+    adjectives = read_text(adjective_file).split()
+    nouns = read_text(noun_file).split()
     return tuple(sorted({f"{adjective}-{noun}" for adjective in adjectives for noun in nouns}))

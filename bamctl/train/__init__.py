@@ -1,4 +1,4 @@
-"""Training reference models from recipes (``baselines/*.toml``).
+"""Training reference models from recipes (``bamctl/data/baselines/*.toml``).
 
 - ``recipe``: the TOML recipe as a validated dataclass;
 - ``data``: batches as a pure function of (recipe, step): passkey prompts + text windows;
@@ -8,7 +8,7 @@
 
 from bamctl.train.data import BatchMaker, is_passkey_row, passkey_row
 from bamctl.train.loop import STATE_FILE, StepReport, TrainResult, first_losses, lr_at, param_groups, prepare, train
-from bamctl.train.recipe import PASSKEY_SEED_OFFSET, Recipe, load_recipe, recipe_from_dict
+from bamctl.train.recipe import PASSKEY_SEED_OFFSET, Recipe, load_recipe, recipe_from_dict, recipe_path
 from bamctl.train.vocab import build_token_subset, passkey_token_ids
 
 __all__ = [
@@ -28,5 +28,6 @@ __all__ = [
     "passkey_token_ids",
     "prepare",
     "recipe_from_dict",
+    "recipe_path",
     "train",
 ]

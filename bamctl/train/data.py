@@ -5,7 +5,7 @@ generator, at seeds disjoint from evaluation; its length varies, unscored filler
 one, the key depth and the window start all follow from (seed, step, row), so a resumed
 run sees exactly the batches an uninterrupted run would.
 
-Text comes from the shipped training corpus (``tasks/texts/train``, disjoint from the
+Text comes from the shipped training corpus (``bamctl/data/tasks/texts/train``, disjoint from the
 perplexity and essay corpora) or from ``--data DIR``: ``*.txt`` files (tokenised here,
 joined by the end-of-text token), ``*.npy`` token arrays, or ``*.bin`` uint16 shards
 (raw, or llm.c's format with a 256-int32 header).

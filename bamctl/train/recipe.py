@@ -254,6 +254,20 @@ def _check(recipe: Recipe, source: str) -> None:
         raise BamctlError(f"{source}: [model] {err}") from None
 
 
+def recipe_path(reference: str | Path) -> Path:
+    """A recipe file: the path given, or the shipped recipe of that name (``bam`` -> the ``bam.toml``
+    beside the shipped checkpoints)."""
+    from bamctl.catalog import baselines_dir
+
+    path = Path(reference)
+    if path.is_file():
+        return path
+    shipped = sorted(p.stem for p in baselines_dir().glob("*.toml"))
+    if str(reference) in shipped:
+        return baselines_dir() / f"{reference}.toml"
+    raise BamctlError(f"recipe {reference} is neither a file nor a shipped recipe{did_you_mean(str(reference), shipped)}")
+
+
 def load_recipe(path: Path) -> Recipe:
     """Read and validate a recipe TOML file."""
     from bamctl.tasks.texts import read_toml

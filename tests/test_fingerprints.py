@@ -1,0 +1,147 @@
+"""A stored number is never reused for another prompt: row fingerprints, resume and pooling."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+
+import pytest
+
+from bamctl.checkpoint import new_random_model, save_checkpoint
+from bamctl.cli import main
+from bamctl.model import ModelConfig
+from bamctl.results.store import ResultStore
+from bamctl.tasks import generate_samples, plan_samples
+from bamctl.tasks.registry import GENERATORS
+from bamctl.tasks.texts import tasks_dir
+from bamctl.tokenizer import get_tokenizer
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fp")
+    return str(save_checkpoint(new_random_model(ModelConfig.from_preset("micro", "rope", train_length=128), 0), root / "rope"))
+
+
+def run(capsys, *args):
+    with pytest.raises(SystemExit) as done:
+        main(list(args))
+    captured = capsys.readouterr()
+    assert done.value.code == 0, captured.err
+    return captured
+
+
+def _ppl(capsys, model, out, corpus):
+    captured = run(capsys, "ppl", model, "--lengths", "256", "--corpus", str(corpus), "--out", str(out), "--quiet", "--json")
+    (summary,) = json.loads(captured.out)["summaries"]
+    (cell,) = summary["cells"]
+    return cell["ppl"], captured.err
+
+
+def test_a_second_corpus_is_scored_not_skipped(model, tmp_path, capsys):
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("The quiet river bends past the mill and the old stone bridge. " * 40)
+    b.write_text("Seven 3 9 zebras !! quantum ## marmalade, 42 ; ferrous ventriloquist? " * 40)
+    alone, _ = _ppl(capsys, model, tmp_path / "alone", b)
+    first, _ = _ppl(capsys, model, tmp_path / "shared", a)
+    second, err = _ppl(capsys, model, tmp_path / "shared", b)
+    assert "skipped" not in err
+    assert second == pytest.approx(alone) and second != pytest.approx(first)
+
+
+def test_an_edited_corpus_file_is_scored_again(model, tmp_path, capsys):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("alpha beta gamma delta. " * 80)
+    before, _ = _ppl(capsys, model, tmp_path / "out", corpus)
+    corpus.write_text("one two three four five six seven. " * 80)
+    after, err = _ppl(capsys, model, tmp_path / "out", corpus)
+    assert "skipped" not in err and after != pytest.approx(before)
+    again, err = _ppl(capsys, model, tmp_path / "out", corpus)
+    assert "skipped" in err and again == pytest.approx(after)
+
+
+def _fingerprint(task="ppl", lengths=(256, 512), **options):
+    return plan_samples(task, list(lengths), 1, [0], get_tokenizer("gpt2"), **options).fingerprint
+
+
+def test_every_input_of_a_prompt_moves_the_fingerprint():
+    base = _fingerprint()
+    assert _fingerprint() == base  # deterministic
+    assert _fingerprint(doc_tokens=1024) != base
+    assert _fingerprint(stride=64) != base
+    assert _fingerprint(protocol="buckets") != base
+    assert _fingerprint(lengths=(256, 1024)) != base  # the document is the longest window
+    assert _fingerprint("passkey", protocol="authors") != _fingerprint("passkey", protocol="landmark")
+
+
+def test_an_edited_task_spec_or_text_moves_the_fingerprint(tmp_path, monkeypatch):
+    base_ruler, base_passkey = _fingerprint("niah_single_2"), _fingerprint("passkey")
+    copy = tmp_path / "tasks"
+    shutil.copytree(tasks_dir(), copy)
+    monkeypatch.setenv("BAMCTL_TASKS_DIR", str(copy))
+    from bamctl.tasks import registry
+
+    registry._load.cache_clear()
+    try:
+        essay = sorted((copy / "texts" / "essays").glob("*.txt"))[0]
+        essay.write_text(essay.read_text() + "\nOne more sentence.\n")
+        assert _fingerprint("niah_single_2") != base_ruler
+        assert _fingerprint("passkey") == base_passkey  # passkey reads no text file
+        toml = copy / "passkey.toml"
+        toml.write_text(toml.read_text().replace("key_digits = 5", "key_digits = 6"))
+        registry._load.cache_clear()
+        assert _fingerprint("passkey") != base_passkey
+    finally:
+        registry._load.cache_clear()
+
+
+def test_a_row_without_fingerprint_is_recomputed_not_trusted(model, tmp_path, capsys):
+    out = tmp_path / "out"
+    run(capsys, "passkey", model, "--lengths", "128", "--samples", "1", "--out", str(out), "--quiet")
+    store = ResultStore(out)
+    rows = store.read().to_dict("records")
+    for row in rows:  # as if written before fingerprints existed
+        row["fingerprint"], row["score"] = None, 0.123
+    shutil.rmtree(out)
+    store.append(rows)
+    captured = run(capsys, "passkey", model, "--lengths", "128", "--samples", "1", "--out", str(out), "--quiet", "--json")
+    assert "skipped" not in captured.err
+    (summary,) = json.loads(captured.out)["summaries"]
+    assert all(cell["score"] != pytest.approx(0.123) for cell in summary["cells"])
+
+
+def test_rows_of_other_prompts_are_summarised_apart(tmp_path):
+    from results_fakes import fake_row
+
+    from bamctl.results.summary import summarize
+    from bamctl.results.store import to_pandas
+    from bamctl.results.schema import rows_to_table
+
+    rows = [fake_row("tiny-rope", score=1.0), fake_row("tiny-bam", score=0.0)]
+    rows[1]["fingerprint"] = "other"
+    summaries = summarize(to_pandas(rows_to_table(rows)))
+    assert len(summaries) == 2 and all(s.distinct and s.fingerprint in s.title for s in summaries)
+    assert [len(s.models) for s in summaries] == [1, 1]
+
+
+# What each generator builds for a fixed request, hashed, by generator version. When a change
+# to a generator changes its samples, this fails: raise `version` in bamctl/tasks/registry.py
+# (so stored rows of the old prompts are never reused for the new ones) and record the new hash.
+PINNED = {
+    "passkey": {1: "d3ff62cbc5ecb23a"},
+    "niah": {1: "a945e7c47fd1363a"},
+    "ppl": {1: "a78cecec7235b7e5"},
+}
+REQUESTS = {"passkey": ("passkey", [256, 1024]), "niah": ("niah_multikey_2", [1024]), "ppl": ("ppl", [512])}
+
+
+@pytest.mark.parametrize("generator", sorted(PINNED))
+def test_generator_versions_pin_what_they_build(generator):
+    task, lengths = REQUESTS[generator]
+    samples = list(generate_samples(task, lengths, 2, 0, get_tokenizer("gpt2")))
+    payload = [[s.input_ids, s.target_ids, s.answers, [vars(span) for span in s.scored]] for s in samples]
+    built = hashlib.sha256(json.dumps(payload).encode()).hexdigest()[:16]
+    version = GENERATORS[generator].version
+    assert version in PINNED[generator], f"record the samples of {generator} version {version}: {built}"
+    assert PINNED[generator][version] == built, f"{generator}'s samples changed ({built}): raise its version"

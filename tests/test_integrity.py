@@ -1,0 +1,165 @@
+"""Never a silently wrong number: nonsense refused before any work, nothing overwritten unasked,
+results directories any Parquet reader opens, the fast kernels' range enforced."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from bamctl.checkpoint import load_checkpoint, new_random_model, save_checkpoint
+from bamctl.cli import main
+from bamctl.engine import stream
+from bamctl.engine.attention import dense_attention
+from bamctl.errors import BamctlError
+from bamctl.model import ModelConfig
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("integrity")
+    return str(save_checkpoint(new_random_model(ModelConfig.from_preset("micro", "bam-ssmax", train_length=128), 0), root / "m"))
+
+
+def cli(capsys, *args):
+    with pytest.raises(SystemExit) as done:
+        main(list(args))
+    captured = capsys.readouterr()
+    return done.value.code, captured.out, captured.err
+
+
+def one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--samples", "0"], "--samples"),
+    (["--samples", "-3"], "--samples"),
+    (["--chunk-size", "0"], "--chunk-size"),
+    (["--chat-template"], "--chat-template"),
+    (["--tensor-parallel", "2"], "--tensor-parallel"),
+    (["--beyond-max", "refuse"], "--beyond-max"),
+    (["--tokenizer", "gpt2"], "--tokenizer"),
+    (["--lengths", "0"], "length"),
+])
+def test_nonsense_is_one_line_and_exit_2_before_any_work(model_dir, tmp_path, capsys, args, named):
+    code, _, err = cli(capsys, "passkey", model_dir, "--out", str(tmp_path), "--quiet", *args)
+    assert code == 2 and named in one_line(err)
+    assert not list(tmp_path.glob("*.parquet"))
+
+
+def test_a_zero_stride_is_refused_not_run_as_the_window(model_dir, tmp_path, capsys):
+    code, _, err = cli(capsys, "ppl", model_dir, "--lengths", "256", "--stride", "0", "--out", str(tmp_path), "--quiet")
+    assert code == 2 and "--stride" in one_line(err)
+
+
+def test_a_stride_longer_than_a_window_is_refused_before_any_work(model_dir, tmp_path, capsys):
+    code, _, err = cli(capsys, "ppl", model_dir, "--lengths", "128,256", "--stride", "200", "--out", str(tmp_path), "--quiet")
+    assert code == 2 and "stride" in one_line(err) and not list(tmp_path.glob("*.parquet"))
+
+
+def test_compare_checks_every_model_before_loading_any(model_dir, tmp_path, capsys, monkeypatch):
+    opened = []
+    import bamctl.backends as backends
+
+    real = backends.BackendEntry.open
+    monkeypatch.setattr(backends.BackendEntry, "open", lambda self, *a: opened.append(a) or real(self, *a))
+    code, _, err = cli(capsys, "compare", model_dir, "no-such-model", "--lengths", "128", "--out", str(tmp_path), "--quiet")
+    assert code == 2 and "no-such-model" in one_line(err) and opened == []
+
+
+def test_compare_holds_one_model_at_a_time(model_dir, tmp_path, capsys, monkeypatch):
+    import gc
+    import weakref
+
+    import bamctl.backends as backends
+
+    alive = []
+    real = backends.BackendEntry.open
+
+    def tracking(self, *args):
+        backend = real(self, *args)
+        gc.collect()
+        assert all(ref() is None for ref in alive), "the previous model is still held"
+        alive.append(weakref.ref(backend))
+        return backend
+
+    monkeypatch.setattr(backends.BackendEntry, "open", tracking)
+    code, _, err = cli(capsys, "compare", model_dir, model_dir + "/", "--lengths", "128", "--samples", "1", "--out", str(tmp_path / "r"), "--quiet")
+    assert code == 0, err and len(alive) == 2
+
+
+def test_without_lengths_the_plan_is_said_before_the_run(model_dir, tmp_path, capsys):
+    code, _, err = cli(capsys, "passkey", model_dir, "--shard", "0/1000", "--out", str(tmp_path), "--quiet")
+    assert code == 0
+    assert "planning 7 lengths, 128 to 8k" in err and "140 samples" in err
+
+
+def test_new_refuses_to_overwrite_a_checkpoint_without_force(tmp_path, capsys):
+    out = tmp_path / "ckpt"
+    assert cli(capsys, "new", "--out", str(out), "--preset", "micro", "--seed", "1")[0] == 0
+    before = (out / "model.safetensors").read_bytes()
+    code, _, err = cli(capsys, "new", "--out", str(out), "--preset", "micro", "--seed", "2")
+    assert code == 2 and "--force" in one_line(err)
+    assert (out / "model.safetensors").read_bytes() == before
+    assert cli(capsys, "new", "--out", str(out), "--preset", "micro", "--seed", "2", "--force")[0] == 0
+    assert (out / "model.safetensors").read_bytes() != before
+
+
+def test_auto_says_once_when_the_native_kernel_cannot_be_built(monkeypatch, capsys):
+    monkeypatch.setattr(stream, "native_available", lambda: (False, "no C++ compiler here"))
+    stream._notice.cache_clear()
+    try:
+        for _ in range(3):
+            assert stream.resolve_attention("auto", torch.device("cpu")) in ("fused", "blockwise")
+        err = capsys.readouterr().err
+        assert err.count("no C++ compiler here") == 1 and "fused" in err
+    finally:
+        stream._notice.cache_clear()
+
+
+def test_a_negative_ssmax_scale_never_runs_on_a_folding_kernel(model_dir, capsys):
+    model = load_checkpoint(model_dir).model
+    with torch.no_grad():
+        model.layers[1].attention.ssmax_scale[2] = -0.5
+    for path in stream.FOLDING_PATHS:
+        with pytest.raises(BamctlError, match="negative SSMax scale"):
+            stream.StreamingEngine(model, device="cpu", attention=path)
+    stream._notice.cache_clear()
+    engine = stream.StreamingEngine(model, device="cpu", attention="auto", chunk_size=50)
+    assert engine.attention == "blockwise" and "negative SSMax" in capsys.readouterr().err
+    ids = torch.randint(0, model.config.vocab_size, (300,), generator=torch.Generator().manual_seed(0)).tolist()
+    reference = model(torch.tensor([ids]))[0]
+    assert torch.allclose(engine.logits_at(ids, list(range(300))), reference, atol=1e-4)
+    stream._notice.cache_clear()
+
+
+def test_a_results_directory_is_a_plain_parquet_dataset(model_dir, tmp_path, capsys):
+    import duckdb
+    import pandas as pd
+    import polars as pl
+    import pyarrow.dataset as ds
+
+    out = tmp_path / "results"
+    code, _, err = cli(capsys, "compare", model_dir, "--lengths", "128,256", "--samples", "1", "--out", str(out), "--quiet")
+    assert code == 0, err
+    assert (tmp_path / "results-passkey.png").read_bytes()[:4] == b"\x89PNG"  # the plot is beside it
+    assert {p.suffix for p in out.iterdir() if not p.name.startswith((".", "_"))} == {".parquet"}
+    rows = 2 * 5
+    assert len(pd.read_parquet(out)) == rows
+    assert ds.dataset(out).to_table().num_rows == rows
+    assert duckdb.sql(f"SELECT count(*) FROM '{out}/*.parquet'").fetchall() == [(rows,)]
+    assert pl.read_parquet(out).height == rows
+
+
+def test_a_plot_inside_the_results_directory_is_refused(model_dir, tmp_path, capsys):
+    code, _, err = cli(capsys, "compare", model_dir, "--lengths", "128", "--out", str(tmp_path), "--plot", str(tmp_path / "p.png"), "--quiet")
+    assert code == 2 and "inside the results directory" in one_line(err)
+
+
+def test_json_of_a_compare_is_one_document(model_dir, tmp_path, capsys):
+    code, out, _ = cli(capsys, "compare", model_dir, "--lengths", "128", "--samples", "1", "--out", str(tmp_path / "r"), "--quiet", "--json")
+    assert code == 0 and json.loads(out)["summaries"][0]["fingerprint"]
