@@ -30,7 +30,7 @@ from bamctl.fingerprints import digest
 from bamctl.results.provenance import provenance
 from bamctl.results.schema import row_key
 from bamctl.results.store import ResultStore
-from bamctl.tasks import Sample, SampleSlot, TaskPlan, TaskSpec, get_task, plan_samples, score
+from bamctl.tasks import Sample, SampleSlot, TaskPlan, plan_samples, score
 
 
 @dataclass(frozen=True)
@@ -45,12 +45,11 @@ class TaskRequest:
     protocol: str | None = None  # None: the task's default protocol
     options: dict = field(default_factory=dict)  # generator options: corpus_path, stride, bucket, doc_tokens
 
-    @property
-    def spec(self) -> TaskSpec:
-        return get_task(self.task, self.protocol)
-
-    def plan(self, tokenizer) -> TaskPlan:
-        return plan_samples(self.task, self.lengths, self.samples, self.seeds, tokenizer, self.depths, protocol=self.protocol, **self.options)
+    def plan(self, tokenizer, *, check_tokenizer: bool = True) -> TaskPlan:
+        return plan_samples(
+            self.task, self.lengths, self.samples, self.seeds, tokenizer, self.depths,
+            protocol=self.protocol, check_tokenizer=check_tokenizer, **self.options,
+        )
 
 
 @dataclass
@@ -68,11 +67,13 @@ def _decode(backend: Backend, ids: list[int]) -> str:
 
 
 def answer_teacher_forced(backend: Backend, sample: Sample) -> list[dict]:
-    result = backend.score_continuation(sample.input_ids, sample.target_ids)
-    value = score(sample.metric, result.predicted_ids, sample)
+    """Feed the prompt and the answer; read the argmax where each scored answer token is predicted."""
+    result = backend.score_continuation(sample.input_ids, sample.answer_ids)
+    predicted = result.predicted_ids[len(sample.answer_ids) - len(sample.target_ids):]
+    value = score(sample.metric, predicted, sample)
     return [{
         "expected": _decode(backend, sample.target_ids).strip(),
-        "predicted": _decode(backend, result.predicted_ids).strip(),
+        "predicted": _decode(backend, predicted).strip(),
         "correct": value == 1.0,
         "score": value,
     }]
@@ -212,6 +213,7 @@ class Evaluation:
                 **results[row["position"]],
                 "n_tokens": sample.n_tokens,
                 "needle_depth": sample.needle_depth,
+                "bos": self.backend.bos_for(sample.scoring),
                 "seconds": seconds,
                 "tokens_per_s": sample.n_tokens / (seconds * len(results)) if seconds > 0 else 0.0,
                 "peak_mem_bytes": _peak_memory_bytes(self.backend.device),

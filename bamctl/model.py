@@ -51,6 +51,9 @@ class ModelConfig:
     sinusoidal_layout: str = "vaswani"
     bam_init: str = "flat"  # "flat" (theta = 0, the authors' latest) or "alibi" (beta=1, ALiBi slopes)
     bam_train_mu: bool = False  # the prior's location stays at 0 unless asked
+    # "released": -(|d - mu| + eps)^beta e^alpha (the authors' training and released code);
+    # "scaled_distance": -(|(d - mu) e^alpha| + eps)^beta (their evaluation code of mid-2025)
+    bam_prior_form: str = "released"
     train_length: int = 512  # context the model was trained on: the unit of "extrapolation x"
     tokenizer: str = "gpt2"
     # Tokenizer ids this model has rows for (bamctl.vocab.VocabSubset), plus one UNK row;
@@ -270,6 +273,17 @@ class Transformer(nn.Module):
 
     def n_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+    def keep_positional_float32(self) -> "Transformer":
+        """Priors (parameters and buffers) and SSMax scales in float32, whatever dtype the rest has:
+        as under autocast, which never casts parameters, they are read at full precision."""
+        for layer in self.layers:
+            attention = layer.attention
+            if attention.prior is not None:
+                attention.prior.float()
+            if attention.ssmax_scale is not None:
+                attention.ssmax_scale.data = attention.ssmax_scale.data.float()
+        return self
 
     def positional_parameters(self) -> list[nn.Parameter]:
         """theta_alpha, theta_beta, theta_mu and SSMax s: trained without weight decay."""

@@ -29,6 +29,8 @@ from bamctl.errors import BamctlError, did_you_mean
 LOG_BIAS_CAP = 80.0
 # The authors' epsilon inside |d - mu| + eps: keeps d = 0 finite when beta < 0.
 GGD_EPS = 1e-5
+# How the GGD prior combines its scale with the distance (see GGDPrior).
+PRIOR_FORMS = ("released", "scaled_distance")
 
 
 def alibi_slopes(n_heads: int) -> list[float]:
@@ -68,6 +70,11 @@ class GGDPrior(nn.Module):
     so ``beta = theta_beta`` and ``alpha = exp(-theta_alpha / theta_beta)``. ``beta = 1``
     is ALiBi with slope ``exp(theta_alpha)``; ``beta = 0`` a constant, i.e. NoPE.
 
+    ``form="scaled_distance"`` computes ``-(|(d - mu) * exp(theta_alpha)| + eps) ** theta_beta``
+    instead: the formula of the authors' evaluation code between 2025-05-30 and 2025-10-16
+    (and of their checkpoints naming the prior ``prior.shape/scale/loc``). The two agree
+    when ``theta_beta = 1`` up to where eps enters; results published from that code used it.
+
     Overflow guard: with ``beta < 0`` the power at ``d = 0`` is ``eps ** beta``, which
     overflows float32 for ``beta < -7.7`` (1e-5 ** -8 = 1e40). We evaluate the magnitude in
     log space, ``exp(min(beta * log(|d - mu| + eps) + theta_alpha, 80))``: identical where
@@ -75,8 +82,11 @@ class GGDPrior(nn.Module):
     stay finite (zero where capped) for every theta.
     """
 
-    def __init__(self, n_heads: int, init: str = "flat", train_mu: bool = False):
+    def __init__(self, n_heads: int, init: str = "flat", train_mu: bool = False, form: str = "released"):
         super().__init__()
+        if form not in PRIOR_FORMS:
+            raise BamctlError(f"unknown BAM prior form {form!r}; use one of {', '.join(PRIOR_FORMS)}")
+        self.form = form
         if init == "flat":
             alpha, beta = torch.zeros(n_heads), torch.zeros(n_heads)
         elif init == "alibi":
@@ -94,8 +104,12 @@ class GGDPrior(nn.Module):
     def distance_table(self, max_distance: int) -> torch.Tensor:
         # Distance d = i - j >= 0 under the causal mask; the authors' offset is j - i = -d.
         offset = -torch.arange(max_distance + 1, device=self.theta_beta.device, dtype=torch.float32)
-        z = (offset[None, :] - self.mu.float()[:, None]).abs() + GGD_EPS  # (H, D+1)
-        log_magnitude = self.theta_beta.float()[:, None] * z.log() + self.theta_alpha.float()[:, None]
+        alpha, beta = self.theta_alpha.float()[:, None], self.theta_beta.float()[:, None]
+        shifted = offset[None, :] - self.mu.float()[:, None]  # (H, D+1)
+        if self.form == "scaled_distance":  # -(|(d - mu) e^alpha| + eps)^beta
+            log_magnitude = beta * ((shifted * alpha.exp()).abs() + GGD_EPS).log()
+        else:  # released: -(|d - mu| + eps)^beta e^alpha
+            log_magnitude = beta * (shifted.abs() + GGD_EPS).log() + alpha
         return -log_magnitude.clamp(max=LOG_BIAS_CAP).exp()
 
     def effective(self) -> dict[str, torch.Tensor]:
@@ -169,7 +183,7 @@ PE_REGISTRY: dict[str, PESpec] = {
         PESpec(
             "bam",
             "generalized-Gaussian prior, learned per head (GGD-BAM)",
-            make_prior=lambda cfg: GGDPrior(cfg.n_heads, cfg.bam_init, cfg.bam_train_mu),
+            make_prior=lambda cfg: GGDPrior(cfg.n_heads, cfg.bam_init, cfg.bam_train_mu, cfg.bam_prior_form),
         ),
     ]
 }

@@ -50,6 +50,7 @@ def fake_row(
         "n_tokens": length - 3,
         "depth": depth,
         "needle_depth": depth,
+        "bos": False,
         "sample": sample,
         "seed": seed,
         "expected": None if perplexity else "12345",

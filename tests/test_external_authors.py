@@ -35,8 +35,12 @@ def rms_norm(x, weight):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * weight
 
 
-def reference_logits(family: str, P: dict, model_args: dict, tokens: torch.Tensor) -> torch.Tensor:
-    """Their forward for one sequence (T,) -> (T, V); ``P`` is their prefix-free state dict."""
+def reference_logits(family: str, P: dict, model_args: dict, tokens: torch.Tensor, scaled_distance: bool = False) -> torch.Tensor:
+    """Their forward for one sequence (T,) -> (T, V); ``P`` is their prefix-free state dict.
+
+    ``scaled_distance``: the prior as their evaluation code of mid-2025 computed it,
+    ``-(|(d - mu) e^alpha| + eps)^beta``, instead of ``-(|d - mu| + eps)^beta e^alpha``.
+    """
     dim, H = model_args["dim"], model_args["n_heads"]
     hd = dim // H
     kv_heads = model_args.get("n_kv_heads") or H
@@ -72,7 +76,10 @@ def reference_logits(family: str, P: dict, model_args: dict, tokens: torch.Tenso
         if family.startswith("bam"):
             prior = {n: P.get(f"{p}attention.prior.{n}", P.get(f"prior.{n}")).reshape(H, 1, 1) for n in ("theta_alpha", "theta_beta", "theta_mu")}
             b = rel[None] - (prior["theta_mu"].exp() - (-prior["theta_mu"]).exp())
-            bias = -((b.abs() + EPS) ** prior["theta_beta"]) * prior["theta_alpha"].exp()
+            if scaled_distance:
+                bias = -(((b * prior["theta_alpha"].exp()).abs() + EPS) ** prior["theta_beta"])
+            else:
+                bias = -((b.abs() + EPS) ** prior["theta_beta"]) * prior["theta_alpha"].exp()
         if family.endswith("_ssmax"):
             seq_scale = P[p + "attention.seq_scale"].reshape(H, 1, 1)
             if family == "bam_ssmax":  # (score + prior) * log n * s
@@ -202,7 +209,7 @@ def test_global_prior_is_copied_into_every_layer(tmp_path):
         torch.testing.assert_close(layer.attention.prior.theta_beta.data, state["prior.theta_beta"].reshape(-1))
 
 
-def test_unknown_family_and_prerelease_prior_are_refused(tmp_path):
+def test_an_unknown_family_is_refused(tmp_path):
     folder, *_ = build(tmp_path, "alibi")
     data = json.loads((folder / "args.json").read_text())
     data["args"]["position_encoding"] = "bam_ssmx"
@@ -210,11 +217,36 @@ def test_unknown_family_and_prerelease_prior_are_refused(tmp_path):
     with pytest.raises(BamctlError, match="did you mean bam_ssmax"):
         load_authors_checkpoint(folder)
 
-    folder, family, state, _ = build(tmp_path, "bam")
-    old = {k.replace("theta_alpha", "scale").replace("theta_beta", "shape").replace("theta_mu", "loc"): v for k, v in state.items()}
-    torch.save(old, folder / "model.pt")
-    with pytest.raises(BamctlError, match="pre-release prior"):
-        load_authors_checkpoint(folder)
+
+def _old_names(state: dict) -> dict:
+    return {k.replace("theta_alpha", "scale").replace("theta_beta", "shape").replace("theta_mu", "loc"): v for k, v in state.items()}
+
+
+@pytest.mark.parametrize("name, scaled", [("bam", True), ("bam_ssmax-old-shapes-global", False)])
+def test_checkpoints_naming_the_prior_shape_scale_loc_load_with_their_formula(tmp_path, capsys, name, scaled):
+    """Plain bam of that naming was evaluated with the scaled-distance formula (said on load);
+    bam_ssmax of that naming uses the released one: renaming is enough."""
+    folder, family, state, model_args = build(tmp_path, name)
+    torch.save(_old_names(state), folder / "model.pt")
+    checkpoint = load_authors_checkpoint(folder)
+    assert checkpoint.model.config.bam_prior_form == ("scaled_distance" if scaled else "released")
+    assert ("scaled" in capsys.readouterr().err) == scaled
+    tokens = torch.randint(0, VOCAB, (30,), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ours = checkpoint.model(tokens[None])[0]
+    torch.testing.assert_close(ours, reference_logits(family, state, model_args, tokens, scaled_distance=scaled), atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("form", ["released", "scaled_distance"])
+def test_either_prior_formula_on_request(tmp_path, form):
+    folder, family, state, model_args = build(tmp_path, "bam")
+    checkpoint = load_authors_checkpoint(folder, prior_form=form)
+    tokens = torch.randint(0, VOCAB, (30,), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ours = checkpoint.model(tokens[None])[0]
+    expected = reference_logits(family, state, model_args, tokens, scaled_distance=form == "scaled_distance")
+    torch.testing.assert_close(ours, expected, atol=2e-4, rtol=1e-4)
+    assert load_authors_checkpoint(folder).model.config.bam_prior_form == "released"  # theta names: the released one
 
 
 def test_wrong_shapes_are_refused(tmp_path):
@@ -280,3 +312,67 @@ def test_tokenizer_json_loads_without_transformers(tmp_path, monkeypatch):
     tok = load_hf_tokenizer(tokenizer_file.parent)
     assert tok.encode("w3 w7") == [5, 9] and tok.eos_id == 1 and tok.leading_special_ids == []
     assert tok.decode([5, 9]) == "w3 w7"
+
+
+def _bos_tokenizer(path, n_words: int):
+    """A word-level tokenizer whose plain call puts <s> in front, as Mistral's does."""
+    tokenizers = pytest.importorskip("tokenizers", reason="tokenizers not installed (the hf extra)")
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i + 3 for i in range(n_words)}}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.decoder = tokenizers.decoders.WordPiece(prefix="##")
+    tok.post_processor = tokenizers.processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tok.save(str(path))
+    return path
+
+
+@pytest.mark.parametrize("bos", ["auto", "always", "never"])
+def test_bos_follows_their_evaluation(tmp_path, bos):
+    """auto: one BOS before a perplexity document (their Wikipedia evaluation), none before a
+    passkey prompt; never: their FineWeb validation; the BOS is context, never scored."""
+    folder, family, state, model_args = build(tmp_path, "bam_ssmax")
+    tokenizer_file = _bos_tokenizer(tmp_path / "tokenizer.json", VOCAB - 3)
+    backend = open_backend(str(folder), RunOptions(device="cpu", chunk_size=5, tokenizer=str(tokenizer_file), bos=bos))
+    ids = [5, 9, 3, 42, 4, 11, 13, 7]
+    with_bos = bos in ("auto", "always")
+    fed = [1] + ids if with_bos else ids
+    logits = reference_logits(family, state, model_args, torch.tensor(fed))[len(fed) - len(ids):]
+    expected = F.cross_entropy(logits[:-1], torch.tensor(ids[1:]), reduction="none")
+    torch.testing.assert_close(backend.token_nll(ids, 1), expected, atol=2e-4, rtol=1e-4)
+    assert backend.bos_for("nll") == with_bos and backend.bos_for("teacher_forced") == (bos == "always")
+    score = backend.score_continuation(ids[:5], ids[5:])
+    prompt = [1] + ids[:5] if bos == "always" else ids[:5]
+    rows = reference_logits(family, state, model_args, torch.tensor(prompt + ids[5:]))[len(prompt) - 1 : -1]
+    assert score.predicted_ids == rows.argmax(-1).tolist()
+
+
+def test_bos_is_refused_for_bamctls_own_models():
+    with pytest.raises(BamctlError, match="--bos does not apply"):
+        open_backend("bam", RunOptions(bos="never"))
+
+
+def test_positional_parameters_stay_float32_under_bfloat16(tmp_path):
+    folder, family, state, model_args = build(tmp_path, "bam_ssmax")
+    checkpoint = load_authors_checkpoint(folder)
+    engine = StreamingEngine(checkpoint.model, device="cpu", dtype="bfloat16", chunk_size=8, attention="blockwise")
+    positional = engine.model.positional_parameters()
+    assert positional and all(p.dtype == torch.float32 for p in positional)
+    assert engine.model.layers[0].attention.wq.weight.dtype == torch.bfloat16
+    tokens = torch.randint(0, VOCAB, (24,), generator=torch.Generator().manual_seed(4))
+    expected = reference_logits(family, state, model_args, tokens)
+    got = engine.logits_at(tokens.tolist(), list(range(24)))
+    assert (got.argmax(-1) == expected.argmax(-1)).float().mean() > 0.8  # bfloat16 weights, float32 prior
+    torch.testing.assert_close(got, expected, atol=0.5, rtol=0.1)
+
+
+def test_inspect_shows_their_checkpoint_and_its_priors(tmp_path, capsys):
+    from bamctl.cli import main
+
+    folder, family, state, _ = build(tmp_path, "bam_ssmax")
+    with pytest.raises(SystemExit) as done:
+        main(["inspect", f"bam:{folder}", "--json"])
+    assert done.value.code == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["config"]["pe"] == "bam" and shown["n_params"] > 0 and len(shown["heads"]) == LAYERS * HEADS
+    beta = state["layers.1.attention.prior.theta_beta"].reshape(-1)
+    assert [h["beta"] for h in shown["heads"] if h["layer"] == 1] == pytest.approx(beta.tolist())

@@ -211,6 +211,16 @@ def test_quiet_silences_transformers_progress_bars(tiny_llama, tmp_path, capsys)
         logging.enable_progress_bar()
 
 
+def test_inspect_shows_an_hf_models_config_and_parameter_count(tiny_llama, reference, capsys):
+    import json
+
+    code, out, err = _cli(capsys, "inspect", f"hf:{tiny_llama}", "--json")
+    assert code == 0, err
+    shown = json.loads(out)
+    assert shown["parameters"] == sum(p.numel() for p in reference.parameters())
+    assert shown["max positions"] == MAX_POSITIONS and shown["positional encoding"] == "rope"
+
+
 def test_chat_template_only_when_asked_and_only_if_the_model_has_one(tiny_llama, tmp_path):
     with pytest.raises(BamctlError, match="no chat template"):
         open_tiny(tiny_llama, chat_template=True)

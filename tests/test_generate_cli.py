@@ -76,7 +76,7 @@ def test_passkey_seeds_differ(tmp_path):
         (["generate", "passkey", "--lengths", "1k", "--protocol", "lndmark"], "did you mean landmark"),
         (["generate", "niah_single_1", "--lengths", "1k", "--protocol", "landmark"], "unknown protocol"),
         (["generate", "passkey", "--lengths", "30"], "too short"),
-        (["generate", "passkey", "--lengths", "1k", "--tokenizer", "gpt3"], "unknown tokenizer"),
+        (["generate", "passkey", "--lengths", "1k", "--tokenizer", "gpt3"], "neither a known name"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, message):

@@ -49,7 +49,7 @@ def test_version_1_rows_read_into_version_2_columns(tmp_path):
     frame = ResultStore(tmp_path).read()
     got = {(r.task, r.protocol, r.setting, r.scoring, None if pd.isna(r.position) else r.position) for r in frame.itertuples()}
     assert got == {
-        ("passkey", "authors", "", "teacher_forced", None),
+        ("passkey", "exact", "", "teacher_forced", None),  # version 1's "authors" was the exact-length form
         ("passkey", "landmark", "", "generate", None),
         ("niah_single_2", "ruler", "", "generate", None),
         ("ppl", "sliding", "", "nll", 1),
@@ -59,5 +59,5 @@ def test_version_1_rows_read_into_version_2_columns(tmp_path):
     }
     ruler = frame[frame["task"] == "niah_single_2"].iloc[0]
     assert ruler["needle_depth"] == 0.4375
-    assert frame[frame["protocol"] == "authors"].iloc[0]["depth"] == 0.25
+    assert frame[frame["protocol"] == "exact"].iloc[0]["depth"] == 0.25
     assert len(ResultStore(tmp_path).done_keys()) == 7

@@ -26,11 +26,16 @@ plain re-implementation of their forward:
 - rotary uses their ``rope_theta`` (default 500,000) in Meta's pair layout; sinusoidal
   gives the cos channel ``2k+1`` its own frequency (``sinusoidal_layout="bam"``).
 
-Their earliest prior parametrisation (``prior.shape/scale/loc``) puts the epsilon inside
-the scaled distance; it is not the released one and is refused with a clear message.
+Checkpoints of their code before it renamed the prior name it ``prior.shape``,
+``prior.scale``, ``prior.loc`` (``theta_beta``, ``theta_alpha``, ``theta_mu`` today). For
+``bam_ssmax`` the formula is the released one, so renaming is enough. For plain ``bam``,
+their evaluation of that period computed ``-(|(d - mu) e^theta_alpha| + eps)^theta_beta``
+(``bam_prior_form = "scaled_distance"``), which loading selects, saying so once; the
+``--prior-form`` option chooses either form for any ``bam`` checkpoint.
 
-Their tokenizer is Mistral-7B-v0.3's (32,768 tokens), read from a local path; as in
-their evaluation, no BOS or EOS is added to prompts.
+Their tokenizer is Mistral-7B-v0.3's (32,768 tokens), read from a local path. ``--bos auto``
+follows their evaluation: no BOS before passkey and RULER prompts, one before each
+perplexity document (their Wikipedia evaluation); ``never`` is their FineWeb validation.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from bamctl.backends.base import AuthorsOptions, ModelPeek
 from bamctl.backends.native import EngineBackend
 from bamctl.checkpoint import file_sha256
 from bamctl.errors import BamctlError, did_you_mean
+from bamctl.fingerprints import digest
 from bamctl.model import ModelConfig, Transformer
 
 ARGS_FILE = "args.json"
@@ -119,18 +125,32 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     return {strip_prefixes(k): v for k, v in state.items()}
 
 
-def authors_config(args: dict, model_args: dict, state: dict[str, torch.Tensor]) -> ModelConfig:
+# Their earlier names of the prior's parameters, and today's.
+OLD_PRIOR_NAMES = {"shape": "theta_beta", "scale": "theta_alpha", "loc": "theta_mu"}
+
+
+def has_old_prior_names(state: dict[str, torch.Tensor]) -> bool:
+    return any(re.search(r"(^|\.)prior\.(shape|scale|loc)$", key) for key in state)
+
+
+def rename_old_prior(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``prior.shape/scale/loc`` -> ``prior.theta_beta/theta_alpha/theta_mu``; nothing else changes."""
+    return {re.sub(r"(^|\.)prior\.(shape|scale|loc)$", lambda m: f"{m.group(1)}prior.{OLD_PRIOR_NAMES[m.group(2)]}", k): v for k, v in state.items()}
+
+
+def default_prior_form(family: str, state: dict[str, torch.Tensor]) -> str:
+    """The formula their evaluation used for a checkpoint: plain ``bam`` with the old names was
+    evaluated with the scaled-distance form; everything else with the released one."""
+    return "scaled_distance" if family == "bam" and has_old_prior_names(state) else "released"
+
+
+def authors_config(args: dict, model_args: dict, state: dict[str, torch.Tensor], prior_form: str = "released") -> ModelConfig:
     family = args.get("position_encoding")
     if family not in FAMILIES:
         raise BamctlError(
             f"args.json names position_encoding {family!r}, not a family bamctl can load{did_you_mean(family, FAMILIES)}"
         )
     pe, ssmax = FAMILIES[family]
-    if any(k.endswith(("prior.shape", "prior.scale", "prior.loc")) for k in state):
-        raise BamctlError(
-            "this checkpoint uses the authors' pre-release prior (prior.shape/scale/loc); "
-            "only the released theta_alpha/theta_beta/theta_mu parametrisation is supported"
-        )
     try:
         dim, n_layers, n_heads = int(model_args["dim"]), int(model_args["n_layers"]), int(model_args["n_heads"])
         vocab_size, hidden = state["tok_embeddings.weight"].shape[0], state["layers.0.feed_forward.w1.weight"].shape[0]
@@ -157,7 +177,8 @@ def authors_config(args: dict, model_args: dict, state: dict[str, torch.Tensor])
         rope_base=float(model_args.get("rope_theta", DEFAULT_ROPE_THETA)),
         sinusoidal_base=float(model_args.get("sinusoidal_theta", DEFAULT_SINUSOIDAL_THETA)),
         sinusoidal_layout="bam",
-        bam_train_mu=bool(model_args.get("train_theta_mu", False)),
+        bam_train_mu=bool(model_args.get("train_theta_mu", False) or model_args.get("train_loc", False)),
+        bam_prior_form=prior_form,
         train_length=int(train_length),
         tokenizer=TOKENIZER_NAME,
     )
@@ -207,19 +228,30 @@ class AuthorsCheckpoint:
     family: str
     args: dict = field(default_factory=dict)
     model_args: dict = field(default_factory=dict)
-
     @property
     def model_hash(self) -> str:
         return self.sha256[:16]
 
+    @property
+    def recipe(self) -> dict:
+        """How it was made, as far as its args.json says (what ``bamctl inspect`` shows)."""
+        return {"description": f"the BAM authors' {self.family} checkpoint", "args": self.args, "model_args": self.model_args}
 
-def load_authors_checkpoint(path: str | Path) -> AuthorsCheckpoint:
+
+def load_authors_checkpoint(path: str | Path, prior_form: str | None = None) -> AuthorsCheckpoint:
+    """The checkpoint as our ``Transformer``; ``prior_form`` None: the one their evaluation used."""
     path = Path(path).expanduser()
     if not is_authors_checkpoint(path):
         raise BamctlError(f"{path} is not an authors' BAM checkpoint (needs {WEIGHTS_FILE} and {ARGS_FILE})")
     args, model_args = read_args(path)
     state = read_state_dict(path)
-    cfg = authors_config(args, model_args, state)
+    family = args.get("position_encoding")
+    form = prior_form or default_prior_form(family, state)
+    if prior_form is None and form != "released":
+        _say(f"{path.name} names its prior prior.shape/scale/loc: evaluated with the scaled-distance formula of the "
+             "authors' evaluation code of that period, -(|(d-mu)*exp(alpha)| + eps)^beta (--prior-form released for the other)")
+    state = rename_old_prior(state)
+    cfg = authors_config(args, model_args, state, form)
     ours = convert_state_dict(state, cfg, model_args.get("n_kv_heads"))
     model = Transformer(cfg)
     expected = model.state_dict()
@@ -236,6 +268,12 @@ def load_authors_checkpoint(path: str | Path) -> AuthorsCheckpoint:
         raise BamctlError(f"{k} has shape {tuple(ours[k].shape)} in model.pt, expected {tuple(expected[k].shape)}")
     model.load_state_dict({k: v.float() for k, v in ours.items()})
     return AuthorsCheckpoint(model, path, file_sha256(path / WEIGHTS_FILE), args["position_encoding"], args, model_args)
+
+
+def _say(message: str) -> None:
+    import sys
+
+    print(f"note: {message}", file=sys.stderr)
 
 
 def _find_tokenizer(path: Path, spec: str | None):
@@ -262,7 +300,7 @@ class AuthorsBackend(EngineBackend):
         if not is_authors_checkpoint(path):
             raise BamctlError(f"{reference} is not an authors' BAM checkpoint (needs {WEIGHTS_FILE} and {ARGS_FILE})")
         self.tokenizer = _find_tokenizer(path, options.tokenizer)
-        checkpoint = load_authors_checkpoint(path)
+        checkpoint = load_authors_checkpoint(path, options.prior_form)
         config = checkpoint.model.config
         if self.tokenizer.vocab_size > config.vocab_size:
             raise BamctlError(
@@ -270,6 +308,32 @@ class AuthorsBackend(EngineBackend):
                 f"{config.vocab_size} rows; {TOKENIZER_HINT}"
             )
         super().__init__(checkpoint, self.tokenizer, path.resolve().name, options)
+        self.bos = options.bos
+        self.feeding = digest({"bos": options.bos, "prior_form": config.bam_prior_form})
+
+    def bos_for(self, scoring: str) -> bool:
+        """``auto``: as their evaluation, one BOS before a perplexity document (when the tokenizer
+        has one), none elsewhere."""
+        if self.bos == "auto":
+            return scoring == "nll" and self.tokenizer.bos_id is not None
+        return self.bos == "always"
+
+    def _with_bos(self, ids, scoring: str) -> list[int]:
+        if not self.bos_for(scoring):
+            return list(ids)
+        if self.tokenizer.bos_id is None:
+            raise BamctlError(f"--bos {self.bos}: tokenizer {self.tokenizer.name} has no BOS token")
+        return [self.tokenizer.bos_id, *ids]
+
+    def score_continuation(self, prompt_ids, target_ids):
+        return super().score_continuation(self._with_bos(prompt_ids, "teacher_forced"), target_ids)
+
+    def generate(self, prompt_ids, max_new_tokens):
+        return super().generate(self._with_bos(prompt_ids, "generate"), max_new_tokens)
+
+    def token_nll(self, ids, score_from=1):
+        fed = self._with_bos(ids, "nll")  # the BOS is context only: never scored, never counted
+        return super().token_nll(fed, score_from + len(fed) - len(ids))
 
 
 def peek(reference: str) -> ModelPeek:

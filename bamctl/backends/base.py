@@ -63,6 +63,9 @@ class Backend(Protocol):
 
     def token_nll(self, ids: Sequence[int], score_from: int = 1): ...  # torch.Tensor (n,), float32, CPU
 
+    def bos_for(self, scoring: str) -> bool:
+        """Whether one BOS goes before a prompt (or document) of this request kind."""
+
     def check_fits(self, n_prompt: int, n_answer: int) -> None:
         """Before any sample: refuse (one line) a request of prompts up to ``n_prompt`` tokens,
         plus ``n_answer`` fed or generated after them, that this back-end cannot run."""
@@ -83,6 +86,8 @@ class RunOptions:
     beyond_max: str | None = None  # past a model's configured max positions: warn or refuse
     chat_template: bool = False  # wrap prompts in the model's chat template
     tensor_parallel: int | None = None  # vLLM: GPUs one model is split over
+    bos: str | None = None  # auto, always, never: a BOS before each prompt or document
+    prior_form: str | None = None  # the authors' BAM checkpoints: released or scaled_distance
 
     def asked(self) -> dict[str, Any]:
         """The options the user set, by field name."""
@@ -128,11 +133,27 @@ class EngineOptions:
         positive(self.chunk_size, "chunk_size")
 
 
+BOS_POLICIES = ("auto", "always", "never")
+
+
+def _check_bos(bos: str) -> None:
+    if bos not in BOS_POLICIES:
+        raise BamctlError(f"--bos must be one of {', '.join(BOS_POLICIES)}, not {bos!r}")
+
+
 @dataclass(frozen=True)
 class AuthorsOptions(EngineOptions):
     """The BAM authors' checkpoints: our engine, with their tokenizer from a path."""
 
     tokenizer: str | None = None
+    bos: str = "auto"  # auto: none before passkey and RULER prompts, one before each perplexity document
+    prior_form: str | None = None  # None: the formula their evaluation used for the checkpoint
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_bos(self.bos)
+        if self.prior_form not in (None, "released", "scaled_distance"):
+            raise BamctlError(f"--prior-form must be released or scaled-distance, not {self.prior_form!r}")
 
 
 @dataclass(frozen=True)
@@ -145,9 +166,11 @@ class HFOptions:
     tokenizer: str | None = None
     beyond_max: str = "warn"
     chat_template: bool = False
+    bos: str = "auto"  # auto: what the tokenizer's plain call puts in front (a BOS for Llama, Mistral)
 
     def __post_init__(self):
         positive(self.chunk_size, "chunk_size")
+        _check_bos(self.bos)
         if self.beyond_max not in BEYOND_MAX:
             raise BamctlError(f"--beyond-max must be one of {', '.join(BEYOND_MAX)}, not {self.beyond_max!r}")
 
@@ -161,8 +184,10 @@ class VLLMOptions:
     beyond_max: str = "warn"
     chat_template: bool = False
     tensor_parallel: int = 1
+    bos: str = "auto"
 
     def __post_init__(self):
         positive(self.tensor_parallel, "tensor_parallel")
+        _check_bos(self.bos)
         if self.beyond_max not in BEYOND_MAX:
             raise BamctlError(f"--beyond-max must be one of {', '.join(BEYOND_MAX)}, not {self.beyond_max!r}")

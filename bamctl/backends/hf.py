@@ -69,8 +69,9 @@ class HFBackend:
         config = self.model.config
         limit = max_positions(config)
         self.lengths = LengthPolicy(name, limit, options.beyond_max)
-        self.shaper = RequestShaper(self.tokenizer, options.chat_template)
+        self.shaper = RequestShaper(self.tokenizer, options.chat_template, options.bos)
         self.feeding = self.shaper.fingerprint
+        self.bos_for = self.shaper.bos_for
         self.chunk_size = options.chunk_size
         self.stop_ids = self._stop_ids()
         parameters = inspect.signature(self.model.forward).parameters

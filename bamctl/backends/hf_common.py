@@ -172,12 +172,20 @@ def estimate_bytes(model, n_tokens: int, chunk_size: int) -> int:
 class RequestShaper:
     """What goes in front of a request: one BOS (base mode) or the chat template."""
 
-    def __init__(self, tokenizer, chat_template: bool):
+    def __init__(self, tokenizer, chat_template: bool, bos: str = "auto"):
         self.tokenizer = tokenizer
         self.chat = chat_template
         if chat_template and not getattr(tokenizer, "has_chat_template", False):
             raise BamctlError(f"tokenizer {tokenizer.name} has no chat template; drop --chat-template")
-        self.prefix = list(getattr(tokenizer, "leading_special_ids", []))
+        if bos == "always" and getattr(tokenizer, "bos_id", None) is None:
+            raise BamctlError(f"--bos always: tokenizer {tokenizer.name} has no BOS token")
+        # auto: what the tokenizer's own plain call puts in front (Llama and Mistral: one BOS)
+        self.prefix = {"auto": list(getattr(tokenizer, "leading_special_ids", [])), "never": []}.get(bos) or (
+            [tokenizer.bos_id] if bos == "always" else []
+        )
+
+    def bos_for(self, scoring: str) -> bool:
+        return bool(self.prefix) and not self.chat
 
     @property
     def fingerprint(self) -> str:

@@ -93,10 +93,50 @@ def _guess_eos(token_to_id, unk_id: int | None) -> int | None:
     return None
 
 
+SENTENCEPIECE_CONFIG = {"tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": False}
+
+
+def load_sentencepiece(path: Path) -> HFTokenizer:
+    """A SentencePiece ``.model`` file (Mistral's, Llama's), converted to a fast tokenizer exactly as
+    ``AutoTokenizer`` converts a model folder holding it, so it gives the same ids as that folder."""
+    import shutil
+    import tempfile
+
+    try:
+        import google.protobuf  # noqa: F401 - the converter reads the model file with it
+        import sentencepiece  # noqa: F401
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise BamctlError(f"reading the SentencePiece file {path} needs transformers, sentencepiece and protobuf: {INSTALL_HINT}") from None
+    with tempfile.TemporaryDirectory() as folder:
+        shutil.copyfile(path, Path(folder) / "tokenizer.model")
+        (Path(folder) / "tokenizer_config.json").write_text(__import__("json").dumps(SENTENCEPIECE_CONFIG))
+        try:
+            tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        except (OSError, ValueError, RuntimeError) as err:
+            raise BamctlError(f"cannot read {path} as a SentencePiece model: {str(err).splitlines()[0]}") from None
+    return _wrap(tok, path.stem)
+
+
+def _wrap(tok, name: str) -> HFTokenizer:
+    probe = "Hello world"
+    leading = _leading_specials(
+        list(tok(probe, add_special_tokens=True)["input_ids"]), list(tok(probe, add_special_tokens=False)["input_ids"])
+    )
+    eos = tok.eos_token_id if tok.eos_token_id is not None else _guess_eos(tok.convert_tokens_to_ids, tok.unk_token_id)
+    return HFTokenizer(
+        name=name, vocab_size=len(tok), eos_id=eos, backend=tok,
+        leading_special_ids=leading, fingerprint=tokenizer_fingerprint(tok),
+        bos_id=tok.bos_token_id if tok.bos_token_id is not None else (leading[0] if leading else None),
+    )
+
+
 def load_hf_tokenizer(path: str | Path, gguf_file: str | None = None) -> HFTokenizer:
     path = Path(path).expanduser()
     if not path.exists():
         raise BamctlError(f"tokenizer path {path} does not exist")
+    if path.is_file() and ".model" in path.suffixes:  # tokenizer.model, mistral_..._240323.model.v3
+        return load_sentencepiece(path)
     probe = "Hello world"
     try:
         import transformers
@@ -119,14 +159,7 @@ def load_hf_tokenizer(path: str | Path, gguf_file: str | None = None) -> HFToken
                 tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, **kwargs)
         except (OSError, ValueError) as err:
             raise BamctlError(f"cannot load a Hugging Face tokenizer from {path}: {str(err).splitlines()[0]}") from None
-        leading = _leading_specials(
-            list(tok(probe, add_special_tokens=True)["input_ids"]), list(tok(probe, add_special_tokens=False)["input_ids"])
-        )
-        eos = tok.eos_token_id if tok.eos_token_id is not None else _guess_eos(tok.convert_tokens_to_ids, tok.unk_token_id)
-        return HFTokenizer(
-            name=path.name, vocab_size=len(tok), eos_id=eos, backend=tok,
-            leading_special_ids=leading, bos_id=tok.bos_token_id, fingerprint=tokenizer_fingerprint(tok),
-        )
+        return _wrap(tok, path.name)
     try:
         import tokenizers
     except ImportError:

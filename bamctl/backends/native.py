@@ -38,6 +38,8 @@ class EngineBackend:
         self.attention = self.engine.attention
         self.feeding = ""  # prompts go in exactly as the task built them
 
+    def bos_for(self, scoring: str) -> bool:
+        return False  # bamctl's models are trained without one
     def score_continuation(self, prompt_ids, target_ids) -> ContinuationScore:
         predicted, logprobs = self.engine.score_continuation(prompt_ids, target_ids)
         return ContinuationScore(predicted_ids=predicted, logprobs=logprobs)

@@ -88,8 +88,9 @@ class VLLMBackend:
         name = gguf_file.removesuffix(".gguf") if gguf_file else folder.resolve().name
         self.limit = max_positions(config)
         self.lengths = LengthPolicy(name, self.limit, options.beyond_max)
-        self.shaper = RequestShaper(self.tokenizer, options.chat_template)
+        self.shaper = RequestShaper(self.tokenizer, options.chat_template, options.bos)
         self.feeding = self.shaper.fingerprint
+        self.bos_for = self.shaper.bos_for
         self.tensor_parallel = options.tensor_parallel
         self.vllm_dtype = DTYPES[options.dtype]
         generation_eos = getattr(config, "eos_token_id", None)

@@ -43,6 +43,7 @@ def _run_options(ev) -> "RunOptions":  # noqa: F821 - bamctl.backends, imported 
     return RunOptions(
         device=ev.device, dtype=ev.dtype, chunk_size=ev.chunk_size, attention=ev.attention, tokenizer=ev.tokenizer,
         beyond_max=ev.beyond_max, chat_template=ev.chat_template, tensor_parallel=ev.tensor_parallel,
+        bos=ev.bos, prior_form=None if ev.prior_form is None else ev.prior_form.replace("-", "_"),
     )
 
 
@@ -102,7 +103,8 @@ def run_models(models: list[str], requests_for, ev, *, threshold: float = 0.9, p
         resolve_device(run.device)
     peeks = [peek_backend(model, run) for model in models]
     requests = requests_for([p.train_length for p in peeks], seeds)
-    plans = [request.plan(get_tokenizer("gpt2")) for request in requests]  # options and protocols checked now
+    # Options, protocols and plans checked now; what depends on each model's tokenizer, when it loads.
+    plans = [request.plan(get_tokenizer("gpt2"), check_tokenizer=False) for request in requests]
     for request in requests:
         _refuse_beyond_max(request, models, peeks, run)
     if not ev.lengths:
@@ -274,7 +276,7 @@ def _task_names(text: str) -> list[str]:
 def passkey(
     model: opt.ModelArgument,
     depths: opt.Depths = None,
-    protocol: Annotated[opt.PasskeyProtocol, typer.Option(help="authors (teacher-forced 5 digits, no newlines) or landmark (newlines, generate 10 tokens, first integer).")] = opt.PasskeyProtocol.authors,
+    protocol: Annotated[opt.PasskeyProtocol, typer.Option(help="auto (authors where the model's tokenizer can score it, else exact), authors (the BAM authors' evaluator, token for token), exact (bamctl's exact-length, digit-by-digit form for byte-level BPEs like GPT-2) or landmark (newlines, generate 10 tokens, first integer).")] = opt.PasskeyProtocol.auto,
     *,
     evaluation,
 ) -> None:
@@ -336,7 +338,7 @@ def ppl(
 def compare(
     models: Annotated[list[str], typer.Argument(help="Models side by side: catalog names, checkpoint directories or PREFIX:PATH.")],
     task: Annotated[str, typer.Option("--task", "-t", help="passkey, a RULER task (niah_single_1, ...) or ppl.")] = "passkey",
-    protocol: Annotated[Optional[str], typer.Option(help="The task's protocol: passkey authors|landmark, ppl sliding|buckets (default: the task's).")] = None,
+    protocol: Annotated[Optional[str], typer.Option(help="The task's protocol: passkey auto|authors|exact|landmark, ppl sliding|buckets (default: the task's).")] = None,
     depths: opt.Depths = None,
     plot: Annotated[Optional[Path], typer.Option(help="PNG of score against length, one line per model (default: OUT-TASK.png beside the results directory, which stays a plain Parquet dataset).")] = None,
     threshold: opt.Threshold = 0.9,

@@ -71,7 +71,7 @@ def _fmt(value: float) -> str:
 
 @app.command()
 def inspect(
-    model: Annotated[str, typer.Argument(help="Checkpoint directory or catalog name.")],
+    model: Annotated[str, typer.Argument(help="Catalog name, checkpoint directory, bam:PATH (the authors' checkpoint) or hf:PATH (a Hugging Face model: config and parameter count).")],
     json_output: Annotated[bool, typer.Option("--json", help="Print config, parameter count and per-head priors as JSON.")] = False,
     plot: Annotated[Optional[Path], typer.Option(help="PNG: each head's prior (bias against distance, log axis), one panel per layer.")] = None,
     max_distance: Annotated[Optional[int], typer.Option(help="--plot: longest distance drawn (default: 64x the training length).")] = None,
@@ -88,9 +88,13 @@ def inspect(
 
     Example: bamctl inspect bam --plot priors.png --attention-map attention.png --length 2048
     """
-    from bamctl.catalog import resolve_model
+    from bamctl.backends import BACKENDS, backend_for
 
-    checkpoint = resolve_model(model)
+    entry, rest = backend_for(model)
+    if entry in (BACKENDS["hf"], BACKENDS["vllm"]):
+        _inspect_hf(rest, json_output)
+        return
+    checkpoint = _load_for_inspection(rest, authors=entry is BACKENDS["bam"])
     config = checkpoint.model.config
     if plot is not None:
         from bamctl.interpret import plot_priors
@@ -106,6 +110,62 @@ def inspect(
     stdout.print(_summary_table(checkpoint))
     if heads and len(heads[0]) > 2:
         stdout.print(_heads_table(heads))
+
+
+def _load_for_inspection(reference: str, authors: bool):
+    """A bamctl checkpoint, or the authors' mapped onto our model."""
+    if authors:
+        from bamctl.backends.authors import load_authors_checkpoint
+
+        return load_authors_checkpoint(reference)
+    from bamctl.catalog import resolve_model
+
+    return resolve_model(reference)
+
+
+def _inspect_hf(reference: str, json_output: bool) -> None:
+    """What a Hugging Face model's files say: its config, positions, tokenizer and parameter count."""
+    from bamctl.backends.hf_common import max_positions, positional_encoding, read_config, trained_length
+
+    config, folder, gguf_file = read_config(reference)
+    limit = max_positions(config)
+    summary = {
+        "path": str(folder / gguf_file) if gguf_file else str(folder),
+        "model_type": config.model_type,
+        "positional encoding": positional_encoding(config),
+        "max positions": limit,
+        "training length": trained_length(config, limit),
+        "parameters": _hf_parameter_count(folder, gguf_file, config),
+        "config": config.to_dict(),
+    }
+    if json_output:
+        typer.echo(json.dumps(summary, indent=2, default=str))
+        return
+    table = Table(title=summary["path"], show_header=False)
+    for key in ("model_type", "positional encoding", "max positions", "training length", "parameters"):
+        value = summary[key]
+        table.add_row(key, f"{value:,}" if isinstance(value, int) else str(value))
+    stdout.print(table)
+
+
+def _hf_parameter_count(folder, gguf_file, config) -> int:
+    """Counted from the weight files' headers where they are safetensors, else by building the model empty."""
+    import struct
+
+    files = sorted(folder.glob("*.safetensors"))
+    if files and not gguf_file:
+        total = 0
+        for file in files:
+            with open(file, "rb") as handle:
+                header = json.loads(handle.read(struct.unpack("<Q", handle.read(8))[0]))
+            total += sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
+        return total
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
 
 
 def _inspect_json(checkpoint, heads: list[dict]) -> dict:

@@ -50,10 +50,23 @@ class BeyondMax(str, Enum):
     refuse = "refuse"
 
 
+class Bos(str, Enum):
+    auto = "auto"
+    always = "always"
+    never = "never"
+
+
+class PriorForm(str, Enum):
+    released = "released"
+    scaled_distance = "scaled-distance"
+
+
 class PasskeyProtocol(str, Enum):
     """The protocols of ``bamctl/data/tasks/passkey.toml`` (a test keeps them in step)."""
 
+    auto = "auto"
     authors = "authors"
+    exact = "exact"
     landmark = "landmark"
 
 
@@ -108,6 +121,15 @@ EVALUATION: list[Param] = [
         help="hf:/vllm: chat models: wrap each prompt in the model's chat template (off: base-model mode).")),
     Param("tensor_parallel", Optional[int], None, typer.Option(
         min=1, rich_help_panel=EXTERNAL_PANEL, help="vllm: number of GPUs one model is split over (default 1).")),
+    Param("bos", Optional[Bos], None, typer.Option(
+        rich_help_panel=EXTERNAL_PANEL,
+        help="A BOS token before each prompt or document: auto (the default; bam: none for passkey and RULER, one per "
+        "perplexity document, as the authors' evaluation; hf:/vllm: what the tokenizer's plain call adds), always or never.")),
+    Param("prior_form", Optional[PriorForm], None, typer.Option(
+        rich_help_panel=EXTERNAL_PANEL,
+        help="bam: the GGD prior's formula: released (-(|d-mu|+eps)^beta e^alpha, their training and release) or "
+        "scaled-distance (-(|(d-mu) e^alpha|+eps)^beta, their evaluation code of 2025-05-30 to 2025-10-16). "
+        "Default: the one their evaluation used for the checkpoint.")),
     Param("out", Path, DEFAULT_OUT, typer.Option(
         "--out", "-o", rich_help_panel=OUTPUT_PANEL, help="Results directory (Parquet part files, one row per sample).")),
     Param("force", bool, False, typer.Option(

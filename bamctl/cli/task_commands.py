@@ -10,11 +10,11 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
+from bamctl.backends.hf_tokenizer import resolve_tokenizer
 from bamctl.cli.app import app
 from bamctl.errors import BamctlError
 from bamctl.lengths import parse_depths, parse_lengths
 from bamctl.tasks import generate_samples
-from bamctl.tokenizer import get_tokenizer
 
 stderr = Console(stderr=True, highlight=False)
 
@@ -31,9 +31,9 @@ def generate(
     out: Annotated[Path, typer.Option("--out", "-o", help="JSONL file to write, one sample per line; '-' writes to stdout.")],
     samples: Annotated[int, typer.Option(help="Samples per length (and per depth, where depths apply).")] = 1,
     seed: Annotated[int, typer.Option(help="Seed; the same seed gives byte-identical output.")] = 0,
-    tokenizer: Annotated[str, typer.Option(help="Tokenizer that lengths are counted in.")] = "gpt2",
+    tokenizer: Annotated[str, typer.Option(help="Tokenizer that lengths are counted in: gpt2, or a local Hugging Face tokenizer folder, tokenizer.json or SentencePiece .model file.")] = "gpt2",
     depths: Annotated[Optional[str], typer.Option(help="Needle depths: a count (5 = 0, .25, .5, .75, 1) or fractions (0,0.25,0.5). Passkey default: 5; RULER default: its own random placement.")] = None,
-    protocol: Annotated[Optional[str], typer.Option(help="The task's protocol: passkey authors (teacher-forced, default) or landmark (generate, first integer); ppl sliding (default) or buckets.")] = None,
+    protocol: Annotated[Optional[str], typer.Option(help="The task's protocol: passkey auto (default), authors, exact or landmark; ppl sliding (default) or buckets.")] = None,
     corpus: Annotated[Optional[Path], typer.Option(help="ppl only: a UTF-8 text file to use instead of the shipped corpus.")] = None,
 ) -> None:
     """Write a task's prompts (text and token ids, answers, needle positions) as JSONL; no model runs.
@@ -45,7 +45,7 @@ def generate(
     if corpus is not None and task != "ppl":
         raise BamctlError("--corpus applies to ppl only")
     stream = generate_samples(
-        task, length_list, samples, seed, get_tokenizer(tokenizer), depth_list, protocol=protocol, corpus_path=corpus
+        task, length_list, samples, seed, resolve_tokenizer(tokenizer), depth_list, protocol=protocol, corpus_path=corpus
     )
     count = 0
 

@@ -123,7 +123,7 @@ class StreamingEngine:
         self.attention = _exact_for(model, resolve_attention(attention, self.device), attention == "auto")
         self.kernel = kernel_for(self.attention)
         self.chunk_size = chunk_size
-        self.model = model.to(device=self.device, dtype=self.dtype).eval()
+        self.model = model.to(device=self.device, dtype=self.dtype).keep_positional_float32().eval()
         self.config = model.config
         self.subset = None
         if self.config.token_subset is not None:

@@ -30,7 +30,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("run_id", pa.string(), False, "id of the run (one command invocation) that wrote the row"),
     Column("created_at", pa.timestamp("us", tz="UTC"), False, "when the sample finished, UTC"),
     Column("task", pa.string(), False, "task name (Sample.task): passkey, niah_single_1, ..., ppl"),
-    Column("protocol", pa.string(), False, "how the task was posed (`--protocol`): passkey authors or landmark; ruler for RULER's tasks; ppl sliding or buckets"),
+    Column("protocol", pa.string(), False, "how the task was posed (`--protocol`): passkey authors, exact or landmark (`auto` resolved); ruler for RULER's tasks; ppl sliding or buckets"),
     Column("setting", pa.string(), False, "options that set the prompts apart from the protocol's defaults, as key=value words (e.g. stride=256, bucket=512, corpus=FILE); empty with the defaults"),
     Column("scoring", pa.string(), False, "the request kind the model answered: teacher_forced, generate or nll"),
     Column("fingerprint", pa.string(), True, "hash of everything that made the prompt and its scoring: task spec and generator version, data file contents (texts, word lists, --corpus), tokenizer, resolved options, what the back-end puts around a prompt (BOS, chat template); null in rows written before version 3"),
@@ -40,7 +40,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("ssmax", pa.bool_(), False, "whether scalable softmax is on"),
     Column("train_length", pa.int64(), False, "context length the model was trained at, tokens"),
     Column("length", pa.int64(), False, "target context length of the sample, tokens"),
-    Column("n_tokens", pa.int64(), False, "actual length of the prompt fed to the model, tokens"),
+    Column("n_tokens", pa.int64(), False, "actual length of the prompt (the passkey `authors` protocol's achieved length, usually a little under `length`), tokens"),
+    Column("bos", pa.bool_(), True, "whether the back-end put one BOS token before the prompt or document (`--bos`; never counted in `n_tokens`, never scored)"),
     Column("depth", pa.float64(), True, "needle depth asked for (`--depths`), a fraction of the haystack (0 = start, 1 = end); null when the task places its needles itself (RULER's default) or has none"),
     Column("needle_depth", pa.float64(), True, "where the (first) needle landed, a fraction of the haystack (passkey: snapped to a sentence end; RULER: its random placement); null without a needle"),
     Column("sample", pa.int64(), False, "index of the sample (Sample.index) within (task, protocol, length, depth, seed)"),
@@ -157,7 +158,8 @@ def rows_to_table(rows: Iterable[Mapping[str, Any]]) -> pa.Table:
 def upgrade(table: pa.Table, version: int) -> pa.Table:
     """Rows written under schema ``version`` in today's columns (what could be recovered).
 
-    Version 1 had ``variant`` (the passkey protocol, else the task's own name) and a
+    Version 1 had ``variant`` (the passkey protocol, its ``authors`` being today's
+    ``exact``; else the task's own name) and a
     ``protocol`` holding the scoring kind, or the perplexity plan (``sliding``,
     ``sliding:stride=N``, ``buckets:N``); its ``depth`` was where a RULER needle landed.
     """
@@ -174,7 +176,8 @@ def upgrade(table: pa.Table, version: int) -> pa.Table:
                 row["setting"] = f"bucket={detail}"
         else:
             row["scoring"], row["setting"] = old, ""
-            row["protocol"] = variant if variant != row["task"] else "ruler"
+            # version 1's "authors" passkey was bamctl's exact-length GPT-2 form, today's "exact"
+            row["protocol"] = {"authors": "exact"}.get(variant, variant) if variant != row["task"] else "ruler"
         row["needle_depth"] = row.get("depth") if row["protocol"] == "ruler" else None
     columns = [c for c in COLUMN_NAMES if rows and c in rows[0]] or [c for c in COLUMN_NAMES if c in table.column_names]
     fields = [pa.field(c.name, c.type, nullable=True) for c in COLUMNS if c.name in columns]

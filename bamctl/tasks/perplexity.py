@@ -1,6 +1,6 @@
 """Perplexity: the corpus, documents of each length, and pure plans of what to score.
 
-Two protocols (ANCHORS.md, BAM.md):
+Two protocols:
 
 * Sliding window (ALiBi paper, Hugging Face docs): a window feeds at most W
   tokens; its logits predict the tokens after its first one. The first window

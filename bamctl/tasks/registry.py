@@ -22,7 +22,7 @@ from bamctl.errors import BamctlError, did_you_mean
 from bamctl.fingerprints import digest, file_digest
 from bamctl.lengths import parse_depths
 from bamctl.tasks.metrics import METRICS
-from bamctl.tasks.passkey import passkey_sample
+from bamctl.tasks.passkey import authors_scoring, passkey_sample
 from bamctl.tasks.perplexity import ppl_options, ppl_plan, ppl_sample, ppl_setting
 from bamctl.tasks.ruler import niah_sample
 from bamctl.tasks.sample import SCORING_KINDS, Sample, SampleSlot
@@ -32,12 +32,24 @@ from bamctl.tokenizer import Tokenizer
 
 def grid_plan(spec: "TaskSpec", lengths: list[int], depths: list[float] | None, n_samples: int, seed: int, **_) -> list[SampleSlot]:
     """Every (length, depth, index): the plan of tasks whose samples stand alone."""
+    grid = even_grid(depths)
     return [
-        spec.slot(length=length, depth=depth, seed=seed, index=index)
+        spec.slot(length=length, depth=depth, seed=seed, index=index, depth_grid=grid[d] if grid else None)
         for length in lengths
-        for depth in (depths if depths is not None else [None])
+        for d, depth in enumerate(depths if depths is not None else [None])
         for index in range(n_samples)
     ]
+
+
+def even_grid(depths: list[float] | None) -> list[tuple[int, int]] | None:
+    """``[(i, k)]`` when the depths are k evenly spaced fractions from 0 to 1 (``--depths K``)."""
+    if not depths:
+        return None
+    k = len(depths)
+    expected = [i / (k - 1) for i in range(k)] if k > 1 else [0.0]
+    if any(abs(d - e) > 1e-9 for d, e in zip(depths, expected)):
+        return None
+    return [(i, k) for i in range(k)]
 
 
 def as_given(spec: "TaskSpec", lengths: list[int], options: dict) -> dict:
@@ -50,6 +62,16 @@ def no_setting(spec: "TaskSpec", lengths: list[int], options: dict) -> str:
 
 def no_files(spec: "TaskSpec", options: dict) -> list[Path]:
     return []
+
+
+def any_tokenizer(spec: "TaskSpec", tokenizer: Tokenizer) -> str | None:
+    return None
+
+
+def passkey_support(spec: "TaskSpec", tokenizer: Tokenizer) -> str | None:
+    if spec.args.get("form") != "authors":
+        return None
+    return authors_scoring(tokenizer, spec.args.get("key_digits", 5))
 
 
 def niah_files(spec: "TaskSpec", options: dict) -> list[Path]:
@@ -76,12 +98,13 @@ class Generator:
     resolve: Callable[..., dict] = as_given
     setting: Callable[..., str] = no_setting
     files: Callable[..., list[Path]] = no_files
+    supports: Callable[..., str | None] = any_tokenizer
     takes_depths: bool = True
 
 
 # generator name in the TOML -> its functions
 GENERATORS: dict[str, Generator] = {
-    "passkey": Generator(passkey_sample, version=1),
+    "passkey": Generator(passkey_sample, version=2, supports=passkey_support),
     "niah": Generator(niah_sample, version=1, files=niah_files),
     "ppl": Generator(ppl_sample, version=1, plan=ppl_plan, resolve=ppl_options, setting=ppl_setting, files=ppl_files, takes_depths=False),
 }
@@ -110,6 +133,10 @@ class TaskSpec:
     @property
     def functions(self) -> Generator:
         return GENERATORS[self.generator]
+
+    def unsupported(self, tokenizer: Tokenizer) -> str | None:
+        """Why ``tokenizer`` cannot run this protocol (None when it can)."""
+        return self.functions.supports(self, tokenizer)
 
     def options(self) -> set[str]:
         """Option names the generator takes beyond its TOML arguments (e.g. ``corpus_path``)."""
@@ -141,13 +168,15 @@ def _spec(task: str, protocol: str, table: dict, base: dict, source: str) -> Tas
     )
 
 
-TABLE_KEYS = ("protocols", "default_protocol", "protocol")
+TABLE_KEYS = ("protocols", "default_protocol", "protocol", "auto")
+AUTO = "auto"  # the protocol that picks, per tokenizer, the first of a task's `auto` list it can run
 
 
 @cache
-def _load() -> tuple[dict[str, dict[str, TaskSpec]], dict[str, str]]:
+def _load() -> tuple[dict[str, dict[str, TaskSpec]], dict[str, str], dict[str, list[str]]]:
     protocols: dict[str, dict[str, TaskSpec]] = {}
     defaults: dict[str, str] = {}
+    autos: dict[str, list[str]] = {}
     for path in sorted(tasks_dir().glob("*.toml")):
         for task, table in read_toml(path).items():
             if task in protocols:
@@ -160,7 +189,11 @@ def _load() -> tuple[dict[str, dict[str, TaskSpec]], dict[str, str]]:
                 name = table.get("protocol", task)
                 protocols[task] = {name: _spec(task, name, {}, base, path.name)}
                 defaults[task] = name
-    return protocols, defaults
+            autos[task] = list(table.get("auto", []))
+            unknown = [name for name in autos[task] if name not in protocols[task]]
+            if unknown or (defaults[task] == AUTO and not autos[task]):
+                raise BamctlError(f"{path.name}: task {task!r} has an `auto` list naming no protocol of it")
+    return protocols, defaults, autos
 
 
 def task_names() -> list[str]:
@@ -168,19 +201,32 @@ def task_names() -> list[str]:
 
 
 def protocol_names(task: str) -> list[str]:
-    get_task(task)  # an unknown task raises with close matches
-    return list(_load()[0][task])
-
-
-def get_task(task: str, protocol: str | None = None) -> TaskSpec:
-    """The spec of ``task`` posed by ``protocol`` (its default protocol when None)."""
-    protocols, defaults = _load()
+    """The protocols ``--protocol`` takes for ``task``, ``auto`` first where the task has it."""
+    protocols, _, autos = _load()
     if task not in protocols:
         raise BamctlError(f"unknown task {task!r}{did_you_mean(task, protocols, cutoff=0.5)}")
-    if protocol is None:
-        return protocols[task][defaults[task]]
+    return ([AUTO] if autos[task] else []) + list(protocols[task])
+
+
+def get_task(task: str, protocol: str | None = None, tokenizer: Tokenizer | None = None) -> TaskSpec:
+    """The spec of ``task`` posed by ``protocol`` (its default protocol when None).
+
+    ``auto`` picks the first protocol of the task's ``auto`` list that ``tokenizer`` can run
+    (without a tokenizer: the first of the list).
+    """
+    protocols, defaults, autos = _load()
+    if task not in protocols:
+        raise BamctlError(f"unknown task {task!r}{did_you_mean(task, protocols, cutoff=0.5)}")
+    protocol = defaults[task] if protocol is None else protocol
+    if protocol == AUTO and autos[task]:
+        for name in autos[task]:
+            spec = protocols[task][name]
+            if tokenizer is None or spec.unsupported(tokenizer) is None:
+                return spec
+        return protocols[task][autos[task][-1]]
     if protocol not in protocols[task]:
-        raise BamctlError(f"unknown protocol {protocol!r} for {task}{did_you_mean(protocol, protocols[task], cutoff=0.5)}")
+        known = protocol_names(task)
+        raise BamctlError(f"unknown protocol {protocol!r} for {task}{did_you_mean(protocol, known, cutoff=0.5)}")
     return protocols[task][protocol]
 
 
@@ -215,16 +261,22 @@ def plan_samples(
     depths: list[float] | None = None,
     *,
     protocol: str | None = None,
+    check_tokenizer: bool = True,
     **options,
 ) -> TaskPlan:
     """The samples of every seed, length, depth and index, in that nesting order.
 
-    Arguments are checked here, before anything is built. ``options`` go to the
+    Arguments are checked here, before anything is built; ``check_tokenizer=False`` leaves
+    out what depends on the tokenizer (``auto``'s choice, a protocol the tokenizer cannot
+    run), for checks made before the model's tokenizer is known. ``options`` go to the
     generator (``corpus_path``, ``stride`` … for ppl; None means its default). Each
     sample is a pure function of its slot and these options: asking for more or other
     lengths never changes it.
     """
-    spec = get_task(task, protocol)
+    spec = get_task(task, protocol, tokenizer if check_tokenizer else None)
+    why = spec.unsupported(tokenizer) if check_tokenizer else None
+    if why:
+        raise BamctlError(why)
     if n_samples < 1:
         raise BamctlError(f"--samples must be at least 1 (got {n_samples})")
     if depths is None and spec.default_depths is not None:

@@ -50,7 +50,8 @@ class Sample:
     needle_positions: list[int]  # token index where each needle starts, ascending
     scoring: str  # one of SCORING_KINDS
     needle_depth: float | None = None  # where the (first) needle landed, as a fraction of the haystack
-    target_ids: list[int] = field(default_factory=list)  # teacher_forced: tokens whose argmax must match
+    answer_ids: list[int] = field(default_factory=list)  # teacher_forced: fed after the prompt
+    target_ids: list[int] = field(default_factory=list)  # teacher_forced: the last tokens of answer_ids, scored
     max_new_tokens: int = 0  # generate: the budget counted inside `length`
     metric: str = ""  # name in bamctl.tasks.metrics.METRICS
     scored: list[ScoredSpan] = field(default_factory=list)  # nll: the spans scored, one row each
@@ -76,6 +77,7 @@ class SampleSlot:
     index: int
     position: int | None = None  # which part of sample `index`, when one document gives several (sliding windows)
     rows: tuple[int | None, ...] = (None,)  # the `position` of each result row the sample gives
+    depth_grid: tuple[int, int] | None = None  # (i, k) when `depth` is the i-th of k evenly spaced depths 0..1
 
     def sample(self, *, input_ids: list[int], prompt: str, **fields) -> Sample:
         """The built sample: this slot's identity and scoring, plus what the generator made."""

@@ -30,6 +30,7 @@ from bamctl.train.recipe import Recipe
 from bamctl.vocab import VocabSubset
 
 IGNORE = -100  # target id the loss skips: tokens outside the model's subset
+TRAINING_PROTOCOL = "exact"  # passkey rows: bamctl's exact-length, digit-by-digit form (GPT-2's tokens)
 LLMC_MAGIC = 20240520  # llm.c token shards: int32 header [magic, version, n_tokens, ...] of 256 ints
 LLMC_HEADER_INTS = 256
 

@@ -1,0 +1,126 @@
+"""Passkey ``--protocol authors`` is the BAM authors' evaluator, token for token.
+
+The expected prompts are derived here from the authors' documented algorithm
+(``PromptGenerator`` / ``PasskeyEvaluator``), with a Hugging Face fast tokenizer built
+from Mistral-7B-v0.3's vocabulary (the SentencePiece file the ``mistral-common`` package
+ships), as their ``AutoTokenizer`` call builds it. bamctl's generator is never called to
+make the expectation.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="transformers not installed (pip install 'bamctl[hf]')")
+pytest.importorskip("sentencepiece", reason="sentencepiece not installed (pip install 'bamctl[hf]')")
+mistral_common = pytest.importorskip("mistral_common", reason="mistral-common not installed (the dev extra ships Mistral's vocabulary)")
+
+from bamctl.backends.hf_tokenizer import load_hf_tokenizer  # noqa: E402
+from bamctl.errors import BamctlError  # noqa: E402
+from bamctl.tasks import generate_samples  # noqa: E402
+from bamctl.tasks.passkey import linspace_point  # noqa: E402
+
+MODEL_FILE = Path(mistral_common.__file__).parent / "data" / "mistral_instruct_tokenizer_240323.model.v3"
+
+# The authors' strings, verbatim.
+TASK = "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. I will quiz you about the important information there."
+UNIT = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+INFO = "The pass key is {pass_key}. Remember it. {pass_key} is the pass key."
+QUESTION = "What is the pass key? The pass key is"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The authors' tokenizer: AutoTokenizer over a folder holding Mistral v0.3's tokenizer.model."""
+    from transformers import AutoTokenizer
+
+    folder = tmp_path_factory.mktemp("mistral-v3")
+    shutil.copyfile(MODEL_FILE, folder / "tokenizer.model")
+    (folder / "tokenizer_config.json").write_text('{"tokenizer_class": "LlamaTokenizer", "add_bos_token": true, "add_eos_token": false}')
+    tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    assert len(tok) == 32768
+    return folder, tok
+
+
+def authors_prompt(tok, length: int, n_prefix_of, key: str):
+    """PromptGenerator: each piece tokenised alone, n whole units, the info line in one call."""
+    enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    task, unit, question = enc(TASK), enc(UNIT), enc(QUESTION)
+    info_len = len(enc(INFO.format(pass_key=10**5 - 1)))
+    n = max(0, (length - len(task) - info_len - len(question)) // len(unit))
+    n_prefix = n_prefix_of(n)
+    prompt = task + unit * n_prefix + enc(INFO.format(pass_key=key)) + unit * (n - n_prefix) + question
+    answer = enc(" " + key)
+    return prompt, answer, answer[1:]  # PasskeyEvaluator: the argmax must equal ans[1:]
+
+
+@pytest.mark.parametrize("source", ["folder", "model-file"])
+@pytest.mark.parametrize("length", [100, 256, 1000, 4096])
+def test_authors_prompts_are_the_reference_token_for_token(reference, source, length):
+    folder, tok = reference
+    ours = load_hf_tokenizer(folder if source == "folder" else MODEL_FILE)
+    k = 5
+    samples = list(generate_samples("passkey", [length], 3, 7, ours, [i / (k - 1) for i in range(k)], protocol="authors"))
+    assert len(samples) == k * 3
+    for sample in samples:
+        i = round(sample.depth * (k - 1))
+        depth_of = lambda n: int(torch.linspace(0, n, k).long()[i])  # noqa: E731 - their equidistant depths
+        prompt, answer, target = authors_prompt(tok, length, depth_of, sample.answers[0])
+        assert sample.input_ids == prompt
+        assert sample.answer_ids == answer and sample.target_ids == target
+        assert sample.n_tokens == len(prompt) <= length  # the achieved length, recorded
+        assert 10000 <= int(sample.answers[0]) <= 99999
+    assert any(len(set(s.answers[0])) < 5 for s in samples)  # keys with repeated digits are covered
+
+
+def test_mistral_scores_five_digit_tokens_after_a_space_token(reference):
+    _, tok = reference
+    answer = tok(" 11223", add_special_tokens=False)["input_ids"]
+    assert [tok.decode([t]) for t in answer[1:]] == list("11223") and len(answer) == 6
+
+
+def test_the_depths_are_torchs_float32_linspace():
+    for n in range(0, 400):
+        for k in range(1, 12):
+            expected = torch.linspace(0, n, k).long().tolist()
+            assert [linspace_point(n, i, k) for i in range(k)] == expected, (n, k)
+
+
+def test_gpt2_cannot_run_the_authors_scoring_and_auto_takes_exact():
+    from bamctl.tokenizer import get_tokenizer
+
+    gpt2 = get_tokenizer("gpt2")
+    with pytest.raises(BamctlError, match="use --protocol exact"):
+        next(generate_samples("passkey", [256], 1, 0, gpt2, protocol="authors"))
+    assert next(generate_samples("passkey", [256], 1, 0, gpt2)).protocol == "exact"
+
+
+def test_auto_takes_authors_with_mistral(reference):
+    folder, _ = reference
+    assert next(generate_samples("passkey", [256], 1, 0, load_hf_tokenizer(folder))).protocol == "authors"
+
+
+def test_teacher_forcing_scores_the_answer_tokens_but_the_first(reference):
+    """Fed prompt + answer; the argmax read where each of ans[1:] is predicted."""
+    from bamctl.backends.base import EngineOptions
+    from bamctl.backends.native import EngineBackend
+    from bamctl.checkpoint import new_random_model
+    from bamctl.evaluate import answer_teacher_forced
+    from bamctl.model import ModelConfig
+
+    folder, _ = reference
+    tokenizer = load_hf_tokenizer(folder)
+    model = new_random_model(ModelConfig.from_preset("micro", "bam", vocab_size=32768, tokenizer="mistral"), 0)
+    backend = EngineBackend(SimpleNamespace(model=model, model_hash="0" * 16), tokenizer, "m", EngineOptions(device="cpu"))
+    sample = next(generate_samples("passkey", [300], 1, 0, tokenizer, [0.5], protocol="authors"))
+    (row,) = answer_teacher_forced(backend, sample)
+    logits = model(torch.tensor([sample.input_ids + sample.answer_ids]))[0]
+    argmax = logits.argmax(-1).tolist()
+    scored = argmax[len(sample.input_ids) : len(sample.input_ids) + 5]  # positions predicting ans[1:]
+    assert row["predicted"] == tokenizer.decode(scored).strip()
+    assert row["correct"] == (scored == sample.target_ids)
