@@ -16,8 +16,11 @@ keeps everything finished and a rerun skips it (same resume key), before buildin
 from __future__ import annotations
 
 import resource
+import signal
+import threading
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable
@@ -107,6 +110,22 @@ ANSWERS: dict[str, Callable[[Backend, Sample], list[dict]]] = {
 }
 
 
+@contextmanager
+def _interrupts_deferred():
+    """Ctrl-C waits until the block ends (the run's merge must see every part it wrote), then is raised."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = []
+    previous = signal.signal(signal.SIGINT, lambda *_: received.append(True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if received:
+        raise KeyboardInterrupt
+
+
 def _peak_memory_bytes(device: str) -> int:
     if device.startswith("cuda"):
         return int(torch.cuda.max_memory_allocated())
@@ -166,7 +185,8 @@ class Evaluation:
                 if not todo:
                     continue
                 for row in self._answer(self.plan.build(slot), todo):
-                    parts.append(self.store.append([row]))
+                    with _interrupts_deferred():  # a Ctrl-C here would leave a written part unrecorded
+                        parts.append(self.store.append([row]))
                     stats.written += 1
                     stats.rows.append(row)
                     if on_row:

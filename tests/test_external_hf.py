@@ -235,7 +235,8 @@ def test_chat_template_only_when_asked_and_only_if_the_model_has_one(tiny_llama,
     tok.save_pretrained(chat)
     backend = open_tiny(chat, chat_template=True)
     prompt = backend.tokenizer.encode(words(5, 6))
-    assert backend.shaper.prompt(prompt) == [1, 3] + prompt + [4, 5]
+    assert backend.tokenizer.chat_frame() == ("<s> w0 ", " w1 w2")
+    assert backend.shaper.prompt(prompt) == prompt  # the task wraps the text; the template holds the BOS
     assert open_tiny(chat).shaper.prompt(prompt) == [1] + prompt  # base mode by default
 
 

@@ -8,7 +8,7 @@ from bamctl.tasks import generate_samples, score, string_match_all, string_match
 from bamctl.tasks.haystacks import essay_haystack
 from bamctl.tasks.registry import get_task
 from bamctl.tasks.ruler import ESSAY_DEPTHS, niah_sample
-from bamctl.tasks.texts import word_pairs
+from bamctl.tasks.texts import ruler_words
 from bamctl.tokenizer import get_tokenizer
 
 VARIANTS = [
@@ -62,7 +62,8 @@ def _matches(kind: str, text: str) -> bool:
         return bool(NUMBER.fullmatch(text))
     if kind == "uuids":
         return bool(UUID.fullmatch(text))
-    return text in set(word_pairs())
+    adjectives, nouns = ruler_words()
+    return any(text == f"{a}-{text[len(a) + 1:]}" and text[len(a) + 1:] in set(nouns) for a in adjectives if text.startswith(a + "-"))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

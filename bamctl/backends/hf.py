@@ -153,7 +153,7 @@ class HFBackend:
     @torch.inference_mode()
     def score_continuation(self, prompt_ids: Sequence[int], target_ids: Sequence[int]):
         targets = list(target_ids)
-        prefix, prompt = (([], self.shaper.prompt(prompt_ids)) if self.shaper.chat else (self.shaper.prefix, list(prompt_ids)))
+        prefix, prompt = self.shaper.prefix, list(prompt_ids)
         fed = self.lengths.fit(prefix, prompt, targets)
         first = len(fed) - len(targets)  # the row predicting the first target
         logprobs = torch.log_softmax(self._logits_at(fed, list(range(first, len(fed)))), dim=-1)
@@ -180,11 +180,7 @@ class HFBackend:
     @torch.inference_mode()
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
         """Greedy decoding; stops after the model's EOS (included, as the native engine does)."""
-        if self.shaper.chat:
-            ids = self.shaper.prompt(prompt_ids)
-            self.lengths.check(len(ids) + max_new_tokens)
-        else:
-            ids = self.lengths.fit_prefix(self.shaper.prefix, list(prompt_ids), max_new_tokens)
+        ids = self.lengths.fit_prefix(self.shaper.prefix, list(prompt_ids), max_new_tokens)
         if max_new_tokens < 1:
             return []
         last: list[torch.Tensor] = []

@@ -170,7 +170,8 @@ def estimate_bytes(model, n_tokens: int, chunk_size: int) -> int:
 
 
 class RequestShaper:
-    """What goes in front of a request: one BOS (base mode) or the chat template."""
+    """What goes in front of a request: one BOS (``--bos``), or nothing in chat mode, where the
+    task builds the template around its text and counts its tokens in the length."""
 
     def __init__(self, tokenizer, chat_template: bool, bos: str = "auto"):
         self.tokenizer = tokenizer
@@ -179,13 +180,15 @@ class RequestShaper:
             raise BamctlError(f"tokenizer {tokenizer.name} has no chat template; drop --chat-template")
         if bos == "always" and getattr(tokenizer, "bos_id", None) is None:
             raise BamctlError(f"--bos always: tokenizer {tokenizer.name} has no BOS token")
-        # auto: what the tokenizer's own plain call puts in front (Llama and Mistral: one BOS)
-        self.prefix = {"auto": list(getattr(tokenizer, "leading_special_ids", [])), "never": []}.get(bos) or (
-            [tokenizer.bos_id] if bos == "always" else []
-        )
+        if chat_template:  # the task wrapped the prompt in the template, which holds any BOS itself
+            self.prefix = []
+        elif bos == "auto":  # what the tokenizer's own plain call puts in front (Llama and Mistral: one BOS)
+            self.prefix = list(getattr(tokenizer, "leading_special_ids", []))
+        else:
+            self.prefix = [tokenizer.bos_id] if bos == "always" else []
 
     def bos_for(self, scoring: str) -> bool:
-        return bool(self.prefix) and not self.chat
+        return bool(self.prefix)
 
     @property
     def fingerprint(self) -> str:
@@ -196,8 +199,8 @@ class RequestShaper:
         return digest({"prefix": self.prefix, "chat_template": template, "chat": self.chat})
 
     def prompt(self, prompt_ids: Sequence[int]) -> list[int]:
-        if self.chat:
-            return self.tokenizer.chat_ids(prompt_ids)
+        """What is fed for a prompt: the prefix, then the prompt (in chat mode the task has
+        already wrapped it in the template, RULER's way: see ``bamctl.tasks.ruler``)."""
         return self.prefix + list(prompt_ids)
 
 

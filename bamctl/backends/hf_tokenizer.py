@@ -48,25 +48,24 @@ class HFTokenizer:
     def has_chat_template(self) -> bool:
         return self.is_transformers and bool(getattr(self.backend, "chat_template", None))
 
-    def chat_ids(self, prompt_ids: Sequence[int]) -> list[int]:
-        """The prompt as one user turn of the model's chat template, ready for the reply."""
+    def chat_frame(self) -> tuple[str, str]:
+        """The text the chat template puts before and after one user turn, up to the assistant's reply."""
         if not self.has_chat_template:
             raise BamctlError(f"tokenizer {self.name} has no chat template; drop --chat-template")
-        text = self.backend.decode(list(prompt_ids), skip_special_tokens=False)
-        out = self.backend.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+        text = self.backend.apply_chat_template(
+            [{"role": "user", "content": "\x00"}], add_generation_prompt=True, tokenize=False
         )
-        if hasattr(out, "keys"):  # transformers 5 may answer a BatchEncoding
-            out = out["input_ids"]
-        return [int(i) for i in out]
+        head, _, tail = text.partition("\x00")
+        return head, tail
 
 
 def tokenizer_fingerprint(backend) -> str:
     """What the tokenizer does, hashed: a fast tokenizer's full JSON definition (vocabulary,
     merges, normalizer, pre-tokenizer, added tokens); a slow one's model file, else its vocabulary."""
     fast = getattr(backend, "backend_tokenizer", backend)
+    template = getattr(backend, "chat_template", None)  # lives beside the definition, not in it
     if hasattr(fast, "to_str"):
-        return digest({"kind": "tokenizers", "definition": fast.to_str()})
+        return digest({"kind": "tokenizers", "definition": fast.to_str(), "chat_template": template})
     vocab_file = getattr(backend, "vocab_file", None)
     if vocab_file and Path(vocab_file).is_file():
         return digest({"kind": type(backend).__name__, "file": file_digest(vocab_file)})

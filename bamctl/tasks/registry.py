@@ -75,7 +75,20 @@ def passkey_support(spec: "TaskSpec", tokenizer: Tokenizer) -> str | None:
 
 
 def niah_files(spec: "TaskSpec", options: dict) -> list[Path]:
-    return [*corpus_files("essays"), *word_files()]
+    path = options.get("haystack_path")
+    return [*([Path(path)] if path else corpus_files("essays")), *word_files()]
+
+
+def niah_setting(spec: "TaskSpec", lengths: list[int], options: dict) -> str:
+    """``sizing=ruler``, ``haystack=FILE``, ``chat``: what sets a RULER run apart from the defaults."""
+    parts = []
+    if options.get("sizing", "exact") != "exact":
+        parts.append(f"sizing={options['sizing']}")
+    if options.get("haystack_path"):
+        parts.append(f"haystack={Path(options['haystack_path']).name}")
+    if options.get("chat_template"):
+        parts.append("chat")
+    return " ".join(parts)
 
 
 def ppl_files(spec: "TaskSpec", options: dict) -> list[Path]:
@@ -105,7 +118,7 @@ class Generator:
 # generator name in the TOML -> its functions
 GENERATORS: dict[str, Generator] = {
     "passkey": Generator(passkey_sample, version=2, supports=passkey_support),
-    "niah": Generator(niah_sample, version=1, files=niah_files),
+    "niah": Generator(niah_sample, version=2, setting=niah_setting, files=niah_files),
     "ppl": Generator(ppl_sample, version=1, plan=ppl_plan, resolve=ppl_options, setting=ppl_setting, files=ppl_files, takes_depths=False),
 }
 

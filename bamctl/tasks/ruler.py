@@ -1,37 +1,45 @@
 """RULER's needle-in-a-haystack family (NIAH), sized to the model's tokenizer.
 
 Faithful to NVIDIA/RULER (``scripts/data/synthetic/niah.py``, ``constants.py``,
-``synthetic.yaml``): the same template, answer prefix and needle sentence, the
-same singular rewording when one value is asked for, the same haystacks
-(``noise``, ``essay``, ``needle``), key and value kinds (``words``, 7-digit
-``numbers``, ``uuids``) and needle placement (essay: sentence boundaries at 40
-depths ``round(linspace(0, 100, 40))``; noise and needle: random lines).
+``synthetic.yaml``, ``prepare.py``): the same template, answer prefix and needle
+sentence, the same singular rewording when one value is asked for, the same
+haystacks (``noise``, ``essay``, ``needle``), key and value kinds (``words`` from
+wonderwords' adjective and noun lists, 7-digit ``numbers``, ``uuids``), needle
+placement (essay: Punkt sentence boundaries at 40 depths
+``round(linspace(0, 100, 40))``; noise and needle: random lines) and, with a chat
+template, the template's tokens counted in the length and the answer prefix
+opening the assistant turn.
+
+Two sizings (``sizing``): ``exact`` (bamctl's) gives each sample the largest
+haystack with ``len(input_ids) + max_new_tokens <= length``; ``ruler`` reproduces
+RULER's: one binary search per length for the haystack size, then per sample
+500 essay words (or 25 lines, 5 below 4096 tokens) fewer until it fits.
 
 Where we differ, on purpose:
 * Every random draw comes from a generator seeded by the sample's identity, and
   the placement generator also by the haystack size; RULER draws from one global
-  stream, so its samples depend on the sizing search that ran before them.
-* Sizing is exact: the largest haystack with ``len(input_ids) +
-  max_new_tokens <= length`` (the prompt includes the answer prefix), checked
-  with real encodes; integer token counts pick the starting point.
+  stream, so its samples depend on the sizing search that ran before them (and a
+  RULER retry draws new needles where ours keeps the sample's).
 * Empty text pieces are skipped when joining, so a needle at depth 0 does not
   start the context with a stray space.
-* Essays are shipped public-domain prose, not Paul Graham's essays; sentence
-  ends come from a small rule set rather than NLTK's Punkt model.
+* The shipped essays are public-domain prose, not Paul Graham's essays
+  (``--haystack`` reads RULER's own file).
 """
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Callable
 
 from bamctl.errors import BamctlError
+from bamctl.fingerprints import file_digest
 from bamctl.tasks.haystacks import EssayHaystack, essay_haystack, token_counts
 from bamctl.tasks.passkey import FILLER
 from bamctl.tasks.sample import Sample, SampleSlot, sample_rng
 from bamctl.tasks.spans import tokens_at_chars
-from bamctl.tasks.texts import word_pairs
+from bamctl.tasks.texts import ruler_words
 from bamctl.tokenizer import Tokenizer
 
 NEEDLE = "One of the special magic {type_v} for {key} is: {value}."
@@ -57,7 +65,10 @@ def random_number(rng) -> str:
 
 
 def random_word(rng) -> str:
-    return rng.choice(word_pairs())
+    """An adjective-noun key, uniform over RULER's pairs (an adjective then a noun: each pair
+    as likely as in RULER's draw from the sorted list of all of them)."""
+    adjectives, nouns = ruler_words()
+    return f"{rng.choice(adjectives)}-{rng.choice(nouns)}"
 
 
 def random_uuid(rng) -> str:
@@ -129,12 +140,16 @@ def join_queries(keys: list[str]) -> str:
     return keys[0] if len(keys) == 1 else ", ".join(keys[:-1]) + ", and " + keys[-1]
 
 
-def niah_frame(spec: NiahSpec, query_keys: list[str]) -> tuple[str, str, str]:
-    """(text before the context, text after it, answer prefix) for this variant."""
+def niah_frame(spec: NiahSpec, query_keys: list[str], chat: tuple[str, str] | None = None) -> tuple[str, str, str]:
+    """(text before the context, text after it, answer prefix) for this variant; with a chat
+    template's (head, tail), the task text is the user turn and the answer prefix opens the
+    assistant's, as RULER's ``prepare.py`` builds it."""
     template, prefix = (TEMPLATE_SINGULAR, ANSWER_PREFIX_SINGULAR) if spec.singular else (TEMPLATE, ANSWER_PREFIX)
     type_v = spec.value_type[:-1] if spec.singular else spec.value_type
     query = join_queries(query_keys)
     head, tail = template.format(type_v=type_v, query=query, context="\x00").split("\x00")
+    if chat is not None:
+        head, tail = chat[0] + head, tail + chat[1]
     return head, tail, prefix.format(type_v=type_v, query=query)
 
 
@@ -224,9 +239,10 @@ class Haystack:
     """The context of one sample as a function of its size ``n`` (essay words, noise lines or
     decoy needles), with a cheap monotone estimate of its tokens for the sizing search."""
 
-    def __init__(self, spec: NiahSpec, draw: NiahDraw, tokenizer: Tokenizer, placement, depth: float | None, decoy_rng):
+    def __init__(self, spec: NiahSpec, draw: NiahDraw, tokenizer: Tokenizer, placement, depth: float | None, decoy_rng,
+                 essay_path: str | None = None):
         self.spec, self.draw, self.placement, self.depth = spec, draw, placement, depth
-        self.essay = essay_haystack(tokenizer) if spec.haystack == "essay" else None
+        self.essay = essay_haystack(tokenizer, essay_path) if spec.haystack == "essay" else None
         self.decoys = Distractors(spec, decoy_rng, set(draw.keys), tokenizer) if spec.haystack == "needle" else None
         self.noise_line = token_counts(tokenizer, ["\n" + FILLER])[0]
 
@@ -248,6 +264,9 @@ class Haystack:
         return n * self.noise_line
 
 
+SIZINGS = ("exact", "ruler")
+
+
 def niah_sample(
     *,
     slot: SampleSlot,
@@ -258,32 +277,29 @@ def niah_sample(
     num_keys: int = 1,
     num_values: int = 1,
     num_queries: int = 1,
+    sizing: str = "exact",
+    haystack_path: str | None = None,
+    chat_template: bool = False,
     n_units: int | None = None,
 ) -> Sample:
-    """One NIAH prompt with the largest haystack that fits ``slot.length`` (or exactly ``n_units``).
+    """One NIAH prompt sized to ``slot.length`` by ``sizing`` (or with exactly ``n_units``).
 
     ``n_units`` counts haystack units: essay words, noise lines or decoy needles.
+    ``haystack_path`` replaces the shipped essays; ``chat_template`` wraps the task in the
+    tokenizer's chat template, the answer prefix opening the assistant turn.
     """
     spec = NiahSpec(haystack, key_type, value_type, num_keys, num_values, num_queries)
-    # The identity the draws are seeded by; the task twice, as when RULER's tasks were
-    # variants named like the task, so samples drawn then are drawn again now.
-    identity = (slot.task, slot.task, slot.length, slot.index)
-    draw = draw_needles(spec, sample_rng(slot.seed, *identity))
-    if slot.depth is not None and len(draw.needles) != 1:
-        raise BamctlError(f"--depths places a single needle; {slot.task} hides {len(draw.needles)}")
-    head, tail, answer_prefix = niah_frame(spec, draw.query_keys)
-    hay = Haystack(
-        spec, draw, tokenizer, lambda n: _placement(slot.seed, identity, n), slot.depth,
-        sample_rng(slot.seed, *identity, "decoys"),
-    )
-
-    def build(n: int) -> tuple[Context, list[int], str]:
-        context = hay.context(n)
-        prompt = head + context.text + tail + answer_prefix
-        return context, tokenizer.encode(prompt), prompt
-
+    if sizing not in SIZINGS:
+        raise BamctlError(f"--sizing must be one of {', '.join(SIZINGS)}, not {sizing!r}")
+    parts = _niah_parts(slot, tokenizer, spec, haystack_path, chat_template)
     if n_units is None:
-        n_units = _size_to_fit(slot, build, hay.estimate)
+        if sizing == "ruler":
+            contents = file_digest(haystack_path) if haystack_path else None  # a changed file is searched again
+            searched = _ruler_search(_probe(slot), tokenizer, spec, haystack_path, contents, chat_template)
+            n_units = _ruler_retries(slot, parts, searched, haystack)
+        else:
+            n_units = _size_exact(slot, parts)
+    draw, head, answer_prefix, build = parts.draw, parts.head, parts.answer_prefix, parts.build
     context, input_ids, prompt = build(n_units)
     positions = tokens_at_chars(tokenizer, prompt, input_ids, [len(head) + c for c in context.needle_chars])
     return slot.sample(
@@ -304,23 +320,105 @@ def niah_sample(
     )
 
 
-def _size_to_fit(slot: SampleSlot, build, estimate) -> int:
-    """The largest haystack whose prompt plus the answer budget fits the slot's length."""
+def chat_frame(tokenizer: Tokenizer) -> tuple[str, str]:
+    """The text a chat template puts before and after one user turn, up to the assistant's reply."""
+    frame = getattr(tokenizer, "chat_frame", None)
+    if frame is None:
+        raise BamctlError(f"--chat-template: tokenizer {tokenizer.name} has no chat template")
+    return frame()
+
+
+@dataclass(frozen=True)
+class NiahParts:
+    """What one sample is made of before its size is known."""
+
+    draw: NiahDraw
+    head: str  # before the context (chat template head included)
+    answer_prefix: str
+    build: Callable[[int], tuple[Context, list[int], str]]  # units -> (context, ids, prompt)
+    estimate: Callable[[int], int]  # units -> tokens of the haystack alone (monotone, cheap)
+
+
+def _niah_parts(slot: SampleSlot, tokenizer: Tokenizer, spec: NiahSpec, haystack_path, chat_template: bool) -> NiahParts:
+    # The identity the draws are seeded by; the task twice, as when RULER's tasks were
+    # variants named like the task, so samples drawn then are drawn again now.
+    identity = (slot.task, slot.task, slot.length, slot.index)
+    draw = draw_needles(spec, sample_rng(slot.seed, *identity))
+    if slot.depth is not None and len(draw.needles) != 1:
+        raise BamctlError(f"--depths places a single needle; {slot.task} hides {len(draw.needles)}")
+    head, tail, answer_prefix = niah_frame(spec, draw.query_keys, chat_frame(tokenizer) if chat_template else None)
+    hay = Haystack(
+        spec, draw, tokenizer, lambda n: _placement(slot.seed, identity, n), slot.depth,
+        sample_rng(slot.seed, *identity, "decoys"), haystack_path,
+    )
+
+    def build(n: int) -> tuple[Context, list[int], str]:
+        context = hay.context(n)
+        prompt = head + context.text + tail + answer_prefix
+        return context, tokenizer.encode(prompt), prompt
+
+    return NiahParts(draw, head, answer_prefix, build, hay.estimate)
+
+
+def _size_exact(slot: SampleSlot, parts: NiahParts) -> int:
+    """bamctl's sizing: the largest haystack whose prompt plus the answer budget fits the length."""
     budget = slot.length - slot.max_new_tokens
     sizes: dict[int, int] = {}
 
     def fits(n: int) -> bool:
         if n not in sizes:
-            sizes[n] = len(build(n)[1])
+            sizes[n] = len(parts.build(n)[1])
         return sizes[n] <= budget
 
-    n_units = _largest_fit(fits, estimate, budget - len(build(0)[1]))
+    n_units = _largest_fit(fits, parts.estimate, budget - len(parts.build(0)[1]))
     if n_units < 0:
         raise BamctlError(
             f"length {slot.length} is too short for {slot.task}: the prompt without haystack already needs "
             f"{sizes[0] + slot.max_new_tokens} tokens with the {slot.max_new_tokens}-token answer budget"
         )
     return n_units
+
+
+def ruler_increment(haystack: str, length: int) -> int:
+    """RULER's step: 500 essay words, else 25 lines (5 below 4096 tokens)."""
+    if haystack == "essay":
+        return 500
+    return 5 if length < 4096 else 25
+
+
+def _probe(slot: SampleSlot) -> SampleSlot:
+    """The sample RULER's once-per-length search runs on: one of no index, no asked depth."""
+    return replace(slot, index=-1, depth=None, depth_grid=None)
+
+
+@lru_cache(maxsize=64)
+def _ruler_search(probe: SampleSlot, tokenizer: Tokenizer, spec: NiahSpec, haystack_path, contents, chat_template: bool) -> int:
+    """RULER's search (``niah.py``), once per length: tokens per unit from one step of units, an
+    upper bound of three times what that suggests, then the largest size whose prompt and answer
+    budget fit."""
+    parts = _niah_parts(probe, tokenizer, spec, haystack_path, chat_template)
+    step = ruler_increment(spec.haystack, probe.length)
+    total = lambda n: len(parts.build(n)[1]) + probe.max_new_tokens  # noqa: E731
+    per_unit = (total(step) - probe.max_new_tokens) / step
+    lower, upper, best = step, max(int(probe.length / per_unit * 3), step * 2), None
+    while lower <= upper:
+        middle = (lower + upper) // 2
+        if total(middle) <= probe.length:
+            best, lower = middle, middle + 1
+        else:
+            upper = middle - 1
+    return best or step
+
+
+def _ruler_retries(slot: SampleSlot, parts: NiahParts, searched: int, haystack: str) -> int:
+    """RULER's per-sample rule: the searched size, one step fewer each time the sample overflows."""
+    step = ruler_increment(haystack, slot.length)
+    used = searched
+    while len(parts.build(used)[1]) + slot.max_new_tokens > slot.length:
+        if used <= step:
+            raise BamctlError(f"length {slot.length} is too short for {slot.task} with RULER's sizing (steps of {step})")
+        used -= step
+    return used
 
 
 def _largest_fit(fits: Callable[[int], bool], estimate: Callable[[int], int], room: int) -> int:
