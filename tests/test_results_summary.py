@@ -135,13 +135,15 @@ def test_render_and_json_carry_the_same_numbers():
     (passkey,) = summarize(frame_of(passkey_grid()))
     table = render_summary(passkey)
     assert [str(c.header) for c in table.columns] == ["length", "tiny-bam", "tiny-rope"]
-    assert table.row_count == len(passkey.lengths) + 1  # + effective length
+    assert table.row_count == len(passkey.lengths) + 2  # + effective and certified effective length
     cells = [str(c) for c in table.columns[1]._cells]
-    assert cells[1] == "0.92 [0.65, 0.99]" and cells[-1] == "2k (4×)"
+    assert cells[1] == "0.92 [0.65, 0.99]" and cells[-2] == "2k (4×)"
+    assert cells[-1] == "< 512"  # certified: the Wilson lower bound at 512 (0.65) is under 0.9
     doc = summaries_to_json([passkey])["summaries"][0]
     cell = next(c for c in doc["cells"] if c["model"] == "tiny-rope" and c["length"] == 1024)
     assert cell["score"] == 0.25 and cell["n"] == 12 and cell["best"] is False
-    assert doc["effective_length"][0] == {"model": "tiny-bam", "length": 2048, "train_length": 512, "ratio": 4.0}
+    assert doc["effective_length"][0] == {"model": "tiny-bam", "length": 2048, "train_length": 512, "ratio": 4.0,
+                                          "certified_length": None, "certified_ratio": None}
 
 
 @pytest.mark.parametrize(("tokens", "text"), [(512, "512"), (1000, "1000"), (1024, "1k"), (1536, "1.5k"),

@@ -88,7 +88,9 @@ def _progress(quiet: bool):
     )
 
 
-def run_models(models: list[str], requests_for, ev, *, threshold: float = 0.9, plot: Path | None = None) -> None:
+def run_models(
+    models: list[str], requests_for, ev, *, threshold: float = 0.9, plot: Path | None = None, baseline: str | None = None
+) -> None:
     """Evaluate every model on each request ``requests_for(train_lengths, seeds)`` returns; print one summary.
 
     Everything is checked before the first model loads: options, seeds, shard, model
@@ -133,7 +135,7 @@ def run_models(models: list[str], requests_for, ev, *, threshold: float = 0.9, p
             covered |= _evaluate_model(evaluations, name, progress, ev, shard_of, prompts)
             del backend, evaluations  # one model in memory at a time
             gc.collect()
-    _report(store, covered, hashes, names, json_output=ev.json, threshold=threshold, plot=plot)
+    _report(store, covered, hashes, names, json_output=ev.json, threshold=threshold, plot=plot, baseline=baseline)
 
 
 def _evaluate_model(evaluations, name: str, progress, ev, shard_of, prompts: dict) -> set:
@@ -221,7 +223,8 @@ def _model_names(models: list[str]) -> list[str]:
     return [m if names.count(n) > 1 else n for n, m in zip(names, models)]
 
 
-def _report(store, covered: set, hashes: set, names: list[str], *, json_output: bool, threshold: float, plot: Path | None) -> None:
+def _report(store, covered: set, hashes: set, names: list[str], *, json_output: bool, threshold: float, plot: Path | None,
+            baseline: str | None = None) -> None:
     """Summaries of exactly the stored rows this invocation asked for, as one table set or JSON document."""
     import json
 
@@ -236,7 +239,7 @@ def _report(store, covered: set, hashes: set, names: list[str], *, json_output: 
     if frame.empty:  # e.g. a shard that drew no sample
         stderr.print("no result rows for this request yet")
         return
-    summaries = summarize(frame, threshold=threshold, models=names)
+    summaries = summarize(frame, threshold=threshold, models=names, baseline=baseline)
     if json_output:
         typer.echo(json.dumps(summaries_to_json(summaries), indent=2))
     else:
@@ -357,6 +360,7 @@ def compare(
     depths: opt.Depths = None,
     plot: Annotated[Optional[Path], typer.Option(help="PNG of score against length, one line per model (default: OUT-TASK.png beside the results directory, which stays a plain Parquet dataset).")] = None,
     threshold: opt.Threshold = 0.9,
+    baseline: Annotated[Optional[str], typer.Option(help="The model every other is tested against at each length, on the samples both ran (McNemar for 0/1 scores, paired permutation otherwise; Holm over lengths). Default: the first model.")] = None,
     *,
     evaluation,
     perplexity,
@@ -366,11 +370,17 @@ def compare(
 
     Cells are accuracy with a 95% Wilson interval (perplexity for ppl); the best model
     per length is highlighted; "effective length" is the longest length at or above
-    --threshold, and its multiple of the model's training length.
+    --threshold, and its multiple of the model's training length; "certified" asks the
+    Wilson lower bound to reach it, at that length and every shorter one. Each model is
+    tested against --baseline at each length: ▲/▼ mark a significant difference.
 
-    Example: bamctl compare rope alibi bam --task passkey --lengths 128..8k --seed 0,1
+    Example: bamctl compare rope alibi bam --task passkey --lengths 128..8k --seed 0,1 --baseline alibi
     """
     from bamctl.tasks import get_task
+
+    names = _model_names(models)
+    if baseline is not None and baseline not in names:
+        raise BamctlError(f"--baseline {baseline} is not one of the models compared ({', '.join(names)})")
 
     get_task(task, protocol)
     options = _task_options(task, evaluation, perplexity=perplexity, ruler=ruler)
@@ -380,6 +390,7 @@ def compare(
         evaluation,
         threshold=threshold,
         plot=beside(evaluation.out, plot, task),
+        baseline=baseline or names[0],
     )
 
 

@@ -54,6 +54,10 @@ WhereOption = Annotated[
     str | None,
     typer.Option(help='Row filter as a pandas query over the columns of docs/SCHEMA.md, e.g. "length >= 4096 and depth < 0.5".'),
 ]
+BaselineOption = Annotated[
+    str | None,
+    typer.Option(help="Test every other model against this one at each length, on the samples both ran (marks ▲/▼ and, with --json or --stats, the figures)."),
+]
 ThresholdOption = Annotated[
     float, typer.Option(min=0.0, max=1.0, help="Score a length must reach to count toward the effective length.")
 ]
@@ -83,6 +87,7 @@ def show(
     model: ModelOption = None,
     where: WhereOption = None,
     threshold: ThresholdOption = 0.9,
+    baseline: BaselineOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout instead of tables.")] = False,
 ) -> None:
     """Print the summary table of stored rows: rows = lengths, columns = models, cells = accuracy with
@@ -93,7 +98,7 @@ def show(
     from bamctl.results.render import render_summaries, summaries_to_json
     from bamctl.results.summary import summarize
 
-    summaries = summarize(_load(directory, task, model, where), threshold=threshold, models=model)
+    summaries = summarize(_load(directory, task, model, where), threshold=threshold, models=model, baseline=baseline)
     if as_json:
         typer.echo(json.dumps(summaries_to_json(summaries), indent=2))
     else:
@@ -130,6 +135,8 @@ def export(
     model: ModelOption = None,
     where: WhereOption = None,
     threshold: ThresholdOption = 0.9,
+    baseline: BaselineOption = None,
+    stats: Annotated[bool, typer.Option("--stats", help="Write the paired tests against --baseline (difference, 95% interval, Holm-adjusted p) instead of the summary.")] = False,
 ) -> None:
     """Write the summary as CSV, Markdown (pipe table), LaTeX (tabular, booktabs) or JSON for papers.
 
@@ -138,8 +145,10 @@ def export(
     from bamctl.results.export import export as export_text
     from bamctl.results.summary import summarize
 
-    summaries = summarize(_load(directory, task, model, where), threshold=threshold, models=model)
-    text = export_text(summaries, fmt.value, pivot=pivot)
+    if stats and baseline is None:
+        raise BamctlError("--stats needs --baseline: the model the others are tested against")
+    summaries = summarize(_load(directory, task, model, where), threshold=threshold, models=model, baseline=baseline)
+    text = export_text(summaries, fmt.value, pivot=pivot, stats=stats)
     if out is None:
         typer.echo(text, nl=False)
         return

@@ -17,9 +17,10 @@ import pandas as pd
 
 from bamctl.results.render import (
     MISSING,
+    effective_rows,
     format_cell,
-    format_effective,
     format_length,
+    header_label,
     summaries_to_json,
 )
 from bamctl.results.summary import Summary
@@ -61,10 +62,46 @@ def pivot_frame(summaries: Sequence[Summary]) -> pd.DataFrame:
     return wide.reset_index()
 
 
-def export(summaries: Sequence[Summary], fmt: str, *, pivot: bool = False) -> str:
-    """The summaries as text in `fmt` (one of FORMATS)."""
+STATS_COLUMNS = ("task", "protocol", "setting", "fingerprint", "model", "baseline", "length", "n", "test",
+                 "difference", "lo", "hi", "p", "p_holm")
+
+
+def stats_frame(summaries: Sequence[Summary]) -> pd.DataFrame:
+    """The paired tests of every summary, one row per (model, length) against its baseline."""
+    rows = [
+        {"task": s.task, "protocol": s.protocol, "setting": s.setting, "fingerprint": s.fingerprint, **r.to_dict()}
+        for s in summaries
+        for r in s.paired
+    ]
+    frame = pd.DataFrame(rows, columns=list(STATS_COLUMNS))
+    frame["length"] = frame["length"].astype("Int64")
+    frame["n"] = frame["n"].astype("Int64")
+    return frame
+
+
+def export_stats(summaries: Sequence[Summary], fmt: str) -> str:
+    """The paired statistics as text in `fmt`, for a paper table."""
+    frame = stats_frame(summaries)
+    if fmt == "csv":
+        return frame.to_csv(index=False)
+    if fmt == "json":
+        records = frame.astype(object).where(frame.notna(), None).to_dict(orient="records")
+        return json.dumps(records, indent=2, default=int) + "\n"
+    header = ["task", "protocol", "model", "baseline", "length", "n", "test", "difference", "95% interval", "p (Holm)"]
+    rows = [
+        [r.task, r.protocol, r.model, r.baseline, format_length(r.length), str(r.n), r.test, f"{r.difference:+.3f}",
+         f"[{r.lo:+.3f}, {r.hi:+.3f}]", f"{r.p_holm:.3g}"]
+        for r in frame.itertuples(index=False)
+    ]
+    return (markdown_table if fmt == "markdown" else latex_table)(header, rows, bold=None, left=4)
+
+
+def export(summaries: Sequence[Summary], fmt: str, *, pivot: bool = False, stats: bool = False) -> str:
+    """The summaries as text in `fmt` (one of FORMATS); ``stats``: their paired tests instead."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; choose from {', '.join(FORMATS)}")
+    if stats:
+        return export_stats(summaries, fmt)
     if fmt == "csv":
         return (pivot_frame(summaries) if pivot else long_frame(summaries)).to_csv(index=False)
     if fmt == "json":
@@ -115,7 +152,7 @@ def latex_table(
     lines.append(" & ".join(cell(h, False) for h in header) + r" \\")
     lines.append("\\midrule")
     for i, row in enumerate(rows):
-        if row and row[0] == "effective length":
+        if row and row[0] == "effective length":  # the certified row follows it
             lines.append("\\midrule")
         lines.append(" & ".join(cell(t, bool(bold and bold[i][j])) for j, t in enumerate(row)) + r" \\")
     lines += ["\\bottomrule", "\\end{tabular}"]
@@ -126,6 +163,7 @@ _LATEX_SPECIALS = {
     "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
     "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
     "×": r"$\times$", "—": "--", "≥": r"$\geq$", "<": r"$<$", ">": r"$>$",
+    "▲": r"$\blacktriangle$", "▼": r"$\blacktriangledown$",  # amssymb
 }
 
 
@@ -134,14 +172,15 @@ def latex_escape(text: str) -> str:
 
 
 def _pivot_text(s: Summary) -> tuple[list[str], list[list[str]], list[list[bool]]]:
-    header = ["length", *s.models]
+    header = ["length", *(header_label(s, m) for m in s.models)]
     best = s.best
     rows, bold = [], []
     for length in s.lengths:
-        rows.append([format_length(length)] + [format_cell(s, length, m) or MISSING for m in s.models])
+        cells = [" ".join(filter(None, (format_cell(s, length, m) or MISSING, s.mark(length, m)))) for m in s.models]
+        rows.append([format_length(length), *cells])
         bold.append([False] + [m in best.get(length, ()) for m in s.models])
-    if s.effective is not None:
-        rows.append(["effective length"] + [format_effective(s, m) for m in s.models])
+    for label, values in effective_rows(s):
+        rows.append([label, *values])
         bold.append([False] * (len(s.models) + 1))
     return header, rows, bold
 

@@ -45,23 +45,45 @@ def format_cell(summary: Summary, length: int, model: str) -> str | None:
     return None if _missing(ppl) else f"{ppl:.2f}"
 
 
-def format_effective(summary: Summary, model: str) -> str:
-    """"16k (32×)": effective length and its multiple of the training length; "< 512" if none passes."""
+def format_effective(summary: Summary, model: str, certified: bool = False) -> str:
+    """"16k (32×)": effective length (or the certified one) and its multiple of the training length;
+    "< 512" if none passes."""
     assert summary.effective is not None
     row = summary.effective.loc[model]
-    if _missing(row["length"]):
+    length, ratio = (row["certified"], row["certified_ratio"]) if certified else (row["length"], row["ratio"])
+    if _missing(length):
         shortest = summary.table["score"][model].dropna().index.min()
         return f"< {format_length(shortest)}" if not _missing(shortest) else MISSING
-    ratio = "" if _missing(row["ratio"]) else f" ({format_ratio(row['ratio'])})"
-    return f"{format_length(row['length'])}{ratio}"
+    ratio = "" if _missing(ratio) else f" ({format_ratio(ratio)})"
+    return f"{format_length(length)}{ratio}"
+
+
+def effective_rows(summary: Summary) -> list[tuple[str, list[str]]]:
+    """The effective-length rows of a table: (label, one cell per model)."""
+    if summary.effective is None:
+        return []
+    return [
+        ("effective length", [format_effective(summary, m) for m in summary.models]),
+        ("certified effective length", [format_effective(summary, m, certified=True) for m in summary.models]),
+    ]
+
+
+def header_label(summary: Summary, model: str) -> str:
+    return f"{model} (baseline)" if model == summary.baseline else model
 
 
 def caption(summary: Summary) -> str:
     counts = summary.table["n"].stack().dropna().astype(int).unique()
     samples = f"n = {counts[0]} per cell; " if len(counts) == 1 else ""
+    legend = ""
+    if summary.baseline is not None:
+        test = "exact McNemar" if any(r.test == "mcnemar" for r in summary.paired) else "paired permutation"
+        legend = (f"; ▲/▼ better/worse than {summary.baseline} on the same samples ({test} test, "
+                  "Holm-adjusted over lengths, p < 0.05)")
     if summary.metric == "accuracy":
-        return f"{samples}mean score [Wilson 95%]; best per length in bold; effective length: longest ≥ {summary.threshold:g}"
-    return f"{samples}perplexity = exp(Σ nll / Σ scored tokens); lowest per length in bold"
+        return (f"{samples}mean score [Wilson 95%]; best per length in bold; effective length: longest ≥ "
+                f"{summary.threshold:g}; certified: every length up to it has a Wilson lower bound ≥ {summary.threshold:g}{legend}")
+    return f"{samples}perplexity = exp(Σ nll / Σ scored tokens); lowest per length in bold{legend}"
 
 
 def render_summary(summary: Summary) -> Table:
@@ -69,7 +91,7 @@ def render_summary(summary: Summary) -> Table:
     table = Table(title=f"{summary.title} — {summary.metric}", caption=caption(summary), caption_justify="left")
     table.add_column("length", justify="right", no_wrap=True)
     for model in summary.models:
-        table.add_column(Text(model), justify="right", no_wrap=True)  # Text: a name is not markup
+        table.add_column(Text(header_label(summary, model)), justify="right", no_wrap=True)  # Text: a name is not markup
     best = summary.best
     for length in summary.lengths:
         cells: list[Text] = [Text(format_length(length))]
@@ -78,11 +100,15 @@ def render_summary(summary: Summary) -> Table:
             if text is None:
                 cells.append(Text(MISSING, style="dim"))
             else:
+                mark = summary.mark(length, model)
+                text = f"{text} {mark}" if mark else text
                 cells.append(Text(text, style=BEST_STYLE if model in best.get(length, ()) else ""))
         table.add_row(*cells)
-    if summary.effective is not None:
+    rows = effective_rows(summary)
+    if rows:
         table.add_section()
-        table.add_row(Text("effective length", style="bold"), *[Text(format_effective(summary, m)) for m in summary.models])
+    for label, values in rows:
+        table.add_row(Text(label, style="bold"), *[Text(v) for v in values])
     return table
 
 
@@ -120,6 +146,8 @@ def summary_to_dict(summary: Summary) -> dict[str, Any]:
         "cells": cells,
         "threshold": summary.threshold if summary.metric == "accuracy" else None,
         "effective_length": None,
+        "baseline": summary.baseline,
+        "paired": [r.to_dict() for r in summary.paired],
     }
     if summary.effective is not None:
         out["effective_length"] = [
@@ -128,6 +156,8 @@ def summary_to_dict(summary: Summary) -> dict[str, Any]:
                 "length": None if _missing(row["length"]) else int(row["length"]),
                 "train_length": None if _missing(row["train_length"]) else int(row["train_length"]),
                 "ratio": _json_float(row["ratio"]),
+                "certified_length": None if _missing(row["certified"]) else int(row["certified"]),
+                "certified_ratio": _json_float(row["certified_ratio"]),
             }
             for model, row in summary.effective.iterrows()
         ]

@@ -94,11 +94,14 @@ def perplexity_table(frame: pd.DataFrame, models: Sequence[str] | None = None) -
 
 
 def effective_length(table: pd.DataFrame, threshold: float = 0.9, *, contiguous: bool = False) -> pd.DataFrame:
-    """Per model: the longest length whose score is at or above `threshold`, and that length ÷ train_length.
+    """Per model: the longest length whose score is at or above `threshold`, and that length ÷ train_length;
+    and the *certified* effective length: the longest length whose Wilson lower bound reaches the
+    threshold, every shorter length passing too (what the samples support at 95%, not just the mean).
 
     Returns index = model, columns `length` (nullable Int64; <NA> when no length passes),
-    `train_length` and `ratio` (NaN when no length passes). With `contiguous`, the longest length
-    such that it and every shorter one pass (stricter when a curve dips and recovers).
+    `train_length`, `ratio` (NaN when no length passes), `certified` and `certified_ratio`. With
+    `contiguous`, `length` too requires every shorter length to pass (stricter when a curve dips
+    and recovers).
     """
     scores = table["score"]
     train = table["train_length"]
@@ -112,16 +115,24 @@ def effective_length(table: pd.DataFrame, threshold: float = 0.9, *, contiguous:
             passing = pd.Series(passing, index=column.index)
         best = column.index[passing.to_numpy()].max() if passing.any() else None
         train_length = train[model].dropna().max()
+        lower = table["lo"][model].dropna().sort_index() if "lo" in table else column.iloc[:0]
+        failing = lower.index[(lower < threshold).to_numpy()]
+        certified_lengths = lower.index[lower.index < failing.min()] if len(failing) else lower.index
+        certified = certified_lengths.max() if len(certified_lengths) else None
         out.append(
             {
                 "model": model,
                 "length": best,
                 "train_length": train_length,
                 "ratio": best / train_length if best is not None and train_length else math.nan,
+                "certified": certified,
+                "certified_ratio": certified / train_length if certified is not None and train_length else math.nan,
             }
         )
-    result = pd.DataFrame(out, columns=["model", "length", "train_length", "ratio"]).set_index("model")
+    result = pd.DataFrame(out, columns=["model", "length", "train_length", "ratio", "certified", "certified_ratio"]).set_index("model")
     result["length"] = result["length"].astype("Int64")
+    result["certified"] = result["certified"].astype("Int64")
+    result["certified_ratio"] = result["certified_ratio"].astype(float)
     result["train_length"] = result["train_length"].astype("Int64")
     result["ratio"] = result["ratio"].astype(float)
     return result
@@ -160,7 +171,8 @@ class Summary:
     threshold: float
     fingerprint: str = NO_FINGERPRINT
     distinct: bool = False
-
+    baseline: str | None = None  # the model every other is tested against (bamctl.results.stats)
+    paired: tuple = ()  # PairedResult per (model, length), when there is a baseline
     @property
     def title(self) -> str:
         parts = [self.task] + [p for p in (self.protocol, self.setting) if p]
@@ -179,9 +191,22 @@ class Summary:
     def best(self) -> dict[int, set[str]]:
         return best_models(self.table, self.metric)
 
+    def mark(self, length: int, model: str) -> str:
+        """▲ significantly better than the baseline at this length, ▼ worse, "" otherwise."""
+        for result in self.paired:
+            if result.model == model and result.length == length and result.significant:
+                better = result.difference > 0 if self.metric == "accuracy" else result.difference < 0
+                return "▲" if better else "▼"
+        return ""
 
-def summarize(frame: pd.DataFrame, threshold: float = 0.9, models: Sequence[str] | None = None) -> list[Summary]:
-    """One Summary per (task, protocol, setting, fingerprint) in the rows, in sorted order."""
+
+def summarize(
+    frame: pd.DataFrame, threshold: float = 0.9, models: Sequence[str] | None = None, baseline: str | None = None
+) -> list[Summary]:
+    """One Summary per (task, protocol, setting, fingerprint) in the rows, in sorted order; with a
+    ``baseline`` (a model label), each other model is tested against it on the samples both ran."""
+    from bamctl.results.stats import paired_tests
+
     summaries = []
     frame = with_fingerprint_labels(frame)
     groups = frame.groupby(list(GROUP_COLUMNS), sort=True)
@@ -193,7 +218,14 @@ def summarize(frame: pd.DataFrame, threshold: float = 0.9, models: Sequence[str]
             table, metric = accuracy_table(rows, models), "accuracy"
             effective = effective_length(table, threshold)
         distinct = bool(shared[(task, protocol, setting)] > 1)
-        summaries.append(Summary(str(task), str(protocol), str(setting), metric, table, effective, threshold, str(fingerprint), distinct))
+        labels = list(table["n"].columns)
+        paired = ()
+        if baseline is not None and baseline in labels and len(labels) > 1:
+            paired = tuple(paired_tests(rows.assign(_label=model_labels(rows)), labels, baseline, metric))
+        summaries.append(Summary(
+            str(task), str(protocol), str(setting), metric, table, effective, threshold, str(fingerprint), distinct,
+            baseline if paired else None, paired,
+        ))
     return summaries
 
 
