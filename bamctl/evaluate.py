@@ -89,14 +89,17 @@ def answer_generate(backend: Backend, sample: Sample) -> list[dict]:
 
 
 def answer_nll(backend: Backend, sample: Sample) -> list[dict]:
-    """One pass from the first scored token on; a row per scored span."""
+    """One pass from the first scored token on; a row per scored span. A token the model has no
+    vocabulary row for comes back as NaN and is left out of the sum and of ``n_scored``."""
     first = min(span.start for span in sample.scored)
     nll = backend.token_nll(sample.input_ids, first)  # nll[t - first] is the loss of token t
     rows = []
     for span in sample.scored:
-        total = float(nll[span.start - first : span.stop - first].double().sum())
-        rows.append({"position": span.position, "nll": total, "n_scored": span.n_scored,
-                     "score": score(sample.metric, (total, span.n_scored), sample)})
+        values = nll[span.start - first : span.stop - first]
+        known = ~torch.isnan(values)
+        total, count = float(values[known].double().sum()), int(known.sum())
+        rows.append({"position": span.position, "nll": total, "n_scored": count,
+                     "score": score(sample.metric, (total, count), sample)})
     return rows
 
 

@@ -10,12 +10,12 @@ import pytest
 
 from bamctl.errors import BamctlError
 from bamctl.results.export import export, latex_escape
-from bamctl.results.plots import plot_curves, plot_heatmap
+from bamctl.results.plots import plot_curves, plot_grid, plot_heatmap
 from bamctl.results.schema import SCHEMA_VERSION, rows_to_table
 from bamctl.results.store import to_pandas
 from bamctl.results.summary import summarize
 
-from results_fakes import passkey_grid, perplexity_rows
+from results_fakes import fake_row, passkey_grid, perplexity_rows
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -93,3 +93,15 @@ def test_heatmap_needs_depths(tmp_path):
     ppl_only = to_pandas(rows_to_table(perplexity_rows()))
     with pytest.raises(BamctlError, match="needle depth"):
         plot_heatmap(ppl_only, tmp_path / "h.png")
+
+
+def test_grid_png_with_marks(tmp_path):
+    rows = [
+        fake_row(model, length=length, sample=i, score=float(score), depth=0.5)
+        for length in (1024, 2048)
+        for i in range(20)
+        for model, score in (("tiny-rope", i < 10), ("tiny-bam", i < 19))
+    ]
+    frame = to_pandas(rows_to_table(rows + perplexity_rows()))
+    path = plot_grid(frame, tmp_path / "grid.png", baseline="tiny-rope")
+    assert path.read_bytes()[:8] == PNG_SIGNATURE and path.stat().st_size > 10_000

@@ -1,5 +1,6 @@
 """Models with a vocabulary subset speak tokenizer ids at the engine's edges."""
 
+import pytest
 import torch
 
 from bamctl.checkpoint import new_random_model
@@ -30,3 +31,30 @@ def test_engine_with_subset_equals_dense_forward_on_mapped_ids():
     assert all(i in known for i in predicted if i != -1)
     generated = engine.generate(prompt, max_new_tokens=3)
     assert all(i in known or i == -1 for i in generated)
+
+
+def test_tokens_outside_the_subset_are_not_scored():
+    """A subset model's UNK row stands for every token it has no row for and was never trained to
+    predict them: perplexity leaves them out of the sum and of n_scored."""
+    from bamctl.tasks.sample import ScoredSpan
+    from types import SimpleNamespace
+
+    from bamctl.evaluate import answer_nll
+
+    tokenizer = get_tokenizer("gpt2")
+    known = sorted(set(tokenizer.encode("The grass is green. The sky is blue.")))
+    config = ModelConfig.from_preset("micro", "rope", vocab_size=len(known) + 1, token_subset=known)
+    model = new_random_model(config, seed=1)
+    engine = StreamingEngine(model, device="cpu", dtype="float32", chunk_size=4)
+    ids = tokenizer.encode("The grass is purple. The sky is blue. The sea is green.")
+    nll = engine.token_nll(ids, 1)
+    unknown = [i not in known for i in ids[1:]]
+    assert any(unknown) and torch.isnan(nll).tolist() == unknown
+    mapped = engine.subset.to_model(torch.tensor(ids))
+    reference = torch.nn.functional.cross_entropy(model(mapped[None])[0, :-1], mapped[1:], reduction="none")
+    assert torch.allclose(nll[~torch.isnan(nll)], reference[~torch.tensor(unknown)], atol=1e-4)
+    backend = SimpleNamespace(token_nll=engine.token_nll)
+    sample = SimpleNamespace(input_ids=ids, scored=[ScoredSpan(1, len(ids), 1)], metric="mean_nll")
+    (row,) = answer_nll(backend, sample)
+    assert row["n_scored"] == len(ids) - 1 - sum(unknown)
+    assert row["nll"] == pytest.approx(float(reference[~torch.tensor(unknown)].double().sum()), rel=1e-5)

@@ -245,9 +245,9 @@ def _report(store, covered: set, hashes: set, names: list[str], *, json_output: 
     else:
         stdout.print(render_summaries(summaries))
     if plot is not None:
-        from bamctl.results.plots import plot_curves
+        from bamctl.results.plots import plot_grid
 
-        path = plot_curves(frame, plot, models=names, threshold=threshold)
+        path = plot_grid(frame, plot, models=names, threshold=threshold, baseline=baseline)
         stderr.print(f"plot written to {path}")
 
 
@@ -358,7 +358,7 @@ def compare(
     task: Annotated[str, typer.Option("--task", "-t", help="passkey, a RULER task (niah_single_1, ...) or ppl.")] = "passkey",
     protocol: Annotated[Optional[str], typer.Option(help="The task's protocol: passkey auto|authors|exact|landmark, ppl sliding|buckets (default: the task's).")] = None,
     depths: opt.Depths = None,
-    plot: Annotated[Optional[Path], typer.Option(help="PNG of score against length, one line per model (default: OUT-TASK.png beside the results directory, which stays a plain Parquet dataset).")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="PNG of models x lengths, each cell coloured by its score with the number written in it (default: OUT-TASK.png beside the results directory, which stays a plain Parquet dataset; `bamctl plot curves` draws lines).")] = None,
     threshold: opt.Threshold = 0.9,
     baseline: Annotated[Optional[str], typer.Option(help="The model every other is tested against at each length, on the samples both ran (McNemar for 0/1 scores, paired permutation otherwise; Holm over lengths). Default: the first model.")] = None,
     *,

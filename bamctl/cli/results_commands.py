@@ -180,6 +180,27 @@ def curves(
     typer.echo(str(plot_curves(frame, beside(directory, out, "curves"), models=model, threshold=threshold)))
 
 
+@plot_app.command("grid")
+def grid(
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="PNG file to write; default DIR-grid.png beside the results directory.")] = None,
+    directory: DirOption = Path("results"),
+    task: TaskOption = None,
+    model: ModelOption = None,
+    where: WhereOption = None,
+    threshold: ThresholdOption = 0.9,
+    baseline: BaselineOption = None,
+) -> None:
+    """Plot models × lengths with each cell's number written in it, coloured by accuracy (or by
+    perplexity against the model's own at its shortest length); the picture `bamctl compare` draws.
+
+    Example: bamctl plot grid --dir results/main --task passkey --baseline alibi --out passkey.png
+    """
+    from bamctl.results.plots import plot_grid
+
+    frame = _load(directory, task, model, where)
+    typer.echo(str(plot_grid(frame, beside(directory, out, "grid"), models=model, threshold=threshold, baseline=baseline)))
+
+
 @plot_app.command("heatmap")
 def heatmap(
     out: Annotated[Path | None, typer.Option("--out", "-o", help="PNG file to write; default DIR-heatmap.png beside the results directory.")] = None,

@@ -241,7 +241,12 @@ class StreamingEngine:
 
     @torch.inference_mode()
     def token_nll(self, ids: Sequence[int], score_from: int = 1) -> torch.Tensor:
-        """NLL (float32, on CPU) of each token ids[t] for t in [score_from, len(ids)), given ids[:t]."""
+        """NLL (float32, on CPU) of each token ids[t] for t in [score_from, len(ids)), given ids[:t].
+
+        A model with a vocabulary subset has no row for tokens outside it (they share one UNK
+        row it was never trained to predict): their NLL is NaN, so they are left out of the
+        sum and of the count of scored tokens.
+        """
         if not 1 <= score_from <= len(ids):
             raise ValueError(f"score_from must be in [1, {len(ids)}], got {score_from}")
         targets = self._model_ids(ids)
@@ -257,4 +262,8 @@ class StreamingEngine:
                 pieces.append(F.cross_entropy(logits, targets[start + lo + 1 : start + hi + 1], reduction="none").cpu())
 
         self._stream(ids, len(ids), score, first_needed=score_from - 1)
-        return torch.cat(pieces) if pieces else torch.zeros(0)
+        nll = torch.cat(pieces) if pieces else torch.zeros(0)
+        if self.subset is not None:
+            unknown = (targets[score_from:] == self.subset.unk).cpu()
+            nll = nll.masked_fill(unknown, float("nan"))
+        return nll

@@ -119,3 +119,44 @@ def save_figure(fig: Figure, path: str | Path) -> Path:
     except OSError as err:
         raise BamctlError(f"cannot write plot to {path}: {err.strerror or err}") from err
     return path
+
+
+def plot_grid(
+    frame: pd.DataFrame, path: str | Path, *, models: Sequence[str] | None = None, threshold: float = 0.9,
+    baseline: str | None = None,
+) -> Path:
+    """Models × lengths, each cell coloured by its value and the number written in it; one panel per
+    task. Accuracy: red to green on [0, 1], ▲/▼ where a model differs significantly from the
+    baseline. Perplexity: coloured by the ratio to the model's own perplexity at its shortest
+    length (log scale), so a flat row stays pale and a blow-up turns red. Legible with many models,
+    where overlaid curves and bands are not: the default picture of `compare`."""
+    if frame.empty:
+        raise BamctlError("no result rows to plot")
+    summaries = summarize(frame, threshold=threshold, models=models, baseline=baseline)
+    width = max(4.0, 0.85 * max(len(s.lengths) for s in summaries) + 2.0)
+    height = sum(0.45 * len(s.models) + 1.3 for s in summaries)
+    fig = Figure(figsize=(width, height), layout="constrained")
+    axes = fig.subplots(len(summaries), 1, squeeze=False, height_ratios=[len(s.models) + 2 for s in summaries])[:, 0]
+    for ax, s in zip(axes, summaries):
+        value = "score" if s.metric == "accuracy" else "ppl"
+        grid = s.table[value].T.reindex(s.models).to_numpy(dtype=float)  # (models, lengths)
+        if s.metric == "accuracy":
+            image = ax.imshow(grid, cmap="RdYlGn", vmin=0.0, vmax=1.0, aspect="auto")
+            colour_bar_label = "accuracy"
+        else:
+            first = np.array([row[~np.isnan(row)][0] if (~np.isnan(row)).any() else np.nan for row in grid])
+            ratio = np.log2(grid / first[:, None])
+            image = ax.imshow(ratio, cmap="RdYlGn_r", vmin=-2.0, vmax=2.0, aspect="auto")
+            colour_bar_label = "log2(ppl / ppl at first length)"
+        for (row, column), number in np.ndenumerate(grid):
+            if np.isnan(number):
+                continue
+            text = f"{number:.2f}" if s.metric == "accuracy" else f"{number:.3g}"
+            mark = s.mark(s.lengths[column], s.models[row])
+            ax.text(column, row, f"{text}{mark}", ha="center", va="center", fontsize=8)
+        ax.set_xticks(range(len(s.lengths)), [format_length(x) for x in s.lengths])
+        ax.set_yticks(range(len(s.models)), [f"{m} (train {format_length(int(s.table[('train_length', m)].iloc[0]))})" for m in s.models])
+        ax.set_xlabel("context length (tokens)")
+        ax.set_title(s.title + (f"  (▲/▼ vs {s.baseline}, Holm p < 0.05)" if s.baseline else ""), fontsize="medium")
+        fig.colorbar(image, ax=ax, label=colour_bar_label, shrink=0.9)
+    return save_figure(fig, path)

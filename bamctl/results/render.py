@@ -83,7 +83,8 @@ def caption(summary: Summary) -> str:
     if summary.metric == "accuracy":
         return (f"{samples}mean score [Wilson 95%]; best per length in bold; effective length: longest ≥ "
                 f"{summary.threshold:g}; certified: every length up to it has a Wilson lower bound ≥ {summary.threshold:g}{legend}")
-    return f"{samples}perplexity = exp(Σ nll / Σ scored tokens); lowest per length in bold{legend}"
+    return (f"{samples}perplexity = exp(Σ nll / Σ scored tokens; tokens outside a model's vocabulary are not "
+            f"scored); lowest per length in bold{legend}")
 
 
 def render_summary(summary: Summary) -> Table:
