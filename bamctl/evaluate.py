@@ -149,6 +149,7 @@ class Evaluation:
             "pe": info.pe,
             "ssmax": info.ssmax,
             "train_length": info.train_length,
+            "rope_scaling": info.rope_scaling,
             "device": backend.device,
             "dtype": backend.dtype,
             "attention": backend.attention,

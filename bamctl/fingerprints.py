@@ -36,3 +36,9 @@ def _file_digest(path: str, size: int, mtime_ns: int) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             sha.update(block)
     return sha.hexdigest()[:LENGTH]
+
+
+def scaled_hash(model_hash: str, rope_scaling: str | None) -> str:
+    """A model's hash when run with RoPE scaled at inference: the same weights computing something
+    else are another model, so rows, resume and tables keep them apart from the unscaled one's."""
+    return model_hash if rope_scaling is None else digest([model_hash, rope_scaling])

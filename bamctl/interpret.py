@@ -19,16 +19,24 @@ from bamctl.results.plots import save_figure
 
 
 def prior_curves(model, max_distance: int) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Distances (log-spaced, 1..max_distance) and, per layer, bias (H, D) of each head's prior."""
+    """Distances (log-spaced, 1..max_distance) and, per layer, bias (H, D) of each head's prior.
+
+    A prior that depends on the query's position too (FIRE) is drawn for the query at
+    ``max_distance``, looking back over every distance.
+    """
     distances = np.unique(np.geomspace(1, max_distance, 200).astype(int))
     curves = []
     for block in model.layers:
         prior = block.attention.prior
         if prior is None:
-            raise BamctlError(f"{model.config.label} has no distance prior to draw (only alibi and bam have one)")
+            raise BamctlError(f"{model.config.label} has no attention bias to draw (its positions are not a bias)")
         with torch.no_grad():
-            table = prior.distance_table(int(distances[-1])).float().cpu().numpy()
-        curves.append(table[:, distances])
+            if getattr(prior, "query_dependent", False):
+                query = torch.tensor([int(distances[-1])])
+                curve = prior.bias(query, query - torch.as_tensor(distances))[:, 0].float().cpu().numpy()
+            else:
+                curve = prior.distance_table(int(distances[-1])).float().cpu().numpy()[:, distances]
+        curves.append(curve)
     return distances, curves
 
 

@@ -25,11 +25,13 @@ from bamctl.errors import BamctlError, did_you_mean
 from bamctl.positional import (
     PE_REGISTRY,
     SINUSOIDAL_LAYOUTS,
+    RopeScaling,
     apply_rotary,
     parse_pe_name,
     pe_label,
     rotary_angles,
     sinusoidal_encoding,
+    xpos_scale,
 )
 
 
@@ -180,6 +182,7 @@ class Attention(nn.Module):
         self.wo = nn.Linear(cfg.dim, cfg.dim, bias=False)
         spec = PE_REGISTRY[cfg.pe]
         self.rotary = spec.rotary
+        self.xpos = spec.xpos
         self.prior = spec.make_prior(cfg) if spec.make_prior else None
         # SSMax's s_h, one per head and layer, initialised at 1 as in the SSMax paper.
         self.ssmax_scale = nn.Parameter(torch.ones(cfg.n_heads)) if cfg.ssmax else None
@@ -201,12 +204,19 @@ class Attention(nn.Module):
             raise ValueError("a chunk after position 0 needs a KV cache")
         if Q == 0:
             return x[:, T:]  # (B, 0, C): only this chunk's keys and values were wanted
+        if self.xpos:  # scaled around the first query, never in the cache: see positional.xpos_scale
+            first = where.start + keep_from
+            q = (q.float() * xpos_scale(torch.arange(Q, device=q.device), self.head_dim)).type_as(q)
+            offsets = first - torch.arange(k.shape[2], device=k.device)
+            k = (k.float() * xpos_scale(offsets, self.head_dim)).type_as(k)
         last = where.start + T - 1  # the largest distance any query of this chunk sees
+        by_distance = self.prior is not None and not getattr(self.prior, "query_dependent", False)
         inputs = AttentionInputs(
             q_start=where.start + keep_from,
-            bias_table=state.bias_table(self.layer_id, self.prior, last) if self.prior is not None else None,
+            bias_table=state.bias_table(self.layer_id, self.prior, last) if by_distance else None,
             ssmax_scale=self.ssmax_scale,
             ssmax_scope=self.ssmax_scope,
+            bias_fn=self.prior.bias if self.prior is not None and not by_distance else None,
         )
         y = state.kernel(q, k, v, inputs)  # (B, H, Q, Dh)
         return self.wo(y.transpose(1, 2).reshape(B, Q, C))
@@ -234,6 +244,7 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         self.absolute_input = PE_REGISTRY[cfg.pe].absolute_input
+        self.rope_scaling: RopeScaling | None = None  # RoPE scaled at inference (set by the engine)
         self.apply(self._init_weights)
 
     @staticmethod
@@ -244,9 +255,9 @@ class Transformer(nn.Module):
     def positions(self, start: int, n_tokens: int) -> ChunkPositions:
         """The positions of a chunk of ``n_tokens`` starting at absolute position ``start``."""
         rotary = None
-        if self.config.pe == "rope":
+        if PE_REGISTRY[self.config.pe].rotary:
             positions = torch.arange(start, start + n_tokens, device=self.output.weight.device)
-            rotary = rotary_angles(positions, self.config.head_dim, self.config.rope_base)
+            rotary = rotary_angles(positions, self.config.head_dim, self.config.rope_base, self.rope_scaling)
         return ChunkPositions(start, rotary)
 
     def hidden(self, tokens: torch.Tensor, start: int, state: ForwardState, keep_from: int = 0) -> torch.Tensor:

@@ -47,7 +47,8 @@ def alibi_slopes(n_heads: int) -> list[float]:
 
 
 class ALiBiPrior(nn.Module):
-    """Laplace prior: bias ``-m_h * |i - j|`` with fixed slopes ``m_h``."""
+    """ALiBi (Press et al. 2022, "Train Short, Test Long"): bias ``-m_h * |i - j|``, fixed
+    geometric slopes ``m_h``; BAM's Laplace prior."""
 
     def __init__(self, n_heads: int):
         super().__init__()
@@ -56,6 +57,61 @@ class ALiBiPrior(nn.Module):
     def distance_table(self, max_distance: int) -> torch.Tensor:
         distance = torch.arange(max_distance + 1, device=self.slopes.device, dtype=torch.float32)
         return -self.slopes[:, None].float() * distance  # (H, D+1)
+
+    def describe(self) -> dict[str, torch.Tensor]:
+        return {"slope": self.slopes.detach()}
+
+
+class KerplePrior(nn.Module):
+    """KERPLE, logarithmic variant (Chi et al. 2022, "KERPLE: Kernelized Relative Positional
+    Embedding for Length Extrapolation"): bias ``-r1 * log(1 + r2 * |i - j|)`` with ``r1, r2 > 0``
+    learned per head (kept positive as exponentials of the stored parameters)."""
+
+    def __init__(self, n_heads: int):
+        super().__init__()
+        self.log_r1 = nn.Parameter(torch.zeros(n_heads))  # r1 = 1
+        self.log_r2 = nn.Parameter(torch.zeros(n_heads))  # r2 = 1: bias -log(1 + d) at the start
+
+    def distance_table(self, max_distance: int) -> torch.Tensor:
+        distance = torch.arange(max_distance + 1, device=self.log_r1.device, dtype=torch.float32)
+        r1, r2 = self.log_r1.float().exp()[:, None], self.log_r2.float().exp()[:, None]
+        return -r1 * torch.log1p(r2 * distance)  # (H, D+1)
+
+    def describe(self) -> dict[str, torch.Tensor]:
+        return {"r1": self.log_r1.detach().exp(), "r2": self.log_r2.detach().exp()}
+
+
+T5_BUCKETS = 32
+T5_MAX_DISTANCE = 128
+
+
+def t5_bucket(distance: torch.Tensor, buckets: int = T5_BUCKETS, max_distance: int = T5_MAX_DISTANCE) -> torch.Tensor:
+    """T5's relative-position bucket of a causal distance ``d >= 0`` (Raffel et al. 2020, its
+    decoder's unidirectional scheme): half the buckets hold distances exactly, the other half
+    are log-spaced up to ``max_distance``; everything farther shares the last bucket."""
+    exact = buckets // 2
+    far = exact + (
+        torch.log(distance.float().clamp(min=1) / exact) / math.log(max_distance / exact) * (buckets - exact)
+    ).long()
+    return torch.where(distance < exact, distance.long(), far.clamp(max=buckets - 1))
+
+
+class T5Prior(nn.Module):
+    """T5's relative attention bias (Raffel et al. 2020, "Exploring the Limits of Transfer
+    Learning with a Unified Text-to-Text Transformer"): a learned scalar per head and distance
+    bucket (32 buckets, log-spaced to distance 128)."""
+
+    def __init__(self, n_heads: int):
+        super().__init__()
+        self.bucket_bias = nn.Parameter(torch.zeros(n_heads, T5_BUCKETS))  # (H, buckets)
+
+    def distance_table(self, max_distance: int) -> torch.Tensor:
+        distance = torch.arange(max_distance + 1, device=self.bucket_bias.device)
+        return self.bucket_bias.float()[:, t5_bucket(distance)]  # (H, D+1)
+
+    def describe(self) -> dict[str, torch.Tensor]:
+        bias = self.bucket_bias.detach()
+        return {"b(0)": bias[:, 0], "b(16)": bias[:, 16], "b(128+)": bias[:, -1]}
 
 
 class GGDPrior(nn.Module):
@@ -112,6 +168,9 @@ class GGDPrior(nn.Module):
             log_magnitude = beta * (shifted.abs() + GGD_EPS).log() + alpha
         return -log_magnitude.clamp(max=LOG_BIAS_CAP).exp()
 
+    def describe(self) -> dict[str, torch.Tensor]:
+        return self.effective()
+
     def effective(self) -> dict[str, torch.Tensor]:
         """The paper's (alpha, beta, mu) per head; alpha is inf where beta = 0 (a flat prior)."""
         beta = self.theta_beta.detach()
@@ -119,6 +178,63 @@ class GGDPrior(nn.Module):
             beta == 0, torch.full_like(beta, math.inf), (-self.theta_alpha.detach() / beta).exp()
         )
         return {"alpha": alpha, "beta": beta, "mu": self.mu.detach(), "scale": self.theta_alpha.detach().exp()}
+
+
+class FIREPrior(nn.Module):
+    """FIRE (Li et al. 2024, "Functional Interpolation for Relative Positions Improves Long Context
+    Transformers"): bias ``f(ψ(i - j) / ψ(max(L, i)))`` with ``ψ(x) = log(c·x + 1)``, ``f`` a ReLU
+    MLP (1 -> 32 -> one output per head), ``c > 0`` and the threshold ``L`` learned. Dividing by
+    ``ψ(max(L, i))`` (progressive interpolation) makes the bias depend on the query's position,
+    not on the distance alone, so no 1-D table holds it: kernels ask ``bias(queries, keys)``.
+
+    Exact and cheap without gradients: an MLP of one scalar is piecewise linear, with at most one
+    breakpoint per hidden unit, so ``f`` is evaluated as ``A[segment] x + B[segment]`` after
+    locating each ``x`` among the sorted breakpoints (``piecewise``), instead of 32 hidden units
+    per (query, key) pair.
+    """
+
+    query_dependent = True
+    HIDDEN = 32
+
+    def __init__(self, n_heads: int, train_length: int):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(1, self.HIDDEN), nn.ReLU(), nn.Linear(self.HIDDEN, n_heads))
+        self.log_c = nn.Parameter(torch.tensor(math.log(0.1)))  # c = 0.1, as the paper starts
+        self.threshold = nn.Parameter(torch.tensor(float(train_length)))  # L, starting at the training length
+
+    def normalized_distance(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+        """x = ψ(i - j) / ψ(max(L, i)) for every (query, key): (Tq, Tk), float32 (future keys: x of 0)."""
+        c = self.log_c.float().exp()
+        distance = (q_positions[:, None] - k_positions[None, :]).clamp(min=0).float()
+        reach = torch.maximum(self.threshold.float().abs(), q_positions.float())  # max(L, i)
+        return torch.log1p(c * distance) / torch.log1p(c * reach)[:, None]
+
+    def bias(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+        """b_h(i, j) for queries and keys at these absolute positions: (H, Tq, Tk), float32."""
+        x = self.normalized_distance(q_positions, k_positions)
+        if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
+            return self.mlp.float()(x[..., None]).permute(2, 0, 1)  # training: the MLP itself
+        breaks, slopes, offsets = self.piecewise()
+        segment = torch.bucketize(x, breaks)  # (Tq, Tk): which linear piece each x falls on
+        return slopes[:, segment] * x[None] + offsets[:, segment]
+
+    def piecewise(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(sorted breakpoints (m,), slopes (H, m+1), offsets (H, m+1)): on piece s, f_h(x) = slope x + offset."""
+        first, second = self.mlp[0], self.mlp[2]
+        w, b = first.weight.detach().float()[:, 0], first.bias.detach().float()  # (K,)
+        crossing = w != 0
+        breaks = torch.sort(-b[crossing] / w[crossing]).values  # where a hidden unit switches on or off
+        # one point inside each piece tells which units are on there
+        inner = torch.cat([breaks[:1] - 1, (breaks[1:] + breaks[:-1]) / 2, breaks[-1:] + 1]) if len(breaks) else torch.zeros(1)
+        active = ((w[None, :] * inner[:, None] + b[None, :]) > 0).float()  # (pieces, K)
+        out_w, out_b = second.weight.detach().float(), second.bias.detach().float()  # (H, K), (H,)
+        slopes = out_w @ (active * w[None, :]).T  # (H, pieces)
+        offsets = out_w @ (active * b[None, :]).T + out_b[:, None]
+        return breaks, slopes, offsets
+
+    def describe(self) -> dict[str, torch.Tensor]:
+        heads = self.mlp[2].out_features
+        return {"c": self.log_c.detach().exp().expand(heads), "L": self.threshold.detach().abs().expand(heads)}
 
 
 SINUSOIDAL_LAYOUTS = ("vaswani", "bam")
@@ -147,11 +263,94 @@ def sinusoidal_encoding(
     return encoding
 
 
-def rotary_angles(positions: torch.Tensor, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE scaled at inference, for a model trained at ``original_length`` tokens, by ``factor``.
+
+    - ``linear``: position interpolation (Chen et al. 2023): positions divided by the factor;
+    - ``ntk``: NTK-aware scaling (bloc97, 2023): the base raised to ``base * factor^(d / (d - 2))``;
+    - ``yarn``: YaRN (Peng et al. 2023, as transformers computes it): dimensions whose wavelength
+      fits ``original_length`` more than ``beta_fast`` (32) times keep their frequency, those
+      fitting fewer than ``beta_slow`` (1) times are interpolated, a linear ramp between; and
+      cos and sin scaled by ``0.1 ln(factor) + 1`` (an attention temperature).
+    """
+
+    kind: str
+    factor: float
+    original_length: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+
+    def __post_init__(self):
+        if self.kind not in ROPE_SCALINGS:
+            raise BamctlError(f"unknown RoPE scaling {self.kind!r}; use one of {', '.join(ROPE_SCALINGS)}")
+        if not self.factor >= 1.0:
+            raise BamctlError(f"--rope-factor must be at least 1, not {self.factor}")
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}:{self.factor:g}"
+
+
+ROPE_SCALINGS = ("linear", "ntk", "yarn")
+
+
+def rope_inverse_frequencies(head_dim: int, base: float, scaling: RopeScaling | None = None) -> torch.Tensor:
+    """RoPE's per-pair frequencies ``base^(-2k/d)``, scaled as ``scaling`` says. (d/2,) float32."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
+    if scaling is not None and scaling.kind == "ntk":
+        base = base * scaling.factor ** (head_dim / (head_dim - 2))
+    inv_freq = 1.0 / base**exponents
+    if scaling is None or scaling.kind == "ntk":
+        return inv_freq
+    if scaling.kind == "linear":
+        return inv_freq / scaling.factor
+    # yarn: the dimensions (in pair units) where the wavelength fits the training length
+    # beta_fast and beta_slow times, floored and ceiled as transformers does; a linear ramp between.
+    def correction_dim(rotations: float) -> float:
+        return head_dim * math.log(scaling.original_length / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(correction_dim(scaling.beta_fast)), 0)
+    high = min(math.ceil(correction_dim(scaling.beta_slow)), head_dim - 1)
+    if low == high:
+        high += 0.001  # as transformers does: no division by zero
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1: the original frequency (fast, short wavelengths); 0: interpolated
+    return inv_freq / scaling.factor * (1 - keep) + inv_freq * keep
+
+
+def rope_attention_factor(scaling: RopeScaling | None) -> float:
+    """What YaRN multiplies cos and sin by (so the logits by its square); 1 otherwise."""
+    if scaling is None or scaling.kind != "yarn":
+        return 1.0
+    return 0.1 * math.log(scaling.factor) + 1.0
+
+
+def rotary_angles(
+    positions: torch.Tensor, head_dim: int, base: float, scaling: RopeScaling | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin of RoPE's angles for absolute ``positions``: each (T, head_dim/2)."""
-    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
+    inv_freq = rope_inverse_frequencies(head_dim, base, scaling).to(positions.device)
     angles = positions.float()[:, None] * inv_freq[None, :]
-    return angles.cos(), angles.sin()
+    factor = rope_attention_factor(scaling)
+    return angles.cos() * factor, angles.sin() * factor
+
+
+XPOS_GAMMA = 512.0  # xPos's scale base: distances are measured in units of it
+XPOS_SHIFT = 0.4  # ζ_k = (2k/d + 0.4) / 1.4, in (0.29, 1): the pair's decay per XPOS_GAMMA tokens
+
+
+def xpos_scale(offsets: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """xPos's per-channel scale ``ζ^(offset / γ)`` for each offset (T,) -> (T, Dh), the two
+    channels of a rotary pair sharing theirs (Sun et al. 2022, "A Length-Extrapolatable
+    Transformer"). Queries take it at ``i - o`` and keys at ``o - j`` for one reference
+    position ``o`` (the query block's start), so a score carries ``ζ^((i - j) / γ)`` as xPos
+    defines it, and neither factor can overflow float32 however long the context: the
+    unshifted ``ζ^(-j/γ)`` of a key would pass 3.4e38 beyond about 36k tokens."""
+    pairs = torch.arange(0, head_dim, 2, device=offsets.device, dtype=torch.float32)
+    zeta = (pairs / head_dim + XPOS_SHIFT) / (1 + XPOS_SHIFT)  # (Dh/2,)
+    scale = zeta[None, :] ** (offsets.float()[:, None] / XPOS_GAMMA)  # (T, Dh/2)
+    return scale.repeat_interleave(2, dim=-1)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -170,6 +369,7 @@ class PESpec:
     summary: str
     absolute_input: bool = False  # add sinusoids to token embeddings
     rotary: bool = False  # rotate queries and keys
+    xpos: bool = False  # and scale them by xPos's exponential decay
     make_prior: Callable[..., nn.Module] | None = None  # per-layer distance prior
 
 
@@ -179,7 +379,11 @@ PE_REGISTRY: dict[str, PESpec] = {
         PESpec("nope", "no positional encoding; causal mask only"),
         PESpec("sinusoidal", "absolute sinusoids added to the embeddings", absolute_input=True),
         PESpec("rope", "rotary embedding of queries and keys", rotary=True),
+        PESpec("xpos", "rotary embedding with an exponential decay of the scores with distance (xPos)", rotary=True, xpos=True),
         PESpec("alibi", "linear distance bias, fixed slopes (Laplace prior)", make_prior=lambda cfg: ALiBiPrior(cfg.n_heads)),
+        PESpec("kerple", "logarithmic distance bias -r1 log(1 + r2 d), learned per head (KERPLE)", make_prior=lambda cfg: KerplePrior(cfg.n_heads)),
+        PESpec("t5", "learned bias per head and log-spaced distance bucket (T5)", make_prior=lambda cfg: T5Prior(cfg.n_heads)),
+        PESpec("fire", "learned MLP of the log distance over the log query position (FIRE)", make_prior=lambda cfg: FIREPrior(cfg.n_heads, cfg.train_length)),
         PESpec(
             "bam",
             "generalized-Gaussian prior, learned per head (GGD-BAM)",

@@ -8,6 +8,10 @@ the same sweep. Our paths compute the BAM prior and SSMax; SDPA computes neither
     python bench/attention_paths.py                     # 1k..32k, 4 heads x 64 dims
     python bench/attention_paths.py --max-length 64k --heads 8
     python bench/attention_paths.py --lengths 4k,16k,64k --paths sdpa,fused --ssmax-scope content
+    python bench/attention_paths.py --lengths 16k --paths sdpa,native,fire   # FIRE (auto's path) against BAM
+
+``fire`` is a FIRE prior (query-dependent; random MLP weights, L = 512) on the path ``auto``
+picks for it on a CPU (blockwise); the other paths run the BAM prior.
 """
 
 from __future__ import annotations
@@ -43,12 +47,22 @@ def _run_one(path: str, length: int, heads: int, head_dim: int, repeats: int, sc
         table = prior.distance_table(length)
     scale = torch.ones(heads)
 
+    bias_fn = None
+    if path == "fire":
+        from bamctl.positional import FIREPrior
+
+        fire = FIREPrior(heads, train_length=512)
+        with torch.no_grad():
+            for parameter in fire.mlp.parameters():
+                parameter.normal_()
+        bias_fn, table = fire.bias, None
+
     def ours():
-        kernel = kernel_for(path)
+        kernel = kernel_for("blockwise" if path == "fire" else path)
         out = torch.empty_like(q)
         for start in range(0, length, CHUNK):
             stop = min(start + CHUNK, length)
-            inputs = AttentionInputs(q_start=start, bias_table=table, ssmax_scale=scale, ssmax_scope=scope)
+            inputs = AttentionInputs(q_start=start, bias_table=table, ssmax_scale=scale, ssmax_scope=scope, bias_fn=bias_fn)
             out[:, :, start:stop] = kernel(q[:, :, start:stop], k[:, :, :stop], v[:, :, :stop], inputs)
         return out
 

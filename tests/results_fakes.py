@@ -66,6 +66,7 @@ def fake_row(
         "device": "cpu",
         "dtype": "float32",
         "attention": "sdpa",
+        "rope_scaling": None,
         "bamctl_version": "0.1.0",
         "git_revision": None,
         "torch_version": "2.13.0",

@@ -211,6 +211,24 @@ def test_quiet_silences_transformers_progress_bars(tiny_llama, tmp_path, capsys)
         logging.enable_progress_bar()
 
 
+def test_rope_scaling_reaches_transformers_through_the_config(tiny_llama):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    backend = open_tiny(tiny_llama, rope_scaling="yarn", rope_factor=4.0)
+    config = LlamaConfig.from_pretrained(str(tiny_llama))
+    config.rope_parameters = {**config.rope_parameters, "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": MAX_POSITIONS}
+    scaled = LlamaForCausalLM.from_pretrained(str(tiny_llama), config=config).eval()
+    ids = [3 + (5 * i) % WORDS for i in range(60)]
+    nll = backend.token_nll(ids, 1)
+    expected = F.cross_entropy(full_logits(scaled, [1] + ids)[1:-1], torch.tensor(ids[1:]), reduction="none")
+    torch.testing.assert_close(nll, expected, atol=1e-4, rtol=1e-4)
+    plain = open_tiny(tiny_llama).token_nll(ids, 1)
+    assert not torch.allclose(nll, plain, atol=1e-3)  # the scaling changed what the model computes
+    assert backend.info.rope_scaling == "yarn:4" and backend.info.model_hash != open_tiny(tiny_llama).info.model_hash
+    with pytest.raises(BamctlError, match="--rope-scaling ntk is not offered"):
+        open_tiny(tiny_llama, rope_scaling="ntk", rope_factor=4.0)
+
+
 def test_inspect_shows_an_hf_models_config_and_parameter_count(tiny_llama, reference, capsys):
     import json
 

@@ -47,4 +47,4 @@ def test_plot_of_a_model_without_prior_is_one_clear_error(tmp_path, capsys):
     path = save_checkpoint(new_random_model(ModelConfig.from_preset("micro", "rope"), 0), tmp_path / "m")
     with pytest.raises(SystemExit) as exit_info:
         main(["inspect", str(path), "--plot", str(tmp_path / "p.png")])
-    assert exit_info.value.code == 2 and "no distance prior" in capsys.readouterr().err
+    assert exit_info.value.code == 2 and "has no attention bias to draw" in capsys.readouterr().err

@@ -10,7 +10,8 @@ dependencies (transformers, vLLM) stay unloaded otherwise.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bamctl.backends.base import (
@@ -64,6 +65,20 @@ BACKENDS: dict[str, BackendEntry] = {
 PREFIXES = ("bam", "hf", "vllm")
 
 
+# A model reference may end in @KIND:FACTOR: that model with RoPE scaled at inference (rope@yarn:8).
+_ROPE_SUFFIX = re.compile(r"@(linear|ntk|yarn):([0-9]*\.?[0-9]+)$")
+
+
+def split_rope_suffix(reference: str, options: RunOptions) -> tuple[str, RunOptions]:
+    """``rope@ntk:8`` -> ("rope", options with RoPE scaling ntk by 8); other references unchanged."""
+    match = _ROPE_SUFFIX.search(reference)
+    if match is None:
+        return reference, options
+    if options.rope_scaling is not None:
+        raise BamctlError(f"{reference} names a RoPE scaling; drop --rope-scaling or the @ suffix")
+    return reference[: match.start()], replace(options, rope_scaling=match.group(1), rope_factor=float(match.group(2)))
+
+
 def backend_for(reference: str) -> tuple[BackendEntry, str]:
     """The back-end a model reference names, and the rest of the reference (its path or name)."""
     prefix, sep, rest = reference.partition(":")
@@ -82,12 +97,14 @@ def is_authors_folder(path: str) -> bool:
 
 
 def open_backend(reference: str, options: RunOptions = RunOptions()) -> Backend:
+    reference, options = split_rope_suffix(reference, options)
     entry, rest = backend_for(reference)
     return entry.open(rest, options)
 
 
 def peek_backend(reference: str, options: RunOptions = RunOptions()) -> ModelPeek:
     """Check a reference and the options against its back-end, and read its lengths, loading nothing."""
+    reference, options = split_rope_suffix(reference, options)
     entry, rest = backend_for(reference)
     entry.options_for(options)  # refuses, by name, any option this back-end cannot honour
     return entry.peek(rest)

@@ -31,6 +31,7 @@ class ModelInfo:
     pe: str
     ssmax: bool
     train_length: int
+    rope_scaling: str | None = None  # "yarn:8" when RoPE was scaled at inference
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,8 @@ class RunOptions:
     tensor_parallel: int | None = None  # vLLM: GPUs one model is split over
     bos: str | None = None  # auto, always, never: a BOS before each prompt or document
     prior_form: str | None = None  # the authors' BAM checkpoints: released or scaled_distance
+    rope_scaling: str | None = None  # RoPE models at inference: linear, ntk or yarn ...
+    rope_factor: float | None = None  # ... by this factor
 
     def asked(self) -> dict[str, Any]:
         """The options the user set, by field name."""
@@ -118,6 +121,14 @@ def positive(value: int, name: str) -> int:
 
 
 BEYOND_MAX = ("warn", "refuse")
+HF_ROPE_SCALINGS = ("linear", "yarn")  # what transformers' rope_type offers of ours (static NTK it does not)
+
+
+def check_rope_scaling(kind: str | None, factor: float | None, kinds=("linear", "ntk", "yarn")) -> None:
+    if (kind is None) != (factor is None):
+        raise BamctlError("--rope-scaling and --rope-factor go together (e.g. --rope-scaling yarn --rope-factor 8)")
+    if kind is not None and kind not in kinds:
+        raise BamctlError(f"--rope-scaling {kind} is not offered here; use one of {', '.join(kinds)}")
 
 
 @dataclass(frozen=True)
@@ -128,9 +139,12 @@ class EngineOptions:
     dtype: str = "auto"
     chunk_size: int = 2048
     attention: str = "auto"
+    rope_scaling: str | None = None  # linear, ntk or yarn: RoPE scaled at inference ...
+    rope_factor: float | None = None  # ... by this factor
 
     def __post_init__(self):
         positive(self.chunk_size, "chunk_size")
+        check_rope_scaling(self.rope_scaling, self.rope_factor)
 
 
 BOS_POLICIES = ("auto", "always", "never")
@@ -167,10 +181,13 @@ class HFOptions:
     beyond_max: str = "warn"
     chat_template: bool = False
     bos: str = "auto"  # auto: what the tokenizer's plain call puts in front (a BOS for Llama, Mistral)
+    rope_scaling: str | None = None  # linear or yarn: passed to transformers through the model's config
+    rope_factor: float | None = None
 
     def __post_init__(self):
         positive(self.chunk_size, "chunk_size")
         _check_bos(self.bos)
+        check_rope_scaling(self.rope_scaling, self.rope_factor, HF_ROPE_SCALINGS)
         if self.beyond_max not in BEYOND_MAX:
             raise BamctlError(f"--beyond-max must be one of {', '.join(BEYOND_MAX)}, not {self.beyond_max!r}")
 

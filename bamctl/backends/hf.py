@@ -43,6 +43,25 @@ from bamctl.backends.hf_common import (
 )
 from bamctl.devices import resolve_device, resolve_dtype
 from bamctl.errors import BamctlError
+from bamctl.fingerprints import scaled_hash
+
+
+def scaled_config(reference: str, kind: str, factor: float):
+    """The model's config with RoPE scaled at inference (transformers' ``rope_type`` linear or yarn),
+    from the length it was trained at."""
+    from bamctl.backends.hf_common import read_config
+
+    config, _, _ = read_config(reference)
+    if positional_encoding(config) != "rope":
+        raise BamctlError(f"--rope-scaling applies to RoPE models; {reference} is not one")
+    original = trained_length(config, max_positions(config))
+    scaling = {"rope_type": kind, "factor": float(factor), "original_max_position_embeddings": original}
+    text = getattr(config, "get_text_config", lambda: config)()
+    if hasattr(text, "rope_parameters"):  # transformers >= 5
+        text.rope_parameters = {**(text.rope_parameters or {}), **scaling}
+    else:
+        text.rope_scaling = scaling
+    return config
 
 
 class HFBackend:
@@ -56,6 +75,8 @@ class HFBackend:
         device = resolve_device(options.device)
         dtype = resolve_dtype(options.dtype, device)
         kwargs = {"local_files_only": True, **({"gguf_file": gguf_file} if gguf_file else {})}
+        if options.rope_scaling is not None:  # into the config, as transformers reads it
+            kwargs["config"] = scaled_config(reference, options.rope_scaling, options.rope_factor)
         try:
             try:
                 model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, **kwargs)
@@ -67,6 +88,7 @@ class HFBackend:
         self.tokenizer = model_tokenizer(folder, gguf_file, options.tokenizer, reference)
         name = gguf_file.removesuffix(".gguf") if gguf_file else folder.resolve().name
         config = self.model.config
+        rope_label = None if options.rope_scaling is None else f"{options.rope_scaling}:{options.rope_factor:g}"
         limit = max_positions(config)
         self.lengths = LengthPolicy(name, limit, options.beyond_max)
         self.shaper = RequestShaper(self.tokenizer, options.chat_template, options.bos)
@@ -81,10 +103,11 @@ class HFBackend:
         self.keep_arg = next((n for n in ("logits_to_keep", "num_logits_to_keep") if n in parameters), None)
         self.info = ModelInfo(
             name=name,
-            model_hash=model_fingerprint(folder, gguf_file)[:16],
+            model_hash=scaled_hash(model_fingerprint(folder, gguf_file)[:16], rope_label),
             pe=positional_encoding(config),
             ssmax=False,
             train_length=trained_length(config, limit),
+            rope_scaling=rope_label,
         )
         self.device = str(device)
         self.dtype = str(dtype).removeprefix("torch.")

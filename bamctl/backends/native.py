@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from bamctl.backends.base import ContinuationScore, EngineOptions, ModelInfo, ModelPeek
+from bamctl.errors import BamctlError
+from bamctl.fingerprints import scaled_hash
 from bamctl.tokenizer import Tokenizer
 
 
@@ -19,19 +21,22 @@ class EngineBackend:
         config = checkpoint.model.config
         self.checkpoint = checkpoint
         self.tokenizer = tokenizer
+        self.rope_scaling = rope_scaling_for(config, options)
         self.engine = StreamingEngine(
             checkpoint.model,
             device=options.device,
             dtype=options.dtype,
             chunk_size=options.chunk_size,
             attention=options.attention,
+            rope_scaling=self.rope_scaling,
         )
         self.info = ModelInfo(
             name=name,
-            model_hash=checkpoint.model_hash,
+            model_hash=scaled_hash(checkpoint.model_hash, self.rope_scaling and self.rope_scaling.label),
             pe=config.pe,
             ssmax=config.ssmax,
             train_length=config.train_length,
+            rope_scaling=None if self.rope_scaling is None else self.rope_scaling.label,
         )
         self.device = str(self.engine.device)
         self.dtype = str(self.engine.dtype).removeprefix("torch.")
@@ -54,6 +59,17 @@ class EngineBackend:
     def check_fits(self, n_prompt: int, n_answer: int) -> None:
         """Before any sample: refuse what the memory here cannot hold."""
         self.engine.check_fits(n_prompt + n_answer)
+
+
+def rope_scaling_for(config, options: EngineOptions):
+    """``--rope-scaling`` for a model trained at ``config.train_length``; only RoPE models take it."""
+    if options.rope_scaling is None:
+        return None
+    from bamctl.positional import RopeScaling
+
+    if config.pe != "rope":
+        raise BamctlError(f"--rope-scaling applies to RoPE models; this one uses {config.label}")
+    return RopeScaling(options.rope_scaling, float(options.rope_factor), config.train_length)
 
 
 class NativeBackend(EngineBackend):

@@ -44,6 +44,7 @@ def _run_options(ev) -> "RunOptions":  # noqa: F821 - bamctl.backends, imported 
         device=ev.device, dtype=ev.dtype, chunk_size=ev.chunk_size, attention=ev.attention, tokenizer=ev.tokenizer,
         beyond_max=ev.beyond_max, chat_template=ev.chat_template, tensor_parallel=ev.tensor_parallel,
         bos=ev.bos, prior_form=None if ev.prior_form is None else ev.prior_form.replace("-", "_"),
+        rope_scaling=ev.rope_scaling, rope_factor=ev.rope_factor,
     )
 
 

@@ -22,7 +22,7 @@ stdout = Console(highlight=False)
 @app.command()
 def new(
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write config.json and model.safetensors into.")],
-    pe: Annotated[str, typer.Option(help="Positional encoding: nope, sinusoidal, rope, alibi, bam; add -ssmax for Scalable-Softmax (e.g. bam-ssmax).")] = "bam",
+    pe: Annotated[str, typer.Option(help="Positional encoding: nope, sinusoidal, rope, xpos, alibi, kerple, t5, fire, bam; add -ssmax for Scalable-Softmax (e.g. bam-ssmax).")] = "bam",
     preset: Annotated[str, typer.Option(help=f"Model size: {PRESET_NAMES}.")] = "tiny",
     seed: Annotated[int, typer.Option(help="Seed of the random initialisation; same seed, same weights.")] = 0,
     train_length: Annotated[int, typer.Option(help="Training context length recorded in the checkpoint (the unit of extrapolation ratios).")] = 512,
@@ -46,19 +46,14 @@ def new(
 
 
 def _prior_rows(model) -> list[dict]:
-    from bamctl.positional import GGDPrior
-
     rows = []
     for layer_id, block in enumerate(model.layers):
         attention = block.attention
         prior = attention.prior
+        described = prior.describe() if prior is not None else {}
         for head in range(model.config.n_heads):
             row = {"layer": layer_id, "head": head}
-            if isinstance(prior, GGDPrior):
-                effective = prior.effective()
-                row.update({key: float(value[head]) for key, value in effective.items()})
-            elif prior is not None:
-                row["slope"] = float(prior.slopes[head])
+            row.update({key: float(value[head]) for key, value in described.items()})
             if attention.ssmax_scale is not None:
                 row["ssmax_s"] = float(attention.ssmax_scale.detach()[head])
             rows.append(row)

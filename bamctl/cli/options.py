@@ -50,6 +50,12 @@ class BeyondMax(str, Enum):
     refuse = "refuse"
 
 
+class RopeScalingKind(str, Enum):
+    linear = "linear"
+    ntk = "ntk"
+    yarn = "yarn"
+
+
 class Bos(str, Enum):
     auto = "auto"
     always = "always"
@@ -110,6 +116,13 @@ EVALUATION: list[Param] = [
         help="Attention kernel of bamctl's engine: auto (the default: flex on CUDA, native on CPU), native (our C++ CPU "
         "kernel), fused (torch's fused CPU kernel), flex (compiled FlexAttention), blockwise (online softmax over key "
         "blocks) or dense (reference; n x n memory).")),
+    Param("rope_scaling", Optional[RopeScalingKind], None, typer.Option(
+        rich_help_panel=ENGINE_PANEL,
+        help="RoPE models: scale RoPE at inference, no training needed: linear (position interpolation), ntk "
+        "(NTK-aware base) or yarn (YaRN); with --rope-factor. hf: models take linear and yarn through their config. "
+        "One model of a compare: append @KIND:FACTOR to it (rope@yarn:8).")),
+    Param("rope_factor", Optional[float], None, typer.Option(
+        min=1.0, rich_help_panel=ENGINE_PANEL, help="The factor of --rope-scaling (e.g. 8: the training length times 8).")),
     Param("tokenizer", Optional[str], None, typer.Option(
         rich_help_panel=EXTERNAL_PANEL,
         help="Tokenizer: a local Hugging Face tokenizer folder or file replacing an external model's own (bam: needs one).")),

@@ -37,6 +37,19 @@ class AttentionInputs:
     bias_table: torch.Tensor | None  # (H, D+1) float32, b_h(d) for d = 0..D
     ssmax_scale: torch.Tensor | None  # (H,) s_h, or None without SSMax
     ssmax_scope: str = "logits"  # "logits" (content + prior) or "content"
+    # A prior that depends on the query's position too (FIRE): (q positions (Tq,), k positions (Tk,))
+    # -> (H, Tq, Tk). Only the dense and blockwise kernels take it; the others are refused it.
+    bias_fn: object | None = None
+
+    @property
+    def bias_for(self):
+        """(q positions, k positions) -> (H, Tq, Tk) bias, from the table or the function; None without a prior."""
+        if self.bias_fn is not None:
+            return self.bias_fn
+        if self.bias_table is None:
+            return None
+        table = self.bias_table
+        return lambda q, k: table[:, (q[:, None] - k[None, :]).clamp(0, table.shape[1] - 1)]
 
 
 class AttentionKernel(Protocol):
@@ -59,13 +72,12 @@ def prior_line(table: torch.Tensor, top: int, length: int) -> torch.Tensor:
 
 
 def _logits(
-    scores: torch.Tensor, distance: torch.Tensor, inputs: AttentionInputs
+    scores: torch.Tensor, q_positions: torch.Tensor, k_positions: torch.Tensor, inputs: AttentionInputs
 ) -> torch.Tensor:
-    """Turn scaled dot products (B, H, Tq, Tk) into logits; ``distance`` (Tq, Tk) is i - j, clamped >= 0."""
-    heads = scores.shape[1]
+    """Turn scaled dot products (B, H, Tq, Tk) into logits for queries and keys at these positions."""
     bias = None
-    if inputs.bias_table is not None:
-        bias = inputs.bias_table[:, distance.flatten()].view(heads, *distance.shape)  # (H, Tq, Tk)
+    if inputs.bias_for is not None:
+        bias = inputs.bias_for(q_positions, k_positions)  # (H, Tq, Tk)
     if inputs.ssmax_scale is None:
         return scores if bias is None else scores + bias
     factor = ssmax_factor(inputs, scores.shape[2], scores.device)[:, :, None]  # (H, Tq, 1)
@@ -83,7 +95,7 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, inputs: AttentionInputs)
     k_positions = torch.arange(tk, device=q.device)
     signed = q_positions[:, None] - k_positions[None, :]  # (Tq, Tk)
     scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    logits = _logits(scores, signed.clamp(min=0), inputs)
+    logits = _logits(scores, q_positions, k_positions, inputs)
     logits = logits.masked_fill(signed < 0, float("-inf"))
     return torch.softmax(logits, dim=-1)
 
@@ -131,7 +143,16 @@ def blockwise_attention(
         v_block = v[:, :, start:stop].float().flip(2)
         logits = qf @ k_block.transpose(-1, -2)  # (B, H, Tq, Tb)
         base = q_start - (stop - 1)  # distance of (query 0, reversed key 0)
-        if inputs.bias_table is not None:
+        if inputs.bias_fn is not None:  # depends on the query's position: computed for this block
+            q_positions = torch.arange(q_start, q_start + tq, device=q.device)
+            bias = inputs.bias_fn(q_positions, torch.arange(stop - 1, start - 1, -1, device=q.device))  # reversed keys
+            if scale_bias:
+                logits.add_(bias).mul_(factor)
+            else:
+                if factor is not None:
+                    logits.mul_(factor)
+                logits.add_(bias)
+        elif inputs.bias_table is not None:
             bias = _toeplitz_bias(inputs.bias_table, base, tq, tb)
             if scale_bias:
                 logits.add_(bias).mul_(factor)

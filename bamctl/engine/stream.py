@@ -67,15 +67,28 @@ def resolve_attention(name: str, device: torch.device) -> str:
 
 # Paths that fold SSMax's factor into the queries: exact to 1e-4 for factors >= 0 only.
 FOLDING_PATHS = ("native", "fused")
+# Paths that take a prior as a function of (query, key) positions, not only of the distance (FIRE).
+QUERY_DEPENDENT_PATHS = ("blockwise", "dense")
 
 
 def _exact_for(model: Transformer, attention: str, chosen_by_auto: bool) -> str:
-    """The path, unless it folds SSMax into the queries and the model has a negative SSMax scale.
+    """The path, unless it cannot compute this model exactly.
 
-    With s < 0, the logits-scope factor multiplies a prior that grows with distance into
-    large positive logits; folding it into the queries then rounds differently from the
-    reference by up to ~4e-3. ``auto`` takes the blockwise path instead; asked for, it is refused.
+    A prior that depends on the query's position (FIRE) fits no 1-D line: only blockwise and
+    dense take it. With a negative SSMax scale, the logits-scope factor multiplies a prior that
+    grows with distance into large positive logits; folding it into the queries (native, fused)
+    then rounds differently from the reference by up to ~4e-3. ``auto`` takes the blockwise
+    path instead; asked for, such a path is refused with one line.
     """
+    if any(getattr(layer.attention.prior, "query_dependent", False) for layer in model.layers):
+        if attention in QUERY_DEPENDENT_PATHS:
+            return attention
+        if chosen_by_auto:
+            return "blockwise"
+        raise BamctlError(
+            f"--attention {attention} takes a prior by distance only; {model.config.label}'s depends on the "
+            "query position too: use --attention blockwise (or dense)"
+        )
     if attention not in FOLDING_PATHS:
         return attention
     negative = [
@@ -115,7 +128,9 @@ class StreamingEngine:
         dtype: str = "auto",
         chunk_size: int = 2048,
         attention: str = "auto",
+        rope_scaling=None,
     ):
+        """``rope_scaling``: a ``bamctl.positional.RopeScaling`` the engine runs a RoPE model with."""
         if chunk_size < 1:
             raise BamctlError(f"--chunk-size must be a positive number of tokens, not {chunk_size}")
         self.device = resolve_device(device)
@@ -124,6 +139,7 @@ class StreamingEngine:
         self.kernel = kernel_for(self.attention)
         self.chunk_size = chunk_size
         self.model = model.to(device=self.device, dtype=self.dtype).keep_positional_float32().eval()
+        self.model.rope_scaling = rope_scaling
         self.config = model.config
         self.subset = None
         if self.config.token_subset is not None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 VERSION_KEY = b"bamctl.schema_version"
 
 
@@ -35,10 +35,11 @@ COLUMNS: tuple[Column, ...] = (
     Column("scoring", pa.string(), False, "the request kind the model answered: teacher_forced, generate or nll"),
     Column("fingerprint", pa.string(), True, "hash of everything that made the prompt and its scoring: task spec and generator version, data file contents (texts, word lists, --corpus), tokenizer, resolved options, what the back-end puts around a prompt (BOS, chat template); null in rows written before version 3"),
     Column("model", pa.string(), False, "model name as the user gave it"),
-    Column("model_hash", pa.string(), False, "hash of the model weights and config; identifies the model"),
+    Column("model_hash", pa.string(), False, "hash of the model weights and config (and of `rope_scaling` when RoPE is scaled at inference: another model); identifies the model"),
     Column("pe", pa.string(), False, "positional encoding (rope, alibi, nope, bam, ...)"),
     Column("ssmax", pa.bool_(), False, "whether scalable softmax is on"),
     Column("train_length", pa.int64(), False, "context length the model was trained at, tokens"),
+    Column("rope_scaling", pa.string(), True, "RoPE scaled at inference (`--rope-scaling`, `--rope-factor`, or a `@KIND:FACTOR` model suffix), e.g. yarn:8; null when not"),
     Column("length", pa.int64(), False, "target context length of the sample, tokens"),
     Column("n_tokens", pa.int64(), False, "actual length of the prompt (the passkey `authors` protocol's achieved length, usually a little under `length`), tokens"),
     Column("bos", pa.bool_(), True, "whether the back-end put one BOS token before the prompt or document (`--bos`; never counted in `n_tokens`, never scored)"),
@@ -119,7 +120,7 @@ def schema_version(schema: pa.Schema) -> int | None:
         return None
 
 
-_NULLABLE_FLOATS = tuple(c.name for c in COLUMNS if c.nullable and c.type == pa.float64())
+_NULLABLE = tuple(c.name for c in COLUMNS if c.nullable)
 
 
 def rows_to_table(rows: Iterable[Mapping[str, Any]]) -> pa.Table:
@@ -142,7 +143,7 @@ def rows_to_table(rows: Iterable[Mapping[str, Any]]) -> pa.Table:
         if not isinstance(created, datetime) or created.tzinfo is None:
             raise ValueError(f"result row {i}: created_at must be a timezone-aware datetime, got {created!r}")
         values = {name: row.get(name) for name in COLUMN_NAMES} | {"created_at": created}
-        for name in _NULLABLE_FLOATS:  # NaN is how pandas spells "missing"; store a real null
+        for name in _NULLABLE:  # NaN is how pandas spells "missing", in any column; store a real null
             if isinstance(values[name], float) and math.isnan(values[name]):
                 values[name] = None
         filled.append(values)
@@ -164,7 +165,7 @@ def upgrade(table: pa.Table, version: int) -> pa.Table:
     ``sliding:stride=N``, ``buckets:N``); its ``depth`` was where a RULER needle landed.
     """
     if version >= 2:
-        return table  # version 2 lacked only `fingerprint`, which reads as null
+        return table  # version 2 lacked `fingerprint`, version 3 `rope_scaling`: both read as null
     rows = table.to_pylist()
     for row in rows:
         old, variant = row.pop("protocol"), row.pop("variant")

@@ -1,0 +1,177 @@
+"""The wider PE zoo: Kerple, T5's buckets and RoPE scaled at inference, against values worked out here."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from bamctl.errors import BamctlError
+from bamctl.positional import KerplePrior, RopeScaling, T5Prior, rope_attention_factor, rope_inverse_frequencies, t5_bucket
+
+
+def test_t5_buckets_by_hand():
+    # exact below 16; then 16 + floor(log(d/16) / log(128/16) * 16), at most 31
+    expected = {0: 0, 1: 1, 15: 15, 16: 16, 17: 16, 32: 21, 64: 26, 100: 30, 127: 31, 128: 31, 10_000: 31}
+    got = t5_bucket(torch.tensor(list(expected)))
+    assert got.tolist() == list(expected.values())
+
+
+def test_t5_and_kerple_tables():
+    t5 = T5Prior(2)
+    with torch.no_grad():
+        t5.bucket_bias.copy_(torch.arange(64, dtype=torch.float32).view(2, 32))
+    table = t5.distance_table(200)
+    assert table[1, 0] == 32 and table[1, 17] == 48 and table[0, 200] == 31
+    kerple = KerplePrior(2)
+    with torch.no_grad():
+        kerple.log_r1.copy_(torch.tensor([0.0, math.log(2.0)]))
+        kerple.log_r2.copy_(torch.tensor([math.log(0.5), 0.0]))
+    table = kerple.distance_table(10)
+    assert table[0, 10].item() == pytest.approx(-math.log(1 + 0.5 * 10))
+    assert table[1, 3].item() == pytest.approx(-2 * math.log(1 + 3))
+
+
+def test_linear_and_ntk_by_hand():
+    base_freq = 1.0 / 10000.0 ** (torch.arange(0, 64, 2).float() / 64)
+    linear = rope_inverse_frequencies(64, 10000.0, RopeScaling("linear", 4.0, 128))
+    assert torch.allclose(linear, base_freq / 4)
+    ntk = rope_inverse_frequencies(64, 10000.0, RopeScaling("ntk", 4.0, 128))
+    assert torch.allclose(ntk, 1.0 / (10000.0 * 4.0 ** (64 / 62)) ** (torch.arange(0, 64, 2).float() / 64))
+    assert rope_attention_factor(RopeScaling("ntk", 4.0, 128)) == 1.0
+
+
+def test_yarn_ramp_at_chosen_dimensions():
+    # d = 64, base 10000, trained at 128, factor 8:
+    # correction dim(r) = 64 ln(128 / (2 pi r)) / (2 ln 10000)
+    # r = 32 (fast): 64 * ln(0.6366) / 18.42 = -1.57 -> floor -2 -> clamped to 0
+    # r = 1 (slow): 64 * ln(20.37) / 18.42 = 10.47 -> ceil 11
+    low, high = 0, 11
+    freq = rope_inverse_frequencies(64, 10000.0, RopeScaling("yarn", 8.0, 128))
+    base_freq = 1.0 / 10000.0 ** (torch.arange(0, 64, 2).float() / 64)
+    for i in (0, 3, 5, 11, 20, 31):
+        ramp = min(max((i - low) / (high - low), 0.0), 1.0)  # 0: keep the frequency, 1: interpolate
+        expected = base_freq[i] / 8 * ramp + base_freq[i] * (1 - ramp)
+        assert freq[i].item() == pytest.approx(expected.item(), rel=1e-6), i
+    assert rope_attention_factor(RopeScaling("yarn", 8.0, 128)) == pytest.approx(0.1 * math.log(8) + 1)
+
+
+def test_yarn_equals_transformers():
+    transformers = pytest.importorskip("transformers", reason="transformers not installed (pip install 'bamctl[hf]')")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = transformers.LlamaConfig(
+        hidden_size=256, num_attention_heads=4, max_position_embeddings=1024, rope_theta=10000.0,
+        rope_scaling={"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 128},
+    )
+    theirs, factor = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
+    ours = rope_inverse_frequencies(64, 10000.0, RopeScaling("yarn", 8.0, 128))
+    assert torch.allclose(ours, theirs.float(), rtol=1e-6) and factor == pytest.approx(rope_attention_factor(RopeScaling("yarn", 8.0, 128)))
+
+
+def test_scaling_is_refused_for_non_rope_models_and_bad_factors():
+    from bamctl.backends import RunOptions, open_backend
+
+    with pytest.raises(BamctlError, match="applies to RoPE models"):
+        open_backend("bam", RunOptions(rope_scaling="yarn", rope_factor=4.0))
+    with pytest.raises(BamctlError, match="go together"):
+        open_backend("rope", RunOptions(rope_scaling="yarn"))
+    with pytest.raises(BamctlError, match="at least 1"):
+        RopeScaling("linear", 0.5, 128)
+
+
+def test_a_scaled_rope_model_is_another_model_in_the_rows(tmp_path, capsys):
+    import json
+
+    from bamctl.cli import main
+    from bamctl.results.store import ResultStore
+
+    with pytest.raises(SystemExit) as done:
+        main(["compare", "rope", "rope@yarn:4", "--lengths", "256", "--samples", "1", "--out", str(tmp_path / "r"), "--quiet", "--json"])
+    assert done.value.code == 0
+    (summary,) = json.loads(capsys.readouterr().out)["summaries"]
+    assert summary["models"] == ["rope", "rope@yarn:4"]  # one table: the same prompts
+    rows = ResultStore(tmp_path / "r").read()
+    assert set(rows["rope_scaling"].fillna("")) == {"", "yarn:4"} and rows["model_hash"].nunique() == 2
+
+
+def _xpos_model(seed=0):
+    from bamctl.checkpoint import new_random_model
+    from bamctl.model import ModelConfig
+
+    return new_random_model(ModelConfig.from_preset("micro", "xpos", vocab_size=101), seed)
+
+
+def test_xpos_is_rotary_with_the_papers_decay():
+    """Dense forward against xPos written from the paper: q_i R(i) ζ^(i/γ), k_j R(j) ζ^(-j/γ)."""
+    from bamctl.positional import apply_rotary, rotary_angles
+
+    model = _xpos_model()
+    attention = model.layers[0].attention
+    T, H, Dh = 20, attention.n_heads, attention.head_dim
+    x = model.layers[0].attention_norm(model.tok_embeddings(torch.arange(T)[None] % 101))
+    q = attention.wq(x).view(1, T, H, Dh).transpose(1, 2)
+    k = attention.wk(x).view(1, T, H, Dh).transpose(1, 2)
+    v = attention.wv(x).view(1, T, H, Dh).transpose(1, 2)
+    cos, sin = rotary_angles(torch.arange(T), Dh, model.config.rope_base)
+    zeta = ((torch.arange(0, Dh, 2).float() / Dh + 0.4) / 1.4).repeat_interleave(2)
+    positions = torch.arange(T).float()[:, None]
+    q = apply_rotary(q, cos, sin) * zeta ** (positions / 512)
+    k = apply_rotary(k, cos, sin) * zeta ** (-positions / 512)
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(Dh) + torch.triu(torch.full((T, T), float("-inf")), 1)
+    expected = attention.wo((scores.softmax(-1) @ v).transpose(1, 2).reshape(1, T, -1))
+    from bamctl.model import ForwardState
+
+    where = model.positions(0, T)
+    got = attention(x, where, ForwardState())
+    assert torch.allclose(got, expected, atol=1e-5)
+
+
+@torch.inference_mode()
+def test_xpos_never_overflows_at_long_positions():
+    from bamctl.engine.cache import KVCache
+    from bamctl.model import ForwardState
+
+    model = _xpos_model(1)
+    cfg = model.config
+    start = 60_000  # unshifted, ζ^(-j/512) of the earliest pair would be 0.29^-117: inf in float32
+    cache = KVCache(cfg.n_layers, 1, cfg.n_heads, start + 128, cfg.head_dim, torch.float32, "cpu")
+    for layer in range(cfg.n_layers):
+        cache.keys[layer].normal_()
+        cache.values[layer].normal_()
+    hidden = model.hidden(torch.arange(64)[None] % 101, start, ForwardState(cache=cache))
+    assert torch.isfinite(hidden).all()
+
+
+def test_fire_is_an_mlp_of_the_log_distance_over_the_log_query_position():
+    from bamctl.positional import FIREPrior
+
+    torch.manual_seed(0)
+    fire = FIREPrior(4, train_length=64)
+    with torch.no_grad():
+        for p in fire.mlp.parameters():
+            p.normal_()
+        fire.log_c.fill_(math.log(0.3))
+    q, k = torch.arange(0, 300), torch.arange(0, 300)
+    c, L = 0.3, 64.0
+    d = (q[:, None] - k[None, :]).clamp(min=0).float()
+    x = torch.log(c * d + 1) / torch.log(c * torch.maximum(torch.tensor(L), q.float()) + 1)[:, None]
+    hidden = torch.relu(x[..., None] * fire.mlp[0].weight[:, 0] + fire.mlp[0].bias)
+    expected = (hidden @ fire.mlp[2].weight.T + fire.mlp[2].bias).permute(2, 0, 1)  # written out, not the module
+    with torch.no_grad():
+        exact = fire.bias(q, k)  # the piecewise-linear evaluation
+    assert torch.allclose(exact, expected, atol=1e-5)
+    assert torch.allclose(fire.bias(q, k), expected, atol=1e-5)  # with gradients: the MLP itself
+    # Past L the same distance reads another bias at another query position: not a 1-D table.
+    assert not torch.allclose(exact[:, 100, 90], exact[:, 290, 280])
+    assert torch.allclose(exact[:, 30, 20], exact[:, 50, 40])  # below L: the distance alone
+
+
+def test_auto_runs_fire_on_the_blockwise_path():
+    from bamctl.checkpoint import new_random_model
+    from bamctl.engine.stream import StreamingEngine
+    from bamctl.model import ModelConfig
+
+    model = new_random_model(ModelConfig.from_preset("micro", "fire-ssmax", vocab_size=101), 0)
+    assert StreamingEngine(model, device="cpu", attention="auto").attention == "blockwise"
