@@ -28,7 +28,7 @@ Where we differ, on purpose:
 * Past the 8,166 words, RULER draws every word from its own ``english_words.json``,
   which no package ships; bamctl keeps the wonderwords words and adds adjective-noun
   pairs of the same lists (RULER's NIAH keys). At the default frequencies that happens
-  only above about 118k GPT-2 tokens.
+  only above about 111k GPT-2 tokens.
 """
 
 from __future__ import annotations
