@@ -176,7 +176,7 @@ def test_cwe_word_counts(samples, length, repeats):
         assert numbers == list(range(1, len(words) + 1))
         counts = Counter(words)
         assert len(counts) == sample.meta["haystack_units"]
-        assert sorted(counts, key=lambda w: -counts[w])[:10] and len(sample.answers) == 10
+        assert len(sample.answers) == 10 and set(sorted(counts, key=lambda w: -counts[w])[:10]) == set(sample.answers)
         assert all(counts[w] == repeats[0] for w in sample.answers)
         assert all(c == repeats[1] for w, c in counts.items() if w not in sample.answers)
         assert set(counts) <= vocabulary
