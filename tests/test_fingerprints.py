@@ -132,8 +132,14 @@ PINNED = {
     "passkey": {1: "d3ff62cbc5ecb23a", 2: "d3ff62cbc5ecb23a"},  # 2 added the authors' form; exact's samples kept
     "niah": {1: "a945e7c47fd1363a", 2: "070b6eed229e1435"},  # 2: wonderwords keys, Punkt sentence ends
     "ppl": {1: "a78cecec7235b7e5"},
+    "vt": {1: "2023dc097b493c95"},
+    "cwe": {1: "8ce90f874a29845b"},
+    "fwe": {1: "b3a93db1a83aef42"},
 }
-REQUESTS = {"passkey": ("passkey", [256, 1024]), "niah": ("niah_multikey_2", [1024]), "ppl": ("ppl", [512])}
+REQUESTS = {
+    "passkey": ("passkey", [256, 1024]), "niah": ("niah_multikey_2", [1024]), "ppl": ("ppl", [512]),
+    "vt": ("vt", [1024]), "cwe": ("cwe", [1024, 4096]), "fwe": ("fwe", [1024]),
+}
 
 
 @pytest.mark.parametrize("generator", sorted(PINNED))

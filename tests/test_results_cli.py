@@ -89,6 +89,10 @@ def test_plot_commands_write_pngs(store_dir, tmp_path, capsys):
     assert code == 0 and Path(out.strip()) == beside
     assert beside.read_bytes().startswith(b"\x89PNG")
     assert len(ResultStore(store_dir).read()) == len(passkey_grid()) + len(perplexity_rows())  # PNG is not data
+    code, out, _ = run(["plot", "heatmap", "--dir", str(store_dir), "--metric", "seconds", "--out", str(tmp_path / "s.png")], capsys)
+    assert code == 0 and (tmp_path / "s.png").read_bytes().startswith(b"\x89PNG")
+    code, out, err = run(["plot", "heatmap", "--dir", str(store_dir), "--metric", "secnds"], capsys)
+    assert code == 2 and "did you mean seconds" in err
 
 
 def test_every_option_has_help():

@@ -105,3 +105,57 @@ def test_grid_png_with_marks(tmp_path):
     frame = to_pandas(rows_to_table(rows + perplexity_rows()))
     path = plot_grid(frame, tmp_path / "grid.png", baseline="tiny-rope")
     assert path.read_bytes()[:8] == PNG_SIGNATURE and path.stat().st_size > 10_000
+
+
+def ruler_rows(n: int = 60) -> list[dict]:
+    """RULER rows as its default placement leaves them: no asked depth, a random needle depth."""
+    import random
+
+    from results_fakes import fake_row
+
+    rng, rows = random.Random(0), []
+    for i in range(n):
+        row = fake_row("tiny-rope", task="niah_single_1", protocol="ruler", scoring="generate", depth=None,
+                       length=1024 * (1 + i % 2), sample=i, score=float(i % 3 == 0))
+        row["needle_depth"] = 1.0 if i == 0 else rng.random()
+        rows.append(row)
+    return rows
+
+
+def test_a_small_depth_grid_keeps_one_row_per_depth():
+    from bamctl.results.plots import depth_rows
+
+    rows, labels = depth_rows(pd.Series([0.0, 0.25, 0.5, 0.25, 1.0]))
+    assert rows.tolist() == [0, 1, 2, 1, 3] and labels == ["0", "25", "50", "100"]
+
+
+def test_random_depths_fall_into_ten_bins():
+    from bamctl.results.plots import depth_rows
+
+    depths = pd.Series([i / 97 for i in range(98)] + [0.05, 0.1, 0.999])
+    rows, labels = depth_rows(depths)
+    assert labels == ["0-10", "10-20", "20-30", "30-40", "40-50", "50-60", "60-70", "70-80", "80-90", "90-100"]
+    assert rows.iloc[0] == 0 and rows.iloc[97] == 9  # depth 1.0 goes into the last bin
+    assert rows.iloc[-3:].tolist() == [0, 1, 9]
+
+
+def test_ruler_heatmap_bins_needle_depths_and_plots_the_chosen_metric(tmp_path):
+    from bamctl.results.plots import depth_rows, heatmap_grid
+
+    frame = to_pandas(rows_to_table(ruler_rows()))
+    rows, labels = depth_rows(frame["needle_depth"])
+    grid = heatmap_grid(frame.assign(_row=rows), "score", len(labels), [1024, 2048])
+    assert grid.shape == (10, 2)
+    in_first_bin = frame[(frame["needle_depth"] < 0.1) & (frame["length"] == 1024)]
+    assert grid[0, 0] == pytest.approx(in_first_bin["score"].mean())
+    for metric in ("score", "seconds", "correct"):
+        path = plot_heatmap(frame, tmp_path / f"{metric}.png", metric=metric)
+        assert path.read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_heatmap_metric_must_be_a_numeric_column(tmp_path):
+    frame = to_pandas(rows_to_table(ruler_rows(10)))
+    with pytest.raises(BamctlError, match="did you mean score"):
+        plot_heatmap(frame, tmp_path / "h.png", metric="scroe")
+    with pytest.raises(BamctlError, match="not numeric"):
+        plot_heatmap(frame, tmp_path / "h.png", metric="task")

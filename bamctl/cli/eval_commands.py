@@ -25,6 +25,8 @@ stderr = Console(stderr=True, highlight=False)
 
 DEFAULT_SAMPLES = {"passkey": 4, "ppl": 1}  # passkey: x 5 default depths = 20 per length
 RULER_DEFAULT_SAMPLES = 20
+RULER_PROTOCOL = "ruler"  # the protocol of every RULER task in bamctl/data/tasks/ruler.toml
+ALL_TASKS = "all"  # --task all: every RULER task
 
 
 def _seeds(text: str) -> list[int]:
@@ -52,15 +54,16 @@ def _task_options(task: str, ev, perplexity=None, ruler=None) -> dict:
     """Generator options from the perplexity and RULER groups, each for its own tasks only."""
     from bamctl.tasks import get_task
 
-    generator = get_task(task).generator
+    spec = get_task(task)
+    is_ruler = spec.protocol == RULER_PROTOCOL
     options = {}
-    for group, owner, what in ((perplexity, "ppl", "--task ppl"), (ruler, "niah", "RULER's tasks")):
+    for group, applies, what in ((perplexity, spec.generator == "ppl", "--task ppl"), (ruler, is_ruler, "RULER's tasks")):
         given = {name: value for name, value in vars(group).items() if value is not None} if group is not None else {}
-        if given and generator != owner:
+        if given and not applies:
             raise BamctlError(f"--{next(iter(given)).replace('_', '-')} applies to {what} only")
         options.update(given)
     if ev.chat_template:
-        if generator != "niah":
+        if not is_ruler:
             raise BamctlError("--chat-template applies to RULER's tasks, whose answer prefix opens the assistant turn")
         options["chat_template"] = True
     for option, key in (("corpus", "corpus_path"), ("haystack", "haystack_path")):
@@ -272,11 +275,27 @@ def _request(task: str, ev, train_lengths, seeds, *, depths=None, protocol=None,
     return TaskRequest(task, _lengths(ev.lengths, train_lengths), count, seeds, _depths(depths), protocol, options or {})
 
 
-def _task_names(text: str) -> list[str]:
-    """Comma-separated task names, every one checked before any work."""
+def _taken_options(options: dict[str, dict]) -> dict[str, dict]:
+    """Each task's options less those its generator does not take (``--haystack`` goes to the NIAH
+    tasks of ``--task all``, not to vt); an option no task asked for takes is refused."""
     from bamctl.tasks import get_task
 
-    names = [t.strip() for t in text.split(",") if t.strip()]
+    taken = {name: get_task(name).options() for name in options}
+    for key in {key for given in options.values() for key in given}:
+        if not any(key in taken[name] for name in options):
+            flag = {"haystack_path": "haystack"}.get(key, key).replace("_", "-")
+            raise BamctlError(f"--{flag} applies to none of the tasks asked for ({', '.join(options)})")
+    return {name: {k: v for k, v in given.items() if k in taken[name]} for name, given in options.items()}
+
+
+def _task_names(text: str) -> list[str]:
+    """Comma-separated task names, every one checked before any work; ``all`` stands for every RULER task."""
+    from bamctl.tasks import get_task, task_names
+
+    names = []
+    for name in (t.strip() for t in text.split(",") if t.strip()):
+        expanded = [t for t in task_names() if get_task(t).protocol == RULER_PROTOCOL] if name == ALL_TASKS else [name]
+        names += [t for t in expanded if t not in names]
     if not names:
         raise BamctlError("--task needs at least one task name")
     for name in names:
@@ -309,18 +328,19 @@ def passkey(
 @opt.with_options("evaluation", "ruler")
 def ruler(
     model: opt.ModelArgument,
-    task: Annotated[str, typer.Option("--task", "-t", help="RULER NIAH tasks, comma separated: niah_single_1,2,3, niah_multikey_1,2,3, niah_multivalue, niah_multiquery.")] = "niah_single_1",
+    task: Annotated[str, typer.Option("--task", "-t", help="RULER tasks, comma separated: niah_single_1,2,3, niah_multikey_1,2,3, niah_multivalue, niah_multiquery, vt, cwe, fwe; all: every one of them.")] = "niah_single_1",
     depths: opt.Depths = None,
     *,
     evaluation,
     ruler,
 ) -> None:
-    """RULER needle-in-a-haystack: greedy generation (128-token budget) scored by string_match_all/part.
+    """RULER's synthetic tasks: needle in a haystack, variable tracking (vt), common and frequent words
+    extraction (cwe, fwe); greedy generation within the length, scored by string_match_all.
 
-    Example: bamctl ruler bam-ssmax --task niah_single_1,niah_multikey_1 --lengths 1k..8k --samples 20
+    Example: bamctl ruler bam-ssmax --task niah_single_1,vt,cwe,fwe --lengths 1k..8k --samples 20
     """
     names = _task_names(task)
-    options = {name: _task_options(name, evaluation, ruler=ruler) for name in names}
+    options = _taken_options({name: _task_options(name, evaluation, ruler=ruler) for name in names})
     run_models(
         [model],
         lambda train, seeds: [

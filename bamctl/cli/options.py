@@ -179,12 +179,13 @@ class Sizing(str, Enum):
 RULER: list[Param] = [
     Param("sizing", Optional[Sizing], None, typer.Option(
         rich_help_panel=RULER_PANEL,
-        help="exact (the default: each sample's largest haystack that fits) or ruler (RULER's own: one search per "
-        "length, then 500 words or 25 lines fewer per overflowing sample), to stand beside a published RULER table.")),
+        help="exact (the default: each sample's largest haystack that fits) or ruler (RULER's own rule for each task: "
+        "for NIAH one search per length, then 500 words or 25 lines fewer per overflowing sample), to stand beside a "
+        "published RULER table.")),
     Param("haystack", Optional[Path], None, typer.Option(
         rich_help_panel=RULER_PANEL,
-        help="Essay haystack to use instead of the shipped public-domain essays: RULER's PaulGrahamEssays.json "
-        "({\"text\": ...}) or any UTF-8 text file.")),
+        help="Essay haystack for the NIAH tasks, instead of the shipped public-domain essays: RULER's "
+        "PaulGrahamEssays.json ({\"text\": ...}) or any UTF-8 text file.")),
 ]
 
 Depths = Annotated[

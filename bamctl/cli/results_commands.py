@@ -208,12 +208,14 @@ def heatmap(
     task: TaskOption = None,
     model: ModelOption = None,
     where: WhereOption = None,
+    metric: Annotated[str, typer.Option(help="Result column to average in each cell: score (the default), correct, seconds, tokens_per_s, n_tokens, ...")] = "score",
 ) -> None:
-    """Plot mean score per needle depth × context length, one panel per model (the needle-in-a-haystack picture).
+    """Plot the mean score (or --metric) per needle depth × context length, one panel per model (the
+    needle-in-a-haystack picture). Depths a task drew at random, as RULER's, fall into 10 bins.
 
-    Example: bamctl plot heatmap --task niah_single_2 --out niah.png
+    Example: bamctl plot heatmap --task niah_single_2 --metric score --out niah.png
     """
     from bamctl.results.plots import plot_heatmap
 
     frame = _load(directory, task, model, where)
-    typer.echo(str(plot_heatmap(frame, beside(directory, out, "heatmap"), models=model)))
+    typer.echo(str(plot_heatmap(frame, beside(directory, out, "heatmap"), models=model, metric=metric)))

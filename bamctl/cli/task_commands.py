@@ -26,7 +26,7 @@ def sample_line(sample) -> str:
 
 @app.command()
 def generate(
-    task: Annotated[str, typer.Argument(help="Task name: passkey, ppl, niah_single_1 ... niah_multiquery (see bamctl/data/tasks/*.toml).")],
+    task: Annotated[str, typer.Argument(help="Task name: passkey, ppl, niah_single_1 ... niah_multiquery, vt, cwe, fwe (see bamctl/data/tasks/*.toml).")],
     lengths: Annotated[str, typer.Option(help="Target lengths in tokens: 1k..512k (doubling, k = 1024), 512..8k, or a list like 1k,3000,10k.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="JSONL file to write, one sample per line; '-' writes to stdout.")],
     samples: Annotated[int, typer.Option(help="Samples per length (and per depth, where depths apply).")] = 1,

@@ -63,10 +63,49 @@ def plot_curves(
     return save_figure(fig, path)
 
 
-def plot_heatmap(frame: pd.DataFrame, path: str | Path, *, models: Sequence[str] | None = None) -> Path:
-    """Mean score per (depth, length), one panel per model (one row of panels per task): the
-    needle-in-a-haystack picture. The depth is the one asked for, else where the needle landed;
-    rows without a needle (perplexity) are left out."""
+MAX_GRID_DEPTHS = 21  # more distinct depths than this are random placements (RULER's), drawn binned
+DEPTH_BINS = 10
+
+
+def depth_rows(depths: pd.Series) -> tuple[pd.Series, list[str]]:
+    """Each row's heatmap row, and the rows' labels (depth in %).
+
+    A small fixed grid (passkey's depths, ``--depths``) keeps one row per depth; more distinct
+    depths than that are placements the task drew (RULER's random depths) and fall into 10
+    bins of equal width, 100% in the last.
+    """
+    values = sorted(depths.unique())
+    if len(values) <= MAX_GRID_DEPTHS:
+        return depths.map({v: i for i, v in enumerate(values)}), [f"{100 * v:.0f}" for v in values]
+    bins = np.clip(np.floor(depths.to_numpy(dtype=float) * DEPTH_BINS), 0, DEPTH_BINS - 1).astype(int)
+    labels = [f"{100 * i // DEPTH_BINS}-{100 * (i + 1) // DEPTH_BINS}" for i in range(DEPTH_BINS)]
+    return pd.Series(bins, index=depths.index), labels
+
+
+def heatmap_grid(cells: pd.DataFrame, metric: str, n_rows: int, lengths: list[int]) -> np.ndarray:
+    """The mean of ``metric`` per (``_row``, length): rows by depth, columns by length, NaN where empty."""
+    means = cells.groupby(["_row", "length"])[metric].mean().unstack("length")
+    return means.reindex(index=range(n_rows), columns=lengths).to_numpy(dtype=float)
+
+
+def heatmap_metric(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """``frame`` with ``metric`` as floats; a column that is not there or not numeric is one BamctlError."""
+    from bamctl.errors import did_you_mean
+
+    if metric not in frame.columns:
+        raise BamctlError(f"--metric {metric!r} is not a result column{did_you_mean(metric, list(frame.columns))}")
+    column = frame[metric]
+    if not (pd.api.types.is_numeric_dtype(column) or pd.api.types.is_bool_dtype(column)):
+        numeric = [c for c in frame.columns if pd.api.types.is_numeric_dtype(frame[c])]
+        raise BamctlError(f"--metric {metric} is not numeric; numeric columns: {', '.join(numeric)}")
+    return frame.assign(**{metric: column.astype(float)})
+
+
+def plot_heatmap(frame: pd.DataFrame, path: str | Path, *, models: Sequence[str] | None = None, metric: str = "score") -> Path:
+    """Mean ``metric`` (score by default) per (depth, length), one panel per model (one row of panels
+    per task): the needle-in-a-haystack picture. The depth is the one asked for, else where the needle
+    landed, binned when the task drew it (see depth_rows); rows without a needle (perplexity) are left out."""
+    frame = heatmap_metric(frame, metric)
     frame = frame.assign(depth=frame["depth"].fillna(frame["needle_depth"]))
     rows = frame[frame["depth"].notna()]
     if rows.empty:
@@ -75,24 +114,25 @@ def plot_heatmap(frame: pd.DataFrame, path: str | Path, *, models: Sequence[str]
     groups = [(key, g) for key, g in rows.groupby(list(GROUP_COLUMNS), sort=True) if not is_perplexity(g)]
     present = list(dict.fromkeys(sorted(rows["_label"])))
     order = [m for m in (models or []) if m in present] + [m for m in present if m not in (models or [])]
+    values = rows[metric].dropna()
+    bounded = values.empty or (values.min() >= 0 and values.max() <= 1)  # scores: a fixed 0..1 scale
+    scale = dict(cmap="RdYlGn", vmin=0.0, vmax=1.0) if bounded else dict(cmap="viridis", vmin=values.min(), vmax=values.max())
     fig = Figure(figsize=(4.5 * len(order) + 1, 4.0 * len(groups)), layout="constrained")
     axes = fig.subplots(len(groups), len(order), squeeze=False)
     image = None
     for r, ((task, protocol, setting, _fingerprint), group) in enumerate(groups):
+        row_of, labels = depth_rows(group["depth"])
+        group = group.assign(_row=row_of)
         lengths = sorted(group["length"].unique())
-        depths = sorted(group["depth"].unique())
         title = " / ".join(p for p in (task, protocol, setting) if p)
         for c, model in enumerate(order):
             ax = axes[r][c]
             cells = group[group["_label"] == model]
-            grid = (
-                cells.groupby(["depth", "length"])["score"].mean().unstack("length")
-                .reindex(index=depths, columns=lengths).to_numpy(dtype=float)
-            )
-            image = ax.imshow(grid, cmap="RdYlGn", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
+            grid = heatmap_grid(cells, metric, len(labels), lengths)
+            image = ax.imshow(grid, aspect="auto", interpolation="nearest", **scale)
             ax.set_xticks(range(len(lengths)), [format_length(x) for x in lengths])
-            step = max(1, len(depths) // 10)
-            ax.set_yticks(range(0, len(depths), step), [f"{100 * d:.0f}" for d in depths[::step]])  # fraction → %
+            step = max(1, len(labels) // 10)
+            ax.set_yticks(range(0, len(labels), step), labels[::step])
             ax.set_xlabel("context length (tokens)")
             ax.set_ylabel("needle depth (%)")
             ax.set_title(f"{model} — {title}", fontsize="medium")
@@ -102,12 +142,17 @@ def plot_heatmap(frame: pd.DataFrame, path: str | Path, *, models: Sequence[str]
                 if 0 < beyond < len(lengths):
                     ax.axvline(beyond - 0.5, color="black", linestyle="--", linewidth=1)
             if grid.size <= ANNOTATE_MAX_CELLS:
-                for (y, x), v in np.ndenumerate(grid):
-                    if not np.isnan(v):
-                        ink = "white" if v < 0.2 or v > 0.85 else "black"  # legible on the dark ends of RdYlGn
-                        ax.text(x, y, f"{v:.2f}", ha="center", va="center", fontsize=7, color=ink)
-    fig.colorbar(image, ax=axes.ravel().tolist(), label="mean score", shrink=0.8)
+                _annotate(ax, grid, bounded)
+    fig.colorbar(image, ax=axes.ravel().tolist(), label=f"mean {metric}", shrink=0.8)
     return save_figure(fig, path)
+
+
+def _annotate(ax, grid: np.ndarray, bounded: bool) -> None:
+    for (y, x), v in np.ndenumerate(grid):
+        if np.isnan(v):
+            continue
+        ink = "white" if bounded and (v < 0.2 or v > 0.85) else "black"  # legible on the dark ends of RdYlGn
+        ax.text(x, y, f"{v:.2f}" if bounded else f"{v:.3g}", ha="center", va="center", fontsize=7, color=ink)
 
 
 def save_figure(fig: Figure, path: str | Path) -> Path:

@@ -21,12 +21,15 @@ from typing import Callable, Iterator
 from bamctl.errors import BamctlError, did_you_mean
 from bamctl.fingerprints import digest, file_digest
 from bamctl.lengths import parse_depths
+from bamctl.tasks.common_words import cwe_sample
+from bamctl.tasks.frequent_words import fwe_sample
 from bamctl.tasks.metrics import METRICS
 from bamctl.tasks.passkey import authors_scoring, passkey_sample
 from bamctl.tasks.perplexity import ppl_options, ppl_plan, ppl_sample, ppl_setting
 from bamctl.tasks.ruler import niah_sample
 from bamctl.tasks.sample import SCORING_KINDS, Sample, SampleSlot
-from bamctl.tasks.texts import corpus_files, read_toml, tasks_dir, word_files
+from bamctl.tasks.texts import common_word_files, corpus_files, read_toml, tasks_dir, word_files
+from bamctl.tasks.variable_tracking import vt_sample
 from bamctl.tokenizer import Tokenizer
 
 
@@ -79,7 +82,11 @@ def niah_files(spec: "TaskSpec", options: dict) -> list[Path]:
     return [*([Path(path)] if path else corpus_files("essays")), *word_files()]
 
 
-def niah_setting(spec: "TaskSpec", lengths: list[int], options: dict) -> str:
+def cwe_files(spec: "TaskSpec", options: dict) -> list[Path]:
+    return common_word_files()
+
+
+def ruler_setting(spec: "TaskSpec", lengths: list[int], options: dict) -> str:
     """``sizing=ruler``, ``haystack=FILE``, ``chat``: what sets a RULER run apart from the defaults."""
     parts = []
     if options.get("sizing", "exact") != "exact":
@@ -118,7 +125,10 @@ class Generator:
 # generator name in the TOML -> its functions
 GENERATORS: dict[str, Generator] = {
     "passkey": Generator(passkey_sample, version=2, supports=passkey_support),
-    "niah": Generator(niah_sample, version=2, setting=niah_setting, files=niah_files),
+    "niah": Generator(niah_sample, version=2, setting=ruler_setting, files=niah_files),
+    "vt": Generator(vt_sample, version=1, setting=ruler_setting, takes_depths=False),
+    "cwe": Generator(cwe_sample, version=1, setting=ruler_setting, files=cwe_files, takes_depths=False),
+    "fwe": Generator(fwe_sample, version=1, setting=ruler_setting, takes_depths=False),
     "ppl": Generator(ppl_sample, version=1, plan=ppl_plan, resolve=ppl_options, setting=ppl_setting, files=ppl_files, takes_depths=False),
 }
 

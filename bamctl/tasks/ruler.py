@@ -38,6 +38,7 @@ from bamctl.fingerprints import file_digest
 from bamctl.tasks.haystacks import EssayHaystack, essay_haystack, token_counts
 from bamctl.tasks.passkey import FILLER
 from bamctl.tasks.sample import Sample, SampleSlot, sample_rng
+from bamctl.tasks.sizing import check_sizing, largest_fit
 from bamctl.tasks.spans import tokens_at_chars
 from bamctl.tasks.texts import ruler_words
 from bamctl.tokenizer import Tokenizer
@@ -264,9 +265,6 @@ class Haystack:
         return n * self.noise_line
 
 
-SIZINGS = ("exact", "ruler")
-
-
 def niah_sample(
     *,
     slot: SampleSlot,
@@ -289,8 +287,7 @@ def niah_sample(
     tokenizer's chat template, the answer prefix opening the assistant turn.
     """
     spec = NiahSpec(haystack, key_type, value_type, num_keys, num_values, num_queries)
-    if sizing not in SIZINGS:
-        raise BamctlError(f"--sizing must be one of {', '.join(SIZINGS)}, not {sizing!r}")
+    check_sizing(sizing)
     parts = _niah_parts(slot, tokenizer, spec, haystack_path, chat_template)
     if n_units is None:
         if sizing == "ruler":
@@ -370,7 +367,7 @@ def _size_exact(slot: SampleSlot, parts: NiahParts) -> int:
             sizes[n] = len(parts.build(n)[1])
         return sizes[n] <= budget
 
-    n_units = _largest_fit(fits, parts.estimate, budget - len(parts.build(0)[1]))
+    n_units = largest_fit(fits, parts.estimate, budget - len(parts.build(0)[1]))
     if n_units < 0:
         raise BamctlError(
             f"length {slot.length} is too short for {slot.task}: the prompt without haystack already needs "
@@ -419,36 +416,3 @@ def _ruler_retries(slot: SampleSlot, parts: NiahParts, searched: int, haystack: 
             raise BamctlError(f"length {slot.length} is too short for {slot.task} with RULER's sizing (steps of {step})")
         used -= step
     return used
-
-
-def _largest_fit(fits: Callable[[int], bool], estimate: Callable[[int], int], room: int) -> int:
-    """Largest n >= 0 with fits(n) and not fits(n + 1); -1 when even n = 0 does not fit.
-
-    ``estimate(n)`` (monotone, cheap) is the haystack's token count; a binary search
-    on it gives a starting point, then real checks gallop to the exact boundary.
-    """
-    if not fits(0):
-        return -1
-    low, high = 0, 1
-    while estimate(high) <= room:
-        low, high = high, high * 2
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (middle, high) if estimate(middle) <= room else (low, middle)
-    n = low
-    if fits(n):
-        step = 1
-        while fits(n + step):
-            n, step = n + step, step * 2
-        # fits(n) and not fits(n + step): bisect the gap.
-        low, high = n, n + step
-    else:
-        step = 1
-        while n - step > 0 and not fits(n - step):
-            step *= 2
-        # fits(max(0, n - step)) (n = 0 always fits) and not fits(n - step // 2).
-        low, high = max(0, n - step), n - step // 2 if step > 1 else n
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (middle, high) if fits(middle) else (low, middle)
-    return low

@@ -81,11 +81,19 @@ def corpus_files(name: str) -> list[Path]:
 
 
 def word_files() -> list[Path]:
-    """RULER's word lists: the adjective and noun lists of the ``wonderwords`` package."""
+    """RULER's NIAH word lists: the adjective and noun lists of the ``wonderwords`` package."""
+    return [_wonderwords_asset("adjectivelist.txt"), _wonderwords_asset("nounlist.txt")]
+
+
+def common_word_files() -> list[Path]:
+    """RULER's common-words lists: wonderwords' nouns, adjectives and verbs."""
+    return [_wonderwords_asset(name) for name in ("nounlist.txt", "adjectivelist.txt", "verblist.txt")]
+
+
+def _wonderwords_asset(name: str) -> Path:
     from importlib.resources import files
 
-    assets = files("wonderwords") / "assets"
-    return [Path(str(assets / "adjectivelist.txt")), Path(str(assets / "nounlist.txt"))]
+    return Path(str(files("wonderwords") / "assets" / name))
 
 
 def file_corpus(path: Path) -> Corpus:
@@ -101,3 +109,10 @@ def ruler_words() -> tuple[tuple[str, ...], tuple[str, ...]]:
     with wonderwords 3.0.1): the distinct adjectives and nouns, each sorted."""
     adjectives, nouns = (tuple(sorted({line.rstrip() for line in read_text(path).splitlines()} - {""})) for path in word_files())
     return adjectives, nouns
+
+
+@cache
+def common_words() -> tuple[str, ...]:
+    """RULER's common-words vocabulary: ``sorted(set(nouns + adjectives + verbs))`` of wonderwords'
+    lists, each line right-stripped as wonderwords reads it (8,166 words with wonderwords 3.0.1)."""
+    return tuple(sorted({line.rstrip() for path in common_word_files() for line in read_text(path).splitlines()}))
