@@ -16,9 +16,10 @@ from types import SimpleNamespace
 import pytest
 
 from bamctl.cli import main
-from bamctl.cli.eval_commands import _taken_options, _task_names, _task_options
+from bamctl.cli.eval_commands import _depths_by_task, _taken_options, _task_names, _task_options
 from bamctl.errors import BamctlError
 from bamctl.tasks import generate_samples, get_task, score
+from bamctl.tasks.registry import plan_samples
 from bamctl.tasks.common_words import cwe_sample
 from bamctl.tasks.frequent_words import fwe_sample, zeta, zipf_counts
 from bamctl.tasks.variable_tracking import rulers_example, vt_sample
@@ -395,6 +396,19 @@ def test_task_all_is_every_ruler_task():
     assert names[-3:] == ["vt", "cwe", "fwe"] and len(names) == 11
     assert all(name.startswith("niah_") for name in names[:8])
     assert _task_names("vt,all,vt") == ["vt"] + [n for n in names if n != "vt"]
+
+
+def test_depths_go_to_the_tasks_that_hide_one_needle():
+    placed = _depths_by_task(_task_names("all"), "5")
+    one_needle = {"niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_2", "niah_multikey_3"}
+    assert {name for name, depths in placed.items() if depths == "5"} == one_needle
+    assert _depths_by_task(["vt"], "5") == {"vt": "5"}  # one task: refused where it is planned, below
+    with pytest.raises(BamctlError, match="--depths applies to none"):
+        _depths_by_task(["vt", "niah_multivalue"], "5")
+    tok = get_tokenizer("gpt2")
+    for task in ("vt", "niah_multikey_1", "niah_multiquery"):  # refused when planned, before any sample is made
+        with pytest.raises(BamctlError, match="--depths does not apply"):
+            plan_samples(task, [1024], 1, [0], tok, depths=[0.5])
 
 
 def test_ruler_options_apply_to_the_new_tasks(tmp_path):

@@ -288,6 +288,19 @@ def _taken_options(options: dict[str, dict]) -> dict[str, dict]:
     return {name: {k: v for k, v in given.items() if k in taken[name]} for name, given in options.items()}
 
 
+def _depths_by_task(names: list[str], depths: str | None) -> dict[str, str | None]:
+    """``--depths`` for each task: with several tasks (``--task all``) it goes to those that hide one
+    needle and let it be placed; one task that does not take it, or none among several, is refused."""
+    from bamctl.tasks import get_task
+
+    if depths is None or len(names) == 1:
+        return {name: depths for name in names}
+    placed = {name: depths if get_task(name).takes_depths() else None for name in names}
+    if not any(placed.values()):
+        raise BamctlError(f"--depths applies to none of the tasks asked for ({', '.join(names)})")
+    return placed
+
+
 def _task_names(text: str) -> list[str]:
     """Comma-separated task names, every one checked before any work; ``all`` stands for every RULER task."""
     from bamctl.tasks import get_task, task_names
@@ -341,10 +354,11 @@ def ruler(
     """
     names = _task_names(task)
     options = _taken_options({name: _task_options(name, evaluation, ruler=ruler) for name in names})
+    placed = _depths_by_task(names, depths)
     run_models(
         [model],
         lambda train, seeds: [
-            _request(name, evaluation, train, seeds, depths=depths, samples=RULER_DEFAULT_SAMPLES, options=options[name])
+            _request(name, evaluation, train, seeds, depths=placed[name], samples=RULER_DEFAULT_SAMPLES, options=options[name])
             for name in names
         ],
         evaluation,

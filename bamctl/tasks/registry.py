@@ -26,7 +26,7 @@ from bamctl.tasks.frequent_words import fwe_sample
 from bamctl.tasks.metrics import METRICS
 from bamctl.tasks.passkey import authors_scoring, passkey_sample
 from bamctl.tasks.perplexity import ppl_options, ppl_plan, ppl_sample, ppl_setting
-from bamctl.tasks.ruler import niah_sample
+from bamctl.tasks.ruler import niah_sample, niah_takes_depths
 from bamctl.tasks.sample import SCORING_KINDS, Sample, SampleSlot
 from bamctl.tasks.texts import common_word_files, corpus_files, read_toml, tasks_dir, word_files
 from bamctl.tasks.variable_tracking import vt_sample
@@ -53,6 +53,14 @@ def even_grid(depths: list[float] | None) -> list[tuple[int, int]] | None:
     if any(abs(d - e) > 1e-9 for d, e in zip(depths, expected)):
         return None
     return [(i, k) for i in range(k)]
+
+
+def always(args: dict) -> bool:
+    return True
+
+
+def never(args: dict) -> bool:
+    return False
 
 
 def as_given(spec: "TaskSpec", lengths: list[int], options: dict) -> dict:
@@ -119,17 +127,17 @@ class Generator:
     setting: Callable[..., str] = no_setting
     files: Callable[..., list[Path]] = no_files
     supports: Callable[..., str | None] = any_tokenizer
-    takes_depths: bool = True
+    takes_depths: Callable[[dict], bool] = always  # given the task's TOML args: does --depths apply?
 
 
 # generator name in the TOML -> its functions
 GENERATORS: dict[str, Generator] = {
     "passkey": Generator(passkey_sample, version=2, supports=passkey_support),
-    "niah": Generator(niah_sample, version=2, setting=ruler_setting, files=niah_files),
-    "vt": Generator(vt_sample, version=1, setting=ruler_setting, takes_depths=False),
-    "cwe": Generator(cwe_sample, version=1, setting=ruler_setting, files=cwe_files, takes_depths=False),
-    "fwe": Generator(fwe_sample, version=1, setting=ruler_setting, takes_depths=False),
-    "ppl": Generator(ppl_sample, version=1, plan=ppl_plan, resolve=ppl_options, setting=ppl_setting, files=ppl_files, takes_depths=False),
+    "niah": Generator(niah_sample, version=2, setting=ruler_setting, files=niah_files, takes_depths=niah_takes_depths),
+    "vt": Generator(vt_sample, version=1, setting=ruler_setting, takes_depths=never),
+    "cwe": Generator(cwe_sample, version=1, setting=ruler_setting, files=cwe_files, takes_depths=never),
+    "fwe": Generator(fwe_sample, version=1, setting=ruler_setting, takes_depths=never),
+    "ppl": Generator(ppl_sample, version=1, plan=ppl_plan, resolve=ppl_options, setting=ppl_setting, files=ppl_files, takes_depths=never),
 }
 
 
@@ -165,6 +173,10 @@ class TaskSpec:
         """Option names the generator takes beyond its TOML arguments (e.g. ``corpus_path``)."""
         names = set(inspect.signature(self.functions.build).parameters) | set(inspect.signature(self.functions.plan).parameters)
         return names - {"slot", "tokenizer", "spec", "lengths", "depths", "n_samples", "seed", "_"}
+
+    def takes_depths(self) -> bool:
+        """Whether ``--depths`` applies: the task hides one thing and lets the caller place it."""
+        return self.functions.takes_depths(self.args)
 
 
 def _spec(task: str, protocol: str, table: dict, base: dict, source: str) -> TaskSpec:
@@ -304,8 +316,8 @@ def plan_samples(
         raise BamctlError(f"--samples must be at least 1 (got {n_samples})")
     if depths is None and spec.default_depths is not None:
         depths = parse_depths(spec.default_depths)
-    if depths is not None and not spec.functions.takes_depths:
-        raise BamctlError(f"--depths does not apply to {task}")
+    if depths is not None and not spec.takes_depths():
+        raise BamctlError(f"--depths does not apply to {task} (its generator places what it hides itself)")
     options = {key: value for key, value in options.items() if value is not None}
     unknown = sorted(set(options) - spec.options())
     if unknown:

@@ -104,6 +104,10 @@ class NiahSpec:
         return self.num_queries * self.num_values == 1
 
     @property
+    def n_needles(self) -> int:
+        return self.n_keys * self.num_values
+
+    @property
     def n_keys(self) -> int:
         return max(self.num_keys, self.num_queries)  # RULER asks about distinct keys
 
@@ -117,6 +121,11 @@ class NiahDraw:
     needles: list[str]  # shuffled, in the order they will appear
     query_keys: list[str]
     answers: list[str]
+
+
+def niah_takes_depths(args: dict) -> bool:
+    """Whether ``--depths`` applies: it places one needle, so only a variant that hides one."""
+    return NiahSpec(**args).n_needles == 1
 
 
 def draw_needles(spec: NiahSpec, rng) -> NiahDraw:
