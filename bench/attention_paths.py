@@ -47,7 +47,7 @@ def _run_one(path: str, length: int, heads: int, head_dim: int, repeats: int, sc
         table = prior.distance_table(length)
     scale = torch.ones(heads)
 
-    bias_fn = None
+    fire = None
     if path == "fire":
         from bamctl.positional import FIREPrior
 
@@ -55,14 +55,14 @@ def _run_one(path: str, length: int, heads: int, head_dim: int, repeats: int, sc
         with torch.no_grad():
             for parameter in fire.mlp.parameters():
                 parameter.normal_()
-        bias_fn, table = fire.bias, None
+        table = None
 
     def ours():
         kernel = kernel_for("blockwise" if path == "fire" else path)
         out = torch.empty_like(q)
         for start in range(0, length, CHUNK):
             stop = min(start + CHUNK, length)
-            inputs = AttentionInputs(q_start=start, bias_table=table, ssmax_scale=scale, ssmax_scope=scope, bias_fn=bias_fn)
+            inputs = AttentionInputs(q_start=start, bias_table=table, ssmax_scale=scale, ssmax_scope=scope, query_prior=fire)
             out[:, :, start:stop] = kernel(q[:, :, start:stop], k[:, :, :stop], v[:, :, :stop], inputs)
         return out
 
