@@ -216,7 +216,7 @@ class Attention(nn.Module):
             bias_table=state.bias_table(self.layer_id, self.prior, last) if by_distance else None,
             ssmax_scale=self.ssmax_scale,
             ssmax_scope=self.ssmax_scope,
-            bias_fn=self.prior.bias if self.prior is not None and not by_distance else None,
+            query_prior=self.prior if self.prior is not None and not by_distance else None,
         )
         y = state.kernel(q, k, v, inputs)  # (B, H, Q, Dh)
         return self.wo(y.transpose(1, 2).reshape(B, Q, C))

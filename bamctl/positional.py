@@ -22,6 +22,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from bamctl.engine.attention import PiecewiseBias
 from bamctl.errors import BamctlError, did_you_mean
 
 # exp() of anything above this would overflow float32 once SSMax multiplies it by
@@ -185,12 +186,15 @@ class FIREPrior(nn.Module):
     Transformers"): bias ``f(ψ(i - j) / ψ(max(L, i)))`` with ``ψ(x) = log(c·x + 1)``, ``f`` a ReLU
     MLP (1 -> 32 -> one output per head), ``c > 0`` and the threshold ``L`` learned. Dividing by
     ``ψ(max(L, i))`` (progressive interpolation) makes the bias depend on the query's position,
-    not on the distance alone, so no 1-D table holds it: kernels ask ``bias(queries, keys)``.
+    not on the distance alone, so no 1-D table of ``b_h(d)`` holds it.
 
     Exact and cheap without gradients: an MLP of one scalar is piecewise linear, with at most one
     breakpoint per hidden unit, so ``f`` is evaluated as ``A[segment] x + B[segment]`` after
     locating each ``x`` among the sorted breakpoints (``piecewise``), instead of 32 hidden units
-    per (query, key) pair.
+    per (query, key) pair. Kernels take the bias in one of two forms: ``bias(queries, keys)``, a
+    tile (dense, blockwise), or ``kernel_form(queries, max_distance)``, the 1-D line ``ψ(d)``,
+    one ``ψ(max(L, i))`` per query and the pieces, from which the native kernel computes each
+    pair's bias as it goes (no tile).
     """
 
     query_dependent = True
@@ -202,12 +206,18 @@ class FIREPrior(nn.Module):
         self.log_c = nn.Parameter(torch.tensor(math.log(0.1)))  # c = 0.1, as the paper starts
         self.threshold = nn.Parameter(torch.tensor(float(train_length)))  # L, starting at the training length
 
+    def psi(self, x: torch.Tensor) -> torch.Tensor:
+        """ψ(x) = log(c·x + 1), float32."""
+        return torch.log1p(self.log_c.float().exp() * x.float())
+
+    def query_norm(self, q_positions: torch.Tensor) -> torch.Tensor:
+        """ψ(max(L, i)) for each query position i: (Tq,), float32."""
+        return self.psi(torch.maximum(self.threshold.float().abs(), q_positions.float()))
+
     def normalized_distance(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
         """x = ψ(i - j) / ψ(max(L, i)) for every (query, key): (Tq, Tk), float32 (future keys: x of 0)."""
-        c = self.log_c.float().exp()
-        distance = (q_positions[:, None] - k_positions[None, :]).clamp(min=0).float()
-        reach = torch.maximum(self.threshold.float().abs(), q_positions.float())  # max(L, i)
-        return torch.log1p(c * distance) / torch.log1p(c * reach)[:, None]
+        distance = (q_positions[:, None] - k_positions[None, :]).clamp(min=0)
+        return self.psi(distance) / self.query_norm(q_positions)[:, None]
 
     def bias(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
         """b_h(i, j) for queries and keys at these absolute positions: (H, Tq, Tk), float32."""
@@ -217,6 +227,13 @@ class FIREPrior(nn.Module):
         breaks, slopes, offsets = self.piecewise()
         segment = torch.bucketize(x, breaks)  # (Tq, Tk): which linear piece each x falls on
         return slopes[:, segment] * x[None] + offsets[:, segment]
+
+    def kernel_form(self, q_positions: torch.Tensor, max_distance: int) -> PiecewiseBias:
+        """The bias as the native kernel takes it; ``bias`` gives the same values (same ψ, same
+        division, same pieces), so a kernel that computes ``slope·x + offset`` from these matches it."""
+        distance = torch.arange(max_distance + 1, device=q_positions.device)
+        breaks, slopes, offsets = self.piecewise()
+        return PiecewiseBias(self.psi(distance), self.query_norm(q_positions), breaks, slopes, offsets)
 
     def piecewise(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(sorted breakpoints (m,), slopes (H, m+1), offsets (H, m+1)): on piece s, f_h(x) = slope x + offset."""

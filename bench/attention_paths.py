@@ -11,7 +11,8 @@ the same sweep. Our paths compute the BAM prior and SSMax; SDPA computes neither
     python bench/attention_paths.py --lengths 16k --paths sdpa,native,fire   # FIRE (auto's path) against BAM
 
 ``fire`` is a FIRE prior (query-dependent; random MLP weights, L = 512) on the path ``auto``
-picks for it on a CPU (blockwise); the other paths run the BAM prior.
+picks for it on this machine (the native kernel where it builds, else blockwise); the other
+paths run the BAM prior.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def _run_one(path: str, length: int, heads: int, head_dim: int, repeats: int, sc
         table = prior.distance_table(length)
     scale = torch.ones(heads)
 
-    bias_fn = None
+    fire, kernel_path = None, path
     if path == "fire":
         from bamctl.positional import FIREPrior
 
@@ -55,14 +56,15 @@ def _run_one(path: str, length: int, heads: int, head_dim: int, repeats: int, sc
         with torch.no_grad():
             for parameter in fire.mlp.parameters():
                 parameter.normal_()
-        bias_fn, table = fire.bias, None
+        table = None
+        kernel_path = _auto_path_for_fire()
 
     def ours():
-        kernel = kernel_for("blockwise" if path == "fire" else path)
+        kernel = kernel_for(kernel_path)
         out = torch.empty_like(q)
         for start in range(0, length, CHUNK):
             stop = min(start + CHUNK, length)
-            inputs = AttentionInputs(q_start=start, bias_table=table, ssmax_scale=scale, ssmax_scope=scope, bias_fn=bias_fn)
+            inputs = AttentionInputs(q_start=start, bias_table=table, ssmax_scale=scale, ssmax_scope=scope, query_prior=fire)
             out[:, :, start:stop] = kernel(q[:, :, start:stop], k[:, :, :stop], v[:, :, :stop], inputs)
         return out
 
@@ -79,7 +81,17 @@ def _run_one(path: str, length: int, heads: int, head_dim: int, repeats: int, sc
             start = time.perf_counter()
             fn()
             times.append(time.perf_counter() - start)
-    return {"path": path, "length": length, "seconds": min(times), "peak_bytes": max(peak, 0)}
+    return {"path": path, "length": length, "seconds": min(times), "peak_bytes": max(peak, 0), "kernel": kernel_path}
+
+
+def _auto_path_for_fire() -> str:
+    """The path the engine's ``auto`` takes for a FIRE model on this machine's CPU."""
+    from bamctl.checkpoint import new_random_model
+    from bamctl.engine.stream import StreamingEngine
+    from bamctl.model import ModelConfig
+
+    model = new_random_model(ModelConfig.from_preset("micro", "fire-ssmax", vocab_size=101), 0)
+    return StreamingEngine(model, device="cpu", attention="auto").attention
 
 
 def _parse_length(text: str) -> int:
@@ -113,7 +125,7 @@ def main() -> None:
         lengths = [_parse_length(x) for x in args.lengths.split(",")]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, 1 x {args.heads} heads x {args.head_dim} dims, "
           f"float32, CPU; SSMax scope: {args.ssmax_scope}")
-    header = f"{'length':>7} | {'path':>9} | {'seconds':>8} | {'peak MiB':>8} | {'time / sdpa':>11} | {'mem / sdpa':>10}"
+    header = f"{'length':>7} | {'path':>16} | {'seconds':>8} | {'peak MiB':>8} | {'time / sdpa':>11} | {'mem / sdpa':>10}"
     print(header)
     print("-" * len(header))
     for length in lengths:
@@ -125,14 +137,15 @@ def main() -> None:
                    "--head-dim", str(args.head_dim), "--repeats", str(args.repeats), "--ssmax-scope", args.ssmax_scope]
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode != 0:
-                print(f"{length:>7} | {path:>9} | failed: {done.stderr.strip().splitlines()[-1:]}")
+                print(f"{length:>7} | {path:>16} | failed: {done.stderr.strip().splitlines()[-1:]}")
                 continue
             results[path] = json.loads(done.stdout)
         peer = results.get("sdpa")
         for path, r in results.items():
             ratio_t = r["seconds"] / peer["seconds"] if peer else float("nan")
             ratio_m = r["peak_bytes"] / peer["peak_bytes"] if peer and peer["peak_bytes"] else float("nan")
-            print(f"{length:>7} | {path:>9} | {r['seconds']:>8.3f} | {r['peak_bytes'] / 2**20:>8.1f} | {ratio_t:>11.2f} | {ratio_m:>10.2f}")
+            name = f"{path} ({r['kernel']})" if path == "fire" else path
+            print(f"{length:>7} | {name:>16} | {r['seconds']:>8.3f} | {r['peak_bytes'] / 2**20:>8.1f} | {ratio_t:>11.2f} | {ratio_m:>10.2f}")
 
 
 if __name__ == "__main__":

@@ -168,10 +168,75 @@ def test_fire_is_an_mlp_of_the_log_distance_over_the_log_query_position():
     assert torch.allclose(exact[:, 30, 20], exact[:, 50, 40])  # below L: the distance alone
 
 
-def test_auto_runs_fire_on_the_blockwise_path():
+def _fire(heads: int, train_length: int, seed: int, breaks_inside: bool = False):
+    """A FIRE prior with random weights (c = 0.3). ``breaks_inside``: every hidden unit switches
+    on or off inside x in (0, 1), some at the same x, so a row crosses all 33 pieces."""
+    from bamctl.positional import FIREPrior
+
+    generator = torch.Generator().manual_seed(seed)
+    fire = FIREPrior(heads, train_length=train_length)
+    with torch.no_grad():
+        for p in fire.mlp.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator))
+        fire.log_c.fill_(math.log(0.3))
+        if breaks_inside:
+            breaks = torch.rand(FIREPrior.HIDDEN, generator=generator)
+            breaks[6], breaks[8:10] = breaks[5], breaks[7]  # repeated breakpoints: empty pieces
+            fire.mlp[0].bias.copy_(-breaks * fire.mlp[0].weight[:, 0])
+            fire.mlp[2].weight.mul_(3)  # biases spanning several logits
+    return fire
+
+
+FIRE_SHAPES = [  # (keys, queries): queries at q_start = keys - queries, L = 64
+    (50, 50),  # every query at or below L at first, then past it
+    (700, 700),  # a whole prompt, three query blocks of 256
+    (900, 300),  # a later chunk: every normaliser ψ(i) differs
+    (513, 1),  # one decoding step, one key past a key block
+    (2000, 1000),  # four key blocks, the last query block partial
+]
+FIRE_CASES = [(None, "logits"), ("ssmax", "logits"), ("ssmax", "content")]
+
+
+@pytest.mark.parametrize("breaks_inside", [False, True])
+@pytest.mark.parametrize("keys,queries", FIRE_SHAPES)
+@pytest.mark.parametrize("ssmax,scope", FIRE_CASES)
+@torch.inference_mode()
+def test_native_fire_equals_the_dense_reference(keys, queries, ssmax, scope, breaks_inside):
+    from bamctl.engine import native
+    from bamctl.engine.attention import AttentionInputs, dense_attention
+
+    built, why = native.native_available()
+    if not built:
+        pytest.skip(f"the C++ kernel did not build here: {why}")
+    heads, head_dim = 3, 16
+    fire = _fire(heads, 64, keys + queries, breaks_inside)
+    generator = torch.Generator().manual_seed(keys * queries)
+    k, v = (torch.randn(2, heads, keys, head_dim, generator=generator) for _ in range(2))
+    q = torch.randn(2, heads, queries, head_dim, generator=generator)
+    if breaks_inside:
+        q.zero_()  # no content: the output is softmax(bias) . v, so a key on the wrong piece shows
+    inputs = AttentionInputs(
+        q_start=keys - queries,
+        bias_table=None,
+        ssmax_scale=torch.rand(heads, generator=generator) + 0.5 if ssmax else None,
+        ssmax_scope=scope,
+        query_prior=fire,
+    )
+    got, expected = native.native_attention(q, k, v, inputs), dense_attention(q, k, v, inputs)
+    assert got.dtype == torch.float32
+    assert torch.allclose(got, expected, atol=1e-4, rtol=0), (got - expected).abs().max()
+
+
+def test_auto_runs_fire_on_the_native_kernel_else_blockwise(monkeypatch):
     from bamctl.checkpoint import new_random_model
+    from bamctl.engine import stream
     from bamctl.engine.stream import StreamingEngine
     from bamctl.model import ModelConfig
 
     model = new_random_model(ModelConfig.from_preset("micro", "fire-ssmax", vocab_size=101), 0)
+    built, _ = stream.native_available()
+    assert StreamingEngine(model, device="cpu", attention="auto").attention == ("native" if built else "blockwise")
+    with pytest.raises(BamctlError, match="depends on the query position too"):
+        StreamingEngine(model, device="cpu", attention="fused")
+    monkeypatch.setattr(stream, "native_available", lambda: (False, "g++: command not found"))
     assert StreamingEngine(model, device="cpu", attention="auto").attention == "blockwise"

@@ -7,7 +7,8 @@ Every kernel computes, for query ``i`` (absolute position) and key ``j <= i``:
     l_ij =  s_ij * c_h(i) + b_h(i - j)      SSMax over the content only (the authors' code)
     l_ij =  s_ij + b_h(i - j)               without SSMax
 
-with ``b_h`` read from a per-head table ``(H, max_distance + 1)`` and
+with ``b_h`` read from a per-head table ``(H, max_distance + 1)`` (or, for a prior that
+depends on the query's position too, FIRE's, ``b_h(i, j)`` asked of the prior) and
 ``c_h(i) = s_h * log(i + 1)`` (i + 1 keys are visible to query i). Keys always start at
 absolute position 0 (a KV cache); queries start at ``q_start``.
 
@@ -24,9 +25,25 @@ from typing import Protocol
 
 import torch
 
-
-
 EXP_FLOOR = -80.0  # see blockwise_attention
+
+
+@dataclass(frozen=True)
+class PiecewiseBias:
+    """A query-dependent bias in the form a kernel can compute pair by pair:
+
+        b_h(i, j) = slopes[h, s] * x + offsets[h, s],   x = line[i - j] / query_norm[i - q_start],
+
+    with ``s`` the number of ``breaks`` strictly below ``x`` (``torch.bucketize``). ``line`` is
+    increasing in the distance, so along a query's keys ``x`` is monotone and each piece covers
+    one run of keys. FIRE is such a bias (``FIREPrior.kernel_form``).
+    """
+
+    line: torch.Tensor  # (D+1,) float32, ψ(d) for d = 0..D, shared by the heads
+    query_norm: torch.Tensor  # (Tq,) float32, > 0: each query's divisor
+    breaks: torch.Tensor  # (m,) float32, sorted
+    slopes: torch.Tensor  # (H, m+1) float32
+    offsets: torch.Tensor  # (H, m+1) float32
 
 
 @dataclass(frozen=True)
@@ -37,19 +54,27 @@ class AttentionInputs:
     bias_table: torch.Tensor | None  # (H, D+1) float32, b_h(d) for d = 0..D
     ssmax_scale: torch.Tensor | None  # (H,) s_h, or None without SSMax
     ssmax_scope: str = "logits"  # "logits" (content + prior) or "content"
-    # A prior that depends on the query's position too (FIRE): (q positions (Tq,), k positions (Tk,))
-    # -> (H, Tq, Tk). Only the dense and blockwise kernels take it; the others are refused it.
-    bias_fn: object | None = None
+    # A prior that depends on the query's position too (FIRE), instead of bias_table. Its
+    # ``bias(q positions (Tq,), k positions (Tk,))`` -> (H, Tq, Tk) serves the dense and blockwise
+    # kernels; its ``kernel_form(q positions, max distance)`` -> PiecewiseBias the native one.
+    # fused and flex are refused it (bamctl.engine.stream).
+    query_prior: QueryPrior | None = None
 
     @property
     def bias_for(self):
-        """(q positions, k positions) -> (H, Tq, Tk) bias, from the table or the function; None without a prior."""
-        if self.bias_fn is not None:
-            return self.bias_fn
+        """(q positions, k positions) -> (H, Tq, Tk) bias, from the table or the prior; None without a prior."""
+        if self.query_prior is not None:
+            return self.query_prior.bias
         if self.bias_table is None:
             return None
         table = self.bias_table
         return lambda q, k: table[:, (q[:, None] - k[None, :]).clamp(0, table.shape[1] - 1)]
+
+
+class QueryPrior(Protocol):
+    def bias(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor: ...
+
+    def kernel_form(self, q_positions: torch.Tensor, max_distance: int) -> PiecewiseBias: ...
 
 
 class AttentionKernel(Protocol):
@@ -143,9 +168,9 @@ def blockwise_attention(
         v_block = v[:, :, start:stop].float().flip(2)
         logits = qf @ k_block.transpose(-1, -2)  # (B, H, Tq, Tb)
         base = q_start - (stop - 1)  # distance of (query 0, reversed key 0)
-        if inputs.bias_fn is not None:  # depends on the query's position: computed for this block
+        if inputs.query_prior is not None:  # depends on the query's position: computed for this block
             q_positions = torch.arange(q_start, q_start + tq, device=q.device)
-            bias = inputs.bias_fn(q_positions, torch.arange(stop - 1, start - 1, -1, device=q.device))  # reversed keys
+            bias = inputs.query_prior.bias(q_positions, torch.arange(stop - 1, start - 1, -1, device=q.device))  # reversed keys
             if scale_bias:
                 logits.add_(bias).mul_(factor)
             else:

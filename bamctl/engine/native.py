@@ -8,6 +8,10 @@ mask, no merges, and the causal future is never visited. It is a plain flash-att
 loop in C++ (query blocks in parallel, key blocks with a running max and sum), calling
 the BLAS that torch links for its two products.
 
+FIRE's bias depends on the query's position as well as the distance, so no line holds
+it; the kernel takes it as its piecewise-linear form instead (``PiecewiseBias``: one line
+``ψ(d)``, one divisor per query, the pieces) and computes each pair's bias as it goes.
+
 It is compiled once per machine with ``torch.utils.cpp_extension`` (about a minute; cached
 under ``~/.cache/torch_extensions``, or ``$TORCH_EXTENSIONS_DIR``). Where that fails (no C++
 compiler, no Python headers) the engine says so once and uses the fused path.
@@ -23,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from bamctl.engine.attention import AttentionInputs, dense_attention, prior_line, ssmax_factor
+from bamctl.engine.attention import AttentionInputs, blockwise_attention, dense_attention, prior_line, ssmax_factor
 from bamctl.engine.fused import fused_attention, needs_grad
 
 SOURCE = Path(__file__).with_name("csrc") / "bam_attention.cpp"
@@ -92,12 +96,15 @@ def native_attention_counted(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs
 ) -> tuple[torch.Tensor, int, int]:
     """The attention output, the key blocks skipped (weights provably 0) and the key blocks visited."""
-    if needs_grad(q, k, v, inputs):
+    query_prior = inputs.query_prior
+    if needs_grad(q, k, v, inputs) or _prior_needs_grad(query_prior):
         return dense_attention(q, k, v, inputs), 0, 0  # the kernel has no backward
     ok, why = native_available()
     if not ok or q.device.type != "cpu":
         if not ok:
             _warn_fallback(why)
+        if query_prior is not None:  # the fused kernel takes a distance prior only
+            return blockwise_attention(q, k, v, inputs), 0, 0
         return fused_attention(q, k, v, inputs), 0, 0
     tq, head_dim = q.shape[2], q.shape[3]
     q0 = inputs.q_start
@@ -106,18 +113,35 @@ def native_attention_counted(
     if inputs.ssmax_scale is not None:
         factor = ssmax_factor(inputs, tq, q.device)  # (H, Tq): c_h(i)
         qf = qf * factor[None, :, :, None]
-        if inputs.bias_table is not None and inputs.ssmax_scope == "logits":
+        has_prior = inputs.bias_table is not None or query_prior is not None
+        if has_prior and inputs.ssmax_scope == "logits":
             prior_scale = factor.contiguous()
-    prior = None
-    if inputs.bias_table is not None:  # prior[h, t] = b_h(L - 1 - t), L = q0 + tq: keys walk it forward
-        prior = prior_line(inputs.bias_table, q0 + tq - 1, q0 + tq).float().contiguous()
     kf, vf = k.float(), v.float()
     if kf.stride(-1) != 1:
         kf = kf.contiguous()
     if vf.stride(-1) != 1:
         vf = vf.contiguous()
+    if query_prior is not None:
+        # Distances 0 .. q0 + tq - 1, reversed as the prior line below: keys walk it forward.
+        form = query_prior.kernel_form(torch.arange(q0, q0 + tq, device=q.device), q0 + tq - 1)
+        out, _lse, blocks = _extension().piecewise_attention(
+            qf, kf, vf, form.line.float().flip(0).contiguous(), form.query_norm.float().contiguous(),
+            form.breaks.float().contiguous(), form.slopes.float().contiguous(), form.offsets.float().contiguous(),
+            prior_scale, q0,
+        )
+        return out.to(q.dtype), int(blocks[0]), int(blocks[1])
+    prior = None
+    if inputs.bias_table is not None:  # prior[h, t] = b_h(L - 1 - t), L = q0 + tq: keys walk it forward
+        prior = prior_line(inputs.bias_table, q0 + tq - 1, q0 + tq).float().contiguous()
     out, _lse, blocks = _extension().bam_attention(qf, kf, vf, prior, prior_scale, q0)
     return out.to(q.dtype), int(blocks[0]), int(blocks[1])
+
+
+def _prior_needs_grad(prior) -> bool:
+    """Whether a query-dependent prior is being trained (its bias must then carry gradients)."""
+    if prior is None or not torch.is_grad_enabled():
+        return False
+    return any(p.requires_grad for p in getattr(prior, "parameters", tuple)())
 
 
 class NativeKernel:

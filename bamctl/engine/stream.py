@@ -68,27 +68,27 @@ def resolve_attention(name: str, device: torch.device) -> str:
 # Paths that fold SSMax's factor into the queries: exact to 1e-4 for factors >= 0 only.
 FOLDING_PATHS = ("native", "fused")
 # Paths that take a prior as a function of (query, key) positions, not only of the distance (FIRE).
-QUERY_DEPENDENT_PATHS = ("blockwise", "dense")
+QUERY_DEPENDENT_PATHS = ("native", "blockwise", "dense")
 
 
 def _exact_for(model: Transformer, attention: str, chosen_by_auto: bool) -> str:
     """The path, unless it cannot compute this model exactly.
 
-    A prior that depends on the query's position (FIRE) fits no 1-D line: only blockwise and
-    dense take it. With a negative SSMax scale, the logits-scope factor multiplies a prior that
-    grows with distance into large positive logits; folding it into the queries (native, fused)
-    then rounds differently from the reference by up to ~4e-3. ``auto`` takes the blockwise
-    path instead; asked for, such a path is refused with one line.
+    A prior that depends on the query's position (FIRE) fits no 1-D line: native takes it in its
+    piecewise-linear form, blockwise and dense ask it for each tile; fused and flex cannot. With a
+    negative SSMax scale, the logits-scope factor multiplies a prior that grows with distance into
+    large positive logits; folding it into the queries (native, fused) then rounds differently
+    from the reference by up to ~4e-3. ``auto`` takes the blockwise path instead; asked for,
+    such a path is refused with one line.
     """
     if any(getattr(layer.attention.prior, "query_dependent", False) for layer in model.layers):
-        if attention in QUERY_DEPENDENT_PATHS:
-            return attention
-        if chosen_by_auto:
-            return "blockwise"
-        raise BamctlError(
-            f"--attention {attention} takes a prior by distance only; {model.config.label}'s depends on the "
-            "query position too: use --attention blockwise (or dense)"
-        )
+        if attention not in QUERY_DEPENDENT_PATHS:
+            if not chosen_by_auto:
+                raise BamctlError(
+                    f"--attention {attention} takes a prior by distance only; {model.config.label}'s depends on the "
+                    "query position too: use --attention native, blockwise or dense"
+                )
+            attention = "blockwise"  # auto on CUDA, or on a CPU without the native kernel
     if attention not in FOLDING_PATHS:
         return attention
     negative = [

@@ -1,12 +1,20 @@
-// bamctl's CPU attention kernel: causal flash attention with a distance prior and SSMax.
+// bamctl's CPU attention kernel: causal flash attention with a positional bias and SSMax.
 //
 // For query row r (absolute position i = q_start + r) and key j <= i it computes
-//     l_ij = q_i . k_j + p_r * prior[h, i - j]
+//     l_ij = q_i . k_j + p_r * b_h(i, j)
 // where the caller has folded 1/sqrt(Dh) and SSMax's per-row factor c_h(i) into q, and
-// p_r is the prior's per-row multiplier (c_h(i) when SSMax scales the prior too, else 1).
-// The prior is read on the fly from one line per head, reversed so that consecutive keys
-// are consecutive floats: prior_rev[h, t] = b_h(L - 1 - t), i.e. b_h(i - j) sits at
-// t = L - 1 - i + j. Nothing of size (queries x keys) is ever built.
+// p_r is the bias's per-row multiplier (c_h(i) when SSMax scales the bias too, else 1).
+// Nothing of size (queries x keys) is ever built; the bias comes in one of two forms:
+//
+// - a distance prior, b_h(i - j) (ALiBi, KERPLE, T5, BAM): read on the fly from one line
+//   per head, reversed so that consecutive keys are consecutive floats:
+//   prior_rev[h, t] = b_h(L - 1 - t), i.e. b_h(i - j) sits at t = L - 1 - i + j.
+// - a piecewise-linear function of a per-query-scaled distance (FIRE):
+//   b_h(i, j) = A[h, s] x + B[h, s] with x = psi(i - j) / norm_i and s the number of
+//   breakpoints below x. psi is one line shared by the heads, reversed as above. Along a
+//   row x falls as j rises, so each piece covers one run of keys: the row's first distance
+//   past each breakpoint is found once per query block (a binary search on psi), and a row
+//   is then a few runs of one fused multiply-add each, with no search per key.
 //
 // Exact skipping: a key block that lies wholly in the past of a query block is skipped
 // when, for every query r of the block, an upper bound of its logits there,
@@ -143,39 +151,163 @@ bool block_is_negligible(const float* keys, int64_t key_stride, int64_t dim, int
   return true;
 }
 
-}  // namespace
+// row[0:n] += scale * (A_s x_j + B_s), x_j = psi[j] / norm, s the piece x_j falls on; returns
+// max(row[0:n]). psi[j] = psi(d0 - j): key j of the row is at distance d0 - j. first[k] is the
+// row's smallest distance whose x exceeds breakpoint k, so key j lies on piece
+// s = #{k : first[k] <= d0 - j}, falling by one at each run boundary as j rises.
+float add_pieces_and_max(float* row, const float* psi, float norm, float scale, const int64_t* first, int64_t pieces,
+                         const float* slope, const float* offset, int64_t d0, int64_t n) {
+  int64_t s = std::upper_bound(first, first + pieces - 1, d0) - first;  // the piece of key 0
+  const fVec vnorm(norm), vscale(scale);
+  fVec vmax(-std::numeric_limits<float>::infinity());
+  float best = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < n; --s) {
+    const int64_t end = s == 0 ? n : std::min(n, d0 - first[s - 1] + 1);  // keys at distance >= first[s - 1]
+    const fVec va(slope[s]), vb(offset[s]);
+    for (; j + fVec::size() <= end; j += fVec::size()) {
+      const fVec x = fVec::loadu(psi + j) / vnorm;  // divided, not multiplied by 1/norm: bit for bit torch's x
+      const fVec biased = at::vec::fmadd(at::vec::fmadd(va, x, vb), vscale, fVec::loadu(row + j));
+      biased.store(row + j);
+      vmax = at::vec::maximum(vmax, biased);
+    }
+    for (; j < end; ++j) {
+      row[j] += scale * (slope[s] * (psi[j] / norm) + offset[s]);
+      best = std::max(best, row[j]);
+    }
+  }
+  return std::max(best, at::vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return at::vec::maximum(a, b); }, vmax));
+}
 
-std::vector<at::Tensor> bam_attention(
-    const at::Tensor& q,  // (B, H, Tq, Dh) float32, scaled; last dim contiguous
-    const at::Tensor& k,  // (B, H, Tk, Dh) float32; last dim contiguous
-    const at::Tensor& v,  // (B, H, Tk, Dh) float32; last dim contiguous
-    const c10::optional<at::Tensor>& prior_rev,    // (H, L) float32 contiguous, or none
-    const c10::optional<at::Tensor>& prior_scale,  // (H, Tq) float32 contiguous, or none (= 1)
-    int64_t q_start) {
+// The two biases the attention loop takes. Each makes, per thread, a `Task` that is pointed
+// at one query block of one head (`begin`), may rule out a key block wholly in the block's
+// past (`negligible`), and adds the bias to one row of scores, returning its max (`add`).
+
+// b_h(i - j) from one reversed line per head (or no bias at all), times p_r.
+struct DistancePrior {
+  const float* line = nullptr;       // (H, length) reversed prior lines, or null: no prior
+  int64_t length = 0;
+  const float* row_scale = nullptr;  // (H, Tq) p_r, or null: 1
+  int64_t queries = 0;
+
+  class Task {
+   public:
+    Task(const DistancePrior& prior, int64_t max_rows) : prior_(prior), q_norm_(max_rows) {}
+
+    void begin(int64_t h, int64_t r0, int64_t rows, int64_t first, const float* q, int64_t q_stride, int64_t dim) {
+      line_ = prior_.line ? prior_.line + h * prior_.length : nullptr;
+      scale_ = prior_.row_scale ? prior_.row_scale + h * prior_.queries + r0 : nullptr;
+      rows_ = rows;
+      visible_ = first + rows;
+      if (line_ != nullptr) {
+        for (int64_t r = 0; r < rows; ++r) q_norm_[r] = norm(q + r * q_stride, dim);
+      }
+    }
+
+    bool negligible(const float* keys, int64_t key_stride, int64_t dim, int64_t j0, int64_t cols, const float* top) const {
+      return line_ != nullptr && block_is_negligible(keys, key_stride, dim, j0, cols, line_ + (prior_.length - visible_ + j0),
+                                                     rows_, q_norm_.data(), scale_, top);
+    }
+
+    float add(float* row, int64_t r, int64_t i, int64_t j0, int64_t n) const {
+      const float* prior_row = line_ ? line_ + (prior_.length - 1 - i + j0) : nullptr;
+      return add_prior_and_max(row, prior_row, scale_ ? scale_[r] : 1.f, n);
+    }
+
+   private:
+    const DistancePrior& prior_;
+    std::vector<float> q_norm_;
+    const float* line_ = nullptr;
+    const float* scale_ = nullptr;
+    int64_t rows_ = 0, visible_ = 0;
+  };
+};
+
+// FIRE's b_h(i, j) = A[h, s] x + B[h, s], x = psi(i - j) / norm_i, times p_r.
+struct PiecewisePrior {
+  const float* psi = nullptr;        // (length,) reversed: psi[t] = psi(length - 1 - t)
+  int64_t length = 0;
+  const float* norm = nullptr;       // (Tq,) each query's divisor, > 0
+  const float* breaks = nullptr;     // (pieces - 1,) sorted
+  const float* slopes = nullptr;     // (H, pieces)
+  const float* offsets = nullptr;    // (H, pieces)
+  int64_t pieces = 1;
+  const float* row_scale = nullptr;  // (H, Tq) p_r, or null: 1
+  int64_t queries = 0;
+
+  class Task {
+   public:
+    Task(const PiecewisePrior& prior, int64_t max_rows) : prior_(prior), first_(max_rows * (prior.pieces - 1)) {}
+
+    // For every row, the smallest distance d (0..i + 1) with psi(d) / norm_i > breakpoint k:
+    // x only grows with d, so a binary search per breakpoint. It divides exactly as `add`
+    // does, so the run boundaries agree with the piece each x is computed on. (Were two
+    // neighbouring psi values ever out of order by a rounding, the only keys affected would
+    // have x within an ulp of a breakpoint, where both pieces give the same f.) The searches
+    // do not depend on the head; they cost rows x (pieces - 1) x log2(i) steps, next to the
+    // rows x i x Dh of the products.
+    void begin(int64_t h, int64_t r0, int64_t rows, int64_t first, const float*, int64_t, int64_t) {
+      h_ = h;
+      r0_ = r0;
+      const int64_t m = prior_.pieces - 1;
+      const float* psi_end = prior_.psi + prior_.length - 1;  // psi(d) = psi_end[-d]
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = first + r;
+        const float n = prior_.norm[r0 + r];
+        int64_t lo = 0;
+        for (int64_t k = 0; k < m; ++k) {  // thresholds rise with k: each search starts at the last
+          int64_t hi = i + 1;
+          while (lo < hi) {
+            const int64_t mid = lo + (hi - lo) / 2;
+            if (psi_end[-mid] / n > prior_.breaks[k]) hi = mid; else lo = mid + 1;
+          }
+          first_[r * m + k] = lo;
+        }
+      }
+    }
+
+    // No key block is tested for skipping: FIRE's bias is f over x in [0, 1], learned with no
+    // pull towards steepness, and a range of 110 logits that skipping needs would be unusual;
+    // the test would cost on every block and rarely skip one.
+    bool negligible(const float*, int64_t, int64_t, int64_t, int64_t, const float*) const { return false; }
+
+    float add(float* row, int64_t r, int64_t i, int64_t j0, int64_t n) const {
+      const int64_t m = prior_.pieces - 1;
+      const float scale = prior_.row_scale ? prior_.row_scale[h_ * prior_.queries + r0_ + r] : 1.f;
+      return add_pieces_and_max(row, prior_.psi + (prior_.length - 1 - i + j0), prior_.norm[r0_ + r], scale,
+                                first_.data() + r * m, prior_.pieces, prior_.slopes + h_ * prior_.pieces,
+                                prior_.offsets + h_ * prior_.pieces, i - j0, n);
+    }
+
+   private:
+    const PiecewisePrior& prior_;
+    std::vector<int64_t> first_;  // (rows, pieces - 1)
+    int64_t h_ = 0, r0_ = 0;
+  };
+};
+
+void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t q_start) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "q, k, v must be (B, H, T, Dh)");
   TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
               "q, k, v must be float32");
   TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "last dims must be contiguous");
-  const int64_t batch = q.size(0), heads = q.size(1), queries = q.size(2), dim = q.size(3);
-  const int64_t keys = k.size(2);
+  const int64_t heads = q.size(1), dim = q.size(3);
   TORCH_CHECK(k.size(1) == heads && v.size(1) == heads && k.size(3) == dim && v.size(3) == dim, "shape mismatch");
-  TORCH_CHECK(keys >= q_start + queries, "keys must reach the last query");
+  TORCH_CHECK(k.size(2) >= q_start + q.size(2), "keys must reach the last query");
+}
 
-  const float* prior = nullptr;
-  int64_t line = 0;
-  if (prior_rev.has_value()) {
-    TORCH_CHECK(prior_rev->is_contiguous() && prior_rev->scalar_type() == at::kFloat, "prior must be float32, contiguous");
-    TORCH_CHECK(prior_rev->size(0) == heads && prior_rev->size(1) >= q_start + queries, "prior line too short");
-    prior = prior_rev->data_ptr<float>();
-    line = prior_rev->size(1);
-  }
-  const float* row_scale = nullptr;
-  if (prior_scale.has_value()) {
-    TORCH_CHECK(prior_scale->is_contiguous() && prior_scale->size(0) == heads && prior_scale->size(1) == queries,
-                "prior scale must be (H, Tq), contiguous");
-    row_scale = prior_scale->data_ptr<float>();
-  }
+// (H, Tq) p_r, or null.
+const float* row_scale_of(const c10::optional<at::Tensor>& prior_scale, int64_t heads, int64_t queries) {
+  if (!prior_scale.has_value()) return nullptr;
+  TORCH_CHECK(prior_scale->is_contiguous() && prior_scale->scalar_type() == at::kFloat && prior_scale->size(0) == heads &&
+                  prior_scale->size(1) == queries,
+              "prior scale must be (H, Tq) float32, contiguous");
+  return prior_scale->data_ptr<float>();
+}
 
+template <class Bias>
+std::vector<at::Tensor> flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Bias& bias,
+                                        int64_t q_start) {
+  const int64_t batch = q.size(0), heads = q.size(1), queries = q.size(2), dim = q.size(3);
   std::atomic<int64_t> skipped{0}, visited{0};
   auto out = at::empty({batch, heads, queries, dim}, q.options());
   auto lse = at::empty({batch, heads, queries}, q.options());
@@ -194,7 +326,8 @@ std::vector<at::Tensor> bam_attention(
   const int64_t n_tasks = batch * heads * n_blocks;
   std::atomic<int64_t> next_task{0};
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-    std::vector<float> scores(q_block * kKeyBlock), acc(q_block * dim), top(q_block), total(q_block), q_norm(q_block);
+    std::vector<float> scores(q_block * kKeyBlock), acc(q_block * dim), top(q_block), total(q_block);
+    typename Bias::Task task_bias(bias, q_block);
     for (int64_t task = next_task.fetch_add(1); task < n_tasks; task = next_task.fetch_add(1)) {
       const int64_t block = n_blocks - 1 - task / (batch * heads), b = (task / heads) % batch, h = task % heads;
       const int64_t r0 = block * q_block, rows = std::min(q_block, queries - r0);
@@ -206,18 +339,14 @@ std::vector<at::Tensor> bam_attention(
       std::fill(top.begin(), top.begin() + rows, -std::numeric_limits<float>::infinity());
       std::fill(total.begin(), total.begin() + rows, 0.f);
       std::fill(acc.begin(), acc.begin() + rows * dim, 0.f);
-
-      if (prior != nullptr) {
-        for (int64_t r = 0; r < rows; ++r) q_norm[r] = norm(qp + r * q.stride(2), dim);
-      }
+      task_bias.begin(h, r0, rows, first, qp, q.stride(2), dim);
       int64_t local_skipped = 0, local_visited = 0;
 
       for (int64_t j0 = (visible - 1) / kKeyBlock * kKeyBlock; j0 >= 0; j0 -= kKeyBlock) {  // nearest first
         const int64_t cols = std::min(kKeyBlock, visible - j0);
         ++local_visited;
-        if (prior != nullptr && j0 + cols <= first &&  // wholly in the past of every row: may skip
-            block_is_negligible(kp, k.stride(2), dim, j0, cols, prior + h * line + (line - visible + j0), rows,
-                                q_norm.data(), row_scale ? row_scale + h * queries + r0 : nullptr, top.data())) {
+        if (j0 + cols <= first &&  // wholly in the past of every row: may skip
+            task_bias.negligible(kp, k.stride(2), dim, j0, cols, top.data())) {
           ++local_skipped;
           continue;
         }
@@ -231,9 +360,7 @@ std::vector<at::Tensor> bam_attention(
             std::fill(row, row + cols, 0.f);
             continue;
           }
-          const float* prior_row = prior ? prior + h * line + (line - 1 - i + j0) : nullptr;
-          const float scale = row_scale ? row_scale[h * queries + r0 + r] : 1.f;
-          const float block_max = add_prior_and_max(row, prior_row, scale, n);
+          const float block_max = task_bias.add(row, r, i, j0, n);
           const float new_top = std::max(top[r], block_max);
           const float decay = std::exp(top[r] - new_top);  // 0 on the first block (top = -inf)
           const float sum = exp_and_sum(row, new_top, n);
@@ -262,6 +389,65 @@ std::vector<at::Tensor> bam_attention(
   return {out, lse, at::tensor({skipped.load(), visited.load()}, at::kLong)};
 }
 
+}  // namespace
+
+std::vector<at::Tensor> bam_attention(
+    const at::Tensor& q,  // (B, H, Tq, Dh) float32, scaled; last dim contiguous
+    const at::Tensor& k,  // (B, H, Tk, Dh) float32; last dim contiguous
+    const at::Tensor& v,  // (B, H, Tk, Dh) float32; last dim contiguous
+    const c10::optional<at::Tensor>& prior_rev,    // (H, L) float32 contiguous, or none
+    const c10::optional<at::Tensor>& prior_scale,  // (H, Tq) float32 contiguous, or none (= 1)
+    int64_t q_start) {
+  check_qkv(q, k, v, q_start);
+  const int64_t heads = q.size(1), queries = q.size(2);
+  DistancePrior prior;
+  if (prior_rev.has_value()) {
+    TORCH_CHECK(prior_rev->is_contiguous() && prior_rev->scalar_type() == at::kFloat, "prior must be float32, contiguous");
+    TORCH_CHECK(prior_rev->size(0) == heads && prior_rev->size(1) >= q_start + queries, "prior line too short");
+    prior.line = prior_rev->data_ptr<float>();
+    prior.length = prior_rev->size(1);
+  }
+  prior.row_scale = row_scale_of(prior_scale, heads, queries);
+  prior.queries = queries;
+  return flash_attention(q, k, v, prior, q_start);
+}
+
+std::vector<at::Tensor> piecewise_attention(
+    const at::Tensor& q,            // (B, H, Tq, Dh) float32, scaled; last dim contiguous
+    const at::Tensor& k,            // (B, H, Tk, Dh) float32; last dim contiguous
+    const at::Tensor& v,            // (B, H, Tk, Dh) float32; last dim contiguous
+    const at::Tensor& psi_rev,      // (L,) float32: psi(L - 1 - t), non-decreasing in the distance
+    const at::Tensor& query_norm,   // (Tq,) float32, > 0
+    const at::Tensor& breaks,       // (m,) float32, sorted
+    const at::Tensor& slopes,       // (H, m + 1) float32
+    const at::Tensor& offsets,      // (H, m + 1) float32
+    const c10::optional<at::Tensor>& prior_scale,  // (H, Tq) float32 contiguous, or none (= 1)
+    int64_t q_start) {
+  check_qkv(q, k, v, q_start);
+  const int64_t heads = q.size(1), queries = q.size(2), m = breaks.numel();
+  for (const at::Tensor* t : {&psi_rev, &query_norm, &breaks, &slopes, &offsets}) {
+    TORCH_CHECK(t->is_contiguous() && t->scalar_type() == at::kFloat, "the pieces must be float32, contiguous");
+  }
+  TORCH_CHECK(psi_rev.dim() == 1 && psi_rev.size(0) >= q_start + queries, "psi line too short");
+  TORCH_CHECK(query_norm.dim() == 1 && query_norm.size(0) == queries, "query norm must be (Tq,)");
+  TORCH_CHECK(breaks.dim() == 1 && slopes.dim() == 2 && slopes.size(0) == heads && slopes.size(1) == m + 1 &&
+                  offsets.sizes() == slopes.sizes(),
+              "slopes and offsets must be (H, m + 1) for m breakpoints");
+  PiecewisePrior prior;
+  prior.psi = psi_rev.data_ptr<float>();
+  prior.length = psi_rev.size(0);
+  prior.norm = query_norm.data_ptr<float>();
+  prior.breaks = breaks.data_ptr<float>();
+  prior.slopes = slopes.data_ptr<float>();
+  prior.offsets = offsets.data_ptr<float>();
+  prior.pieces = m + 1;
+  prior.row_scale = row_scale_of(prior_scale, heads, queries);
+  prior.queries = queries;
+  return flash_attention(q, k, v, prior, q_start);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bam_attention", &bam_attention, "causal attention with a distance prior and SSMax (CPU)");
+  m.def("piecewise_attention", &piecewise_attention,
+        "causal attention with a piecewise-linear bias of a per-query-scaled distance (FIRE) and SSMax (CPU)");
 }
