@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from bamctl.checkpoint import CONFIG_FILE, new_random_model, save_checkpoint
 from bamctl.errors import BamctlError
 from bamctl.model import Transformer
-from bamctl.train.data import IGNORE, BatchMaker, text_tokens
+from bamctl.train.data import IGNORE, BatchMaker, passkey_filler, text_tokens
 from bamctl.train.recipe import Recipe
 from bamctl.train.vocab import build_token_subset
 from bamctl.vocab import VocabSubset
@@ -151,11 +151,13 @@ def prepare(recipe: Recipe, *, device: str = "cpu", data_dir: Path | None = None
     resolved = resolve_device(device)
     tokenizer = get_tokenizer("gpt2")
     text = text_tokens(recipe, tokenizer, data_dir)
-    token_subset = build_token_subset(tokenizer, text, recipe.data.vocab_size)
+    filler = passkey_filler(recipe, tokenizer)
+    # The subset's frequent ids come from the text, or from the filler corpus in a retrieval-only recipe.
+    token_subset = build_token_subset(tokenizer, text if text is not None else filler, recipe.data.vocab_size)
     model = new_random_model(recipe.model_config(token_subset), recipe.train.seed).to(resolved)
     subset = VocabSubset(token_subset, tokenizer.vocab_size) if token_subset is not None else None
     source = "none" if text is None else text.name
-    return Setup(recipe, model, BatchMaker(recipe, tokenizer, text, subset), resolved, source)
+    return Setup(recipe, model, BatchMaker(recipe, tokenizer, text, subset, filler), resolved, source)
 
 
 def _step(setup: Setup, optimizer, step: int) -> float:

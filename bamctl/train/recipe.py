@@ -4,7 +4,8 @@ Sections (every key is required unless it has a default below):
 
     name, description, expected_losses      # top level
     [model]     preset, pe, train_length, and any ModelConfig override (dim, n_layers, ...)
-    [data]      text, passkey_fraction, vocab_size, passkey_seed_offset, passkey_loss
+    [data]      text, passkey_fraction, vocab_size, passkey_seed_offset, passkey_loss,
+                passkey_filler, passkey_filler_fraction, passkey_min_length
     [optim]     lr, betas, weight_decay, grad_clip, eps, positional_lr_scale
     [schedule]  warmup_steps, min_lr_ratio   (linear warm-up, then cosine to min_lr_ratio * lr)
     [train]     steps, batch_size, grad_accum, seed, save_every, cpu_threads
@@ -31,6 +32,11 @@ PASSKEY_SEED_OFFSET = 1_000_000
 # Text sources a recipe may name: the shipped training corpus, the user's --data folder,
 # or none (retrieval-only). The perplexity and essay corpora are for evaluation only.
 TEXT_SOURCES = ("train", "data-dir", "none")
+# What fills training passkey prompts: the protocol's five repeated sentences (as every
+# evaluation prompt), or running text from a shipped corpus (digits removed), so that
+# the key cannot be found by the filler's surface. Evaluation prompts never change.
+FILLER_SOURCES = ("protocol", "train", "essays")
+PASSKEY_LOSSES = ("key", "answer", "all")
 # ModelConfig fields a recipe may not set: the recipe's own keys decide them.
 _DERIVED_MODEL_FIELDS = {"pe", "ssmax", "train_length", "vocab_size", "token_subset", "tokenizer"}
 
@@ -50,8 +56,12 @@ class DataSection:
     vocab_size: int  # rows of the token subset (passkey pieces + most frequent text ids); 0 = full tokenizer
     passkey_seed_offset: int = PASSKEY_SEED_OFFSET  # passkey sample seed = offset + global row index
     # "key": on passkey rows only the key's digits are scored (both needle copies and the
-    # answer; the rest is a fixed template that teaches nothing); "all": every token.
+    # answer; the rest is a fixed template that teaches nothing); "answer": only the
+    # answer's digits; "all": every token.
     passkey_loss: str = "key"
+    passkey_filler: str = "protocol"  # one of FILLER_SOURCES
+    passkey_filler_fraction: float = 1.0  # share of passkey rows filled from passkey_filler (the rest: protocol)
+    passkey_min_length: int = 0  # shortest prompt + answer of a training row; 0: the shortest possible
 
 
 @dataclass(frozen=True)
@@ -175,7 +185,16 @@ def _required(f) -> bool:
 # Field types by section, spelled out: annotations are strings under `from __future__`.
 _TYPES = {
     ModelSection: {"preset": str, "pe": str, "train_length": int},
-    DataSection: {"text": str, "passkey_fraction": float, "vocab_size": int, "passkey_seed_offset": int, "passkey_loss": str},
+    DataSection: {
+        "text": str,
+        "passkey_fraction": float,
+        "vocab_size": int,
+        "passkey_seed_offset": int,
+        "passkey_loss": str,
+        "passkey_filler": str,
+        "passkey_filler_fraction": float,
+        "passkey_min_length": int,
+    },
     OptimSection: {"lr": float, "betas": tuple[float, float], "weight_decay": float, "grad_clip": float, "eps": float, "positional_lr_scale": float},
     ScheduleSection: {"warmup_steps": int, "min_lr_ratio": float},
     TrainSection: {"steps": int, "batch_size": int, "seed": int, "save_every": int, "grad_accum": int, "cpu_threads": int},
@@ -227,8 +246,16 @@ def _check(recipe: Recipe, source: str) -> None:
         raise BamctlError(f"{source}: [data] text must be one of {', '.join(TEXT_SOURCES)}, not {d.text!r}")
     if not 0.0 <= d.passkey_fraction <= 1.0:
         raise BamctlError(f"{source}: [data] passkey_fraction must be in [0, 1], not {d.passkey_fraction}")
-    if d.passkey_loss not in ("key", "all"):
-        raise BamctlError(f"{source}: [data] passkey_loss must be 'key' or 'all', not {d.passkey_loss!r}")
+    if d.passkey_loss not in PASSKEY_LOSSES:
+        raise BamctlError(f"{source}: [data] passkey_loss must be one of {', '.join(PASSKEY_LOSSES)}, not {d.passkey_loss!r}")
+    if d.passkey_filler not in FILLER_SOURCES:
+        raise BamctlError(f"{source}: [data] passkey_filler must be one of {', '.join(FILLER_SOURCES)}, not {d.passkey_filler!r}")
+    if not 0.0 <= d.passkey_filler_fraction <= 1.0:
+        raise BamctlError(f"{source}: [data] passkey_filler_fraction must be in [0, 1], not {d.passkey_filler_fraction}")
+    if not 0 <= d.passkey_min_length <= m.train_length + 1:
+        raise BamctlError(
+            f"{source}: [data] passkey_min_length must be in [0, train_length + 1 = {m.train_length + 1}], not {d.passkey_min_length}"
+        )
     if d.text == "none" and d.passkey_fraction < 1.0:
         raise BamctlError(f"{source}: [data] text = 'none' needs passkey_fraction = 1 (a retrieval-only recipe)")
     if d.vocab_size < 0:
