@@ -275,7 +275,7 @@ def train(
         }
 
     def save(done: int, finished: bool) -> None:
-        save_checkpoint(model, out, recipe=recipe.to_dict(), provenance=provenance(done, finished))
+        save_checkpoint(model, out, recipe=recipe.to_dict(), provenance=provenance(done, finished), dtype=recipe.train.save_dtype)
         if finished:
             state_path.unlink(missing_ok=True)
             return

@@ -8,7 +8,7 @@ Sections (every key is required unless it has a default below):
                 passkey_filler, passkey_filler_fraction, passkey_min_length
     [optim]     lr, betas, weight_decay, grad_clip, eps, positional_lr_scale
     [schedule]  warmup_steps, min_lr_ratio   (linear warm-up, then cosine to min_lr_ratio * lr)
-    [train]     steps, batch_size, grad_accum, seed, save_every, cpu_threads
+    [train]     steps, batch_size, grad_accum, seed, save_every, cpu_threads, save_dtype
 
 ``expected_losses`` are the first step losses this recipe gave from its seed on a CPU;
 the test suite replays those steps and compares (``tests/test_train_recipes.py``).
@@ -88,6 +88,7 @@ class TrainSection:
     save_every: int  # steps between training-state saves (resume points)
     grad_accum: int = 1  # micro-batches per optimiser step
     cpu_threads: int = 1  # torch threads on CPU: fixed so losses reproduce bit for bit
+    save_dtype: str = "float32"  # weights in the checkpoint file: float32, float16 or bfloat16 (training stays float32)
 
 
 SECTIONS = {"model": ModelSection, "data": DataSection, "optim": OptimSection, "schedule": ScheduleSection, "train": TrainSection}
@@ -197,7 +198,15 @@ _TYPES = {
     },
     OptimSection: {"lr": float, "betas": tuple[float, float], "weight_decay": float, "grad_clip": float, "eps": float, "positional_lr_scale": float},
     ScheduleSection: {"warmup_steps": int, "min_lr_ratio": float},
-    TrainSection: {"steps": int, "batch_size": int, "seed": int, "save_every": int, "grad_accum": int, "cpu_threads": int},
+    TrainSection: {
+        "steps": int,
+        "batch_size": int,
+        "seed": int,
+        "save_every": int,
+        "grad_accum": int,
+        "cpu_threads": int,
+        "save_dtype": str,
+    },
 }
 
 
@@ -270,6 +279,8 @@ def _check(recipe: Recipe, source: str) -> None:
         raise BamctlError(f"{source}: [optim] betas must be in [0, 1), not {list(o.betas)}")
     if s.warmup_steps < 0 or not 0.0 <= s.min_lr_ratio <= 1.0:
         raise BamctlError(f"{source}: [schedule] warmup_steps must be >= 0 and min_lr_ratio in [0, 1]")
+    if t.save_dtype not in ("float32", "float16", "bfloat16"):
+        raise BamctlError(f"{source}: [train] save_dtype must be float32, float16 or bfloat16, not {t.save_dtype!r}")
     for key in ("steps", "batch_size", "save_every", "grad_accum", "cpu_threads"):
         if getattr(t, key) < 1:
             raise BamctlError(f"{source}: [train] {key} must be at least 1, not {getattr(t, key)}")
