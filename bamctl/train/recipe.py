@@ -29,9 +29,10 @@ from bamctl.positional import parse_pe_name
 # Evaluation uses small seeds (0, 1, 2, ...); every training passkey sample has a seed at
 # or above this offset, so no training prompt is ever an evaluation prompt.
 PASSKEY_SEED_OFFSET = 1_000_000
-# Text sources a recipe may name: the shipped training corpus, the user's --data folder,
-# or none (retrieval-only). The perplexity and essay corpora are for evaluation only.
-TEXT_SOURCES = ("train", "data-dir", "none")
+# Text sources a recipe may name: the shipped training corpus ("train": six plays;
+# "train-shakespeare": those and 32 more Shakespeare works), the user's --data folder, or
+# none (retrieval-only). The perplexity and essay corpora are for evaluation only.
+TEXT_SOURCES = ("train", "train-shakespeare", "data-dir", "none")
 # What fills training passkey prompts: the protocol's five repeated sentences (as every
 # evaluation prompt), or running text from a shipped corpus (digits removed), so that
 # the key cannot be found by the filler's surface. Evaluation prompts never change.
