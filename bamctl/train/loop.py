@@ -70,19 +70,29 @@ def lr_at(step: int, recipe: Recipe) -> float:
 def param_groups(model: Transformer, recipe: Recipe) -> list[dict]:
     """Three AdamW groups: matrices with weight decay; norms without; positional (theta, s) without,
     at its own lr scale — as the BAM authors train their priors."""
+    o = recipe.optim
     positional = {id(p) for p in model.positional_parameters()}
-    groups = {"decay": [], "no_decay": [], "positional": []}
+    # A separate embedding decay (>= 0) puts the token embeddings in their own group.
+    embedding = {id(model.tok_embeddings.weight)} if o.embedding_weight_decay >= 0 else set()
+    groups = {"decay": [], "no_decay": [], "positional": [], "embedding": []}
     for p in model.parameters():
         if not p.requires_grad:
             continue
-        key = "positional" if id(p) in positional else "decay" if p.dim() >= 2 else "no_decay"
+        if id(p) in positional:
+            key = "positional"
+        elif id(p) in embedding:
+            key = "embedding"
+        else:
+            key = "decay" if p.dim() >= 2 else "no_decay"
         groups[key].append(p)
-    o = recipe.optim
-    return [
+    out = [
         {"name": "decay", "params": groups["decay"], "weight_decay": o.weight_decay, "lr_scale": 1.0},
         {"name": "no_decay", "params": groups["no_decay"], "weight_decay": 0.0, "lr_scale": 1.0},
         {"name": "positional", "params": groups["positional"], "weight_decay": 0.0, "lr_scale": o.positional_lr_scale},
     ]
+    if embedding:
+        out.append({"name": "embedding", "params": groups["embedding"], "weight_decay": o.embedding_weight_decay, "lr_scale": 1.0})
+    return out
 
 
 def make_optimizer(model: Transformer, recipe: Recipe) -> torch.optim.AdamW:

@@ -6,7 +6,7 @@ Sections (every key is required unless it has a default below):
     [model]     preset, pe, train_length, and any ModelConfig override (dim, n_layers, ...)
     [data]      text, passkey_fraction, vocab_size, passkey_seed_offset, passkey_loss,
                 passkey_filler, passkey_filler_fraction, passkey_min_length
-    [optim]     lr, betas, weight_decay, grad_clip, eps, positional_lr_scale
+    [optim]     lr, betas, weight_decay, grad_clip, eps, positional_lr_scale, embedding_weight_decay
     [schedule]  warmup_steps, min_lr_ratio   (linear warm-up, then cosine to min_lr_ratio * lr)
     [train]     steps, batch_size, grad_accum, seed, save_every, cpu_threads, save_dtype
 
@@ -73,6 +73,7 @@ class OptimSection:
     grad_clip: float  # max global gradient norm; 0 disables
     eps: float = 1e-8
     positional_lr_scale: float = 1.0  # lr multiplier of the positional group (theta, SSMax s)
+    embedding_weight_decay: float = -1.0  # weight decay of the token embeddings; -1: the matrices' weight_decay
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,15 @@ _TYPES = {
         "passkey_filler_fraction": float,
         "passkey_min_length": int,
     },
-    OptimSection: {"lr": float, "betas": tuple[float, float], "weight_decay": float, "grad_clip": float, "eps": float, "positional_lr_scale": float},
+    OptimSection: {
+        "lr": float,
+        "betas": tuple[float, float],
+        "weight_decay": float,
+        "grad_clip": float,
+        "eps": float,
+        "positional_lr_scale": float,
+        "embedding_weight_decay": float,
+    },
     ScheduleSection: {"warmup_steps": int, "min_lr_ratio": float},
     TrainSection: {
         "steps": int,
