@@ -72,8 +72,10 @@ def param_groups(model: Transformer, recipe: Recipe) -> list[dict]:
     at its own lr scale — as the BAM authors train their priors."""
     o = recipe.optim
     positional = {id(p) for p in model.positional_parameters()}
-    # A separate embedding decay (>= 0) puts the token embeddings in their own group.
-    embedding = {id(model.tok_embeddings.weight)} if o.embedding_weight_decay >= 0 else set()
+    # A separate embedding decay (>= 0) or lr scale puts the token embeddings in their own group.
+    own = o.embedding_weight_decay >= 0 or o.embedding_lr_scale != 1.0
+    embedding = {id(model.tok_embeddings.weight)} if own else set()
+    embedding_decay = o.embedding_weight_decay if o.embedding_weight_decay >= 0 else o.weight_decay
     groups = {"decay": [], "no_decay": [], "positional": [], "embedding": []}
     for p in model.parameters():
         if not p.requires_grad:
@@ -91,7 +93,7 @@ def param_groups(model: Transformer, recipe: Recipe) -> list[dict]:
         {"name": "positional", "params": groups["positional"], "weight_decay": 0.0, "lr_scale": o.positional_lr_scale},
     ]
     if embedding:
-        out.append({"name": "embedding", "params": groups["embedding"], "weight_decay": o.embedding_weight_decay, "lr_scale": 1.0})
+        out.append({"name": "embedding", "params": groups["embedding"], "weight_decay": embedding_decay, "lr_scale": o.embedding_lr_scale})
     return out
 
 

@@ -6,7 +6,8 @@ Sections (every key is required unless it has a default below):
     [model]     preset, pe, train_length, and any ModelConfig override (dim, n_layers, ...)
     [data]      text, passkey_fraction, vocab_size, passkey_seed_offset, passkey_loss,
                 passkey_filler, passkey_filler_fraction, passkey_min_length
-    [optim]     lr, betas, weight_decay, grad_clip, eps, positional_lr_scale, embedding_weight_decay
+    [optim]     lr, betas, weight_decay, grad_clip, eps, positional_lr_scale, embedding_weight_decay,
+                embedding_lr_scale
     [schedule]  warmup_steps, min_lr_ratio   (linear warm-up, then cosine to min_lr_ratio * lr)
     [train]     steps, batch_size, grad_accum, seed, save_every, cpu_threads, save_dtype
 
@@ -74,6 +75,7 @@ class OptimSection:
     eps: float = 1e-8
     positional_lr_scale: float = 1.0  # lr multiplier of the positional group (theta, SSMax s)
     embedding_weight_decay: float = -1.0  # weight decay of the token embeddings; -1: the matrices' weight_decay
+    embedding_lr_scale: float = 1.0  # lr multiplier of the token embeddings
 
 
 @dataclass(frozen=True)
@@ -206,6 +208,7 @@ _TYPES = {
         "eps": float,
         "positional_lr_scale": float,
         "embedding_weight_decay": float,
+        "embedding_lr_scale": float,
     },
     ScheduleSection: {"warmup_steps": int, "min_lr_ratio": float},
     TrainSection: {
@@ -283,6 +286,8 @@ def _check(recipe: Recipe, source: str) -> None:
         raise BamctlError(
             f"{source}: [data] passkey_seed_offset must be >= {PASSKEY_SEED_OFFSET:,} so training keys never share seeds with evaluation"
         )
+    if o.embedding_lr_scale <= 0:
+        raise BamctlError(f"{source}: [optim] embedding_lr_scale must be > 0")
     if o.lr <= 0 or o.weight_decay < 0 or o.grad_clip < 0 or o.eps <= 0 or o.positional_lr_scale < 0:
         raise BamctlError(f"{source}: [optim] lr and eps must be > 0; weight_decay, grad_clip, positional_lr_scale >= 0")
     if not all(0.0 <= beta < 1.0 for beta in o.betas):
