@@ -52,16 +52,26 @@ def is_checkpoint_dir(path: Path) -> bool:
     return (Path(path) / CONFIG_FILE).is_file()
 
 
+SAVE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
 def save_checkpoint(
-    model: Transformer, out: Path, *, recipe: dict | None = None, provenance: dict | None = None
+    model: Transformer, out: Path, *, recipe: dict | None = None, provenance: dict | None = None, dtype: str = "float32"
 ) -> Path:
-    """Write ``out/model.safetensors`` then ``out/config.json`` (with the weights' hash), atomically."""
+    """Write ``out/model.safetensors`` then ``out/config.json`` (with the weights' hash), atomically.
+
+    ``dtype``: floating-point weights are stored in it (``float16`` halves the file); loading
+    casts them back to the model's float32."""
     out = Path(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise BamctlError(f"cannot create checkpoint directory {out}: {err.strerror}") from None
-    tensors = {name: t.detach().to("cpu").contiguous() for name, t in model.state_dict().items()}
+    store = SAVE_DTYPES[dtype]
+    tensors = {
+        name: t.detach().to("cpu").to(store if t.is_floating_point() else t.dtype).contiguous()
+        for name, t in model.state_dict().items()
+    }
     weights = out / WEIGHTS_FILE
     atomic_write(weights, lambda tmp: save_file(tensors, tmp, metadata={"format": FORMAT}))
     config = {

@@ -51,7 +51,9 @@ class ModelConfig:
     # "vaswani": cos channel 2k+1 at the frequency of sin channel 2k; "bam": at its own
     # frequency base^(-(2k+1)/dim), as the authors' code does (their checkpoints need it).
     sinusoidal_layout: str = "vaswani"
-    bam_init: str = "flat"  # "flat" (theta = 0, the authors' latest) or "alibi" (beta=1, ALiBi slopes)
+    # "flat" (theta = 0, the authors' latest), "alibi" (beta = 1, ALiBi slopes) or
+    # "alibi-linear" (ALiBi slopes, beta spread 0..1 across heads: the authors' shape_init "linear")
+    bam_init: str = "flat"
     bam_train_mu: bool = False  # the prior's location stays at 0 unless asked
     # "released": -(|d - mu| + eps)^beta e^alpha (the authors' training and released code);
     # "scaled_distance": -(|(d - mu) e^alpha| + eps)^beta (their evaluation code of mid-2025)

@@ -148,8 +148,12 @@ class GGDPrior(nn.Module):
             alpha, beta = torch.zeros(n_heads), torch.zeros(n_heads)
         elif init == "alibi":
             alpha, beta = torch.tensor(alibi_slopes(n_heads)).log(), torch.ones(n_heads)
+        elif init == "alibi-linear":
+            # The authors' scale_init = "slope", shape_init = "linear": ALiBi's slopes, beta
+            # spread evenly from 0 (first head, steepest slope) to 1 (last head).
+            alpha, beta = torch.tensor(alibi_slopes(n_heads)).log(), torch.linspace(0, 1, n_heads)
         else:
-            raise BamctlError(f"unknown BAM init {init!r}; use 'flat' or 'alibi'")
+            raise BamctlError(f"unknown BAM init {init!r}; use 'flat', 'alibi' or 'alibi-linear'")
         self.theta_alpha = nn.Parameter(alpha)  # (H,)
         self.theta_beta = nn.Parameter(beta)  # (H,)
         self.theta_mu = nn.Parameter(torch.zeros(n_heads), requires_grad=train_mu)  # (H,)

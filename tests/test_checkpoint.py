@@ -25,6 +25,18 @@ def test_save_load_round_trip_is_bit_exact(tmp_path, pe):
     assert torch.equal(model(ids), loaded.model(ids))
 
 
+def test_float16_checkpoint_is_half_the_size_and_loads_as_float32(tmp_path):
+    model = new_random_model(ModelConfig.from_preset("micro", "bam-ssmax", vocab_size=64, train_length=128), seed=7)
+    save_checkpoint(model, tmp_path / "full")
+    save_checkpoint(model, tmp_path / "half", dtype="float16")
+    full, half = ((tmp_path / d / WEIGHTS_FILE).stat().st_size for d in ("full", "half"))
+    assert half < 0.55 * full
+    loaded = load_checkpoint(tmp_path / "half").model
+    for name, tensor in loaded.state_dict().items():
+        assert tensor.dtype == torch.float32
+        assert torch.equal(tensor, model.state_dict()[name].half().float()), name
+
+
 def test_same_seed_same_weights_different_seed_different():
     config = ModelConfig.from_preset("micro", "bam", vocab_size=64)
     a, b, c = (new_random_model(config, s).state_dict() for s in (1, 1, 2))

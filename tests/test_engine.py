@@ -122,6 +122,16 @@ def test_bam_with_beta_zero_is_nope(ssmax):
     assert torch.allclose(bam(ids), nope(ids), atol=1e-5)
 
 
+def test_alibi_linear_init_keeps_alibi_slopes_and_spreads_beta():
+    from bamctl.positional import GGDPrior, alibi_slopes
+
+    prior = GGDPrior(4, init="alibi-linear")
+    assert torch.allclose(prior.theta_alpha.exp(), torch.tensor(alibi_slopes(4)))
+    assert prior.theta_beta.tolist() == pytest.approx([0.0, 1 / 3, 2 / 3, 1.0])
+    table = prior.distance_table(10)
+    assert torch.allclose(table[3], -torch.tensor(alibi_slopes(4)[3]) * (torch.arange(11.0) + 1e-5), atol=1e-6)
+
+
 @pytest.mark.parametrize("beta", [-30.0, -2.0, -0.5, 0.0, 0.5, 1.0, 3.0])
 def test_gradients_reach_positional_parameters_and_stay_finite(beta):
     model = random_model("bam-ssmax")

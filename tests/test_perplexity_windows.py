@@ -95,8 +95,9 @@ def test_ppl_and_training_texts_are_disjoint_from_each_other_and_the_essays():
     manifest = tomllib.loads((tasks_dir() / "texts" / "corpora.toml").read_text())
     files = {name: set(entry["files"]) for name, entry in manifest.items()}
     assert not files["ppl"] & files["train"] and not files["ppl"] & files["essays"]
+    assert not files["ppl"] & files["train-shakespeare"] and not files["essays"] & files["train-shakespeare"]
     ppl = shipped_corpus("ppl").text
-    others = shipped_corpus("train").text + shipped_corpus("essays").text
+    others = shipped_corpus("train-shakespeare").text + shipped_corpus("essays").text
     rng = random.Random(0)
     for _ in range(50):
         start = rng.randrange(len(ppl) - 300)

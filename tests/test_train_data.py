@@ -1,5 +1,6 @@
 """Training data: pure batches, the passkey/text mix, seeds disjoint from evaluation, the token subset."""
 
+import copy
 from dataclasses import replace
 from pathlib import Path
 
@@ -117,3 +118,54 @@ def test_data_dir_recipe_without_data_fails_in_one_line():
     retrieval_only = replace(recipe, data=replace(recipe.data, text="none", passkey_fraction=1.0))
     with pytest.raises(BamctlError, match="--data does not apply"):
         prepare(retrieval_only, data_dir=Path("."))
+
+
+def _retrieval_only(**data):
+    recipe = copy.deepcopy(BASE)
+    recipe["data"] = {"text": "none", "passkey_fraction": 1.0, "vocab_size": 600, **data}
+    return recipe_from_dict(recipe)
+
+
+def test_corpus_filler_keeps_the_prompt_pieces_and_the_key_digits_scored(tokenizer):
+    from bamctl.tasks.passkey import FILLER, QUESTION, TASK_LINE
+
+    setup = prepare(_retrieval_only(passkey_filler="train", passkey_min_length=90))
+    protocol_filler = set(tokenizer.encode(" " + FILLER))
+    for step in range(6):
+        ids, kind, scored = setup.batches.row(step, 0, 0)
+        assert kind == "passkey" and len(ids) == 97 and len(scored) == 15
+        key = [ids[i] for i in scored[-5:]]
+        assert [ids[i] for i in scored] == key * 3
+        length = scored[-1] + 1
+        assert length >= 90  # passkey_min_length
+        prompt = tokenizer.decode(list(ids[:length]))
+        assert prompt.startswith(TASK_LINE) and QUESTION in prompt and "The pass key is" in prompt
+        filler = [t for t in ids[: scored[0]] if t not in set(tokenizer.encode(TASK_LINE))]
+        assert not set(filler) <= protocol_filler  # running text, not the protocol's sentences
+        assert sum(ch.isdigit() for ch in prompt) == 15  # the key (3 copies) is the only number
+    # the subset's frequent ids come from the filler corpus in a retrieval-only recipe
+    x, _ = setup.batches.batch(0)
+    assert (x == setup.batches.subset.unk).float().mean() < 0.2
+
+
+def test_answer_loss_scores_the_answer_digits_only(tokenizer):
+    setup = prepare(_retrieval_only(passkey_loss="answer"))
+    ids, _, scored = setup.batches.row(0, 0, 1)
+    key_scored = prepare(_retrieval_only()).batches.row(0, 0, 1)[2]
+    assert scored == key_scored[-5:]
+
+
+def test_filler_fraction_mixes_protocol_and_corpus_rows(tokenizer):
+    setup = prepare(_retrieval_only(passkey_filler="essays", passkey_filler_fraction=0.5, passkey_min_length=90))
+    pieces = set(passkey_token_ids(tokenizer))
+    kinds = []
+    for step in range(10):
+        for row in range(2):
+            ids, _, scored = setup.batches.row(step, 0, row)
+            kinds.append(set(ids[: scored[-1]]) <= pieces)  # protocol filler: nothing but passkey pieces
+    assert 3 <= sum(kinds) <= 17  # both kinds of filler occur
+
+
+def test_default_data_options_keep_todays_rows():
+    recipe = recipe_from_dict(BASE)
+    assert (recipe.data.passkey_filler, recipe.data.passkey_filler_fraction, recipe.data.passkey_min_length) == ("protocol", 1.0, 0)

@@ -39,6 +39,21 @@ def test_positional_parameters_have_their_own_group_without_weight_decay():
     assert sum(len(g["params"]) for g in param_groups(model, recipe)) == sum(1 for p in model.parameters() if p.requires_grad)
 
 
+def test_embedding_weight_decay_puts_the_embeddings_in_their_own_group():
+    recipe = micro_recipe()
+    model = prepare(recipe).model
+    assert "embedding" not in {g["name"] for g in param_groups(model, recipe)}  # default: decayed like any matrix
+    recipe = replace(recipe, optim=replace(recipe.optim, embedding_weight_decay=0.0))
+    groups = {g["name"]: g for g in param_groups(model, recipe)}
+    assert [id(p) for p in groups["embedding"]["params"]] == [id(model.tok_embeddings.weight)]
+    assert groups["embedding"]["weight_decay"] == 0.0
+    assert id(model.tok_embeddings.weight) not in {id(p) for p in groups["decay"]["params"]}
+    assert sum(len(g["params"]) for g in groups.values()) == sum(1 for p in model.parameters() if p.requires_grad)
+    recipe = replace(recipe, optim=replace(recipe.optim, embedding_weight_decay=-1.0, embedding_lr_scale=10.0))
+    groups = {g["name"]: g for g in param_groups(model, recipe)}
+    assert groups["embedding"]["lr_scale"] == 10.0 and groups["embedding"]["weight_decay"] == recipe.optim.weight_decay
+
+
 def test_schedule_warms_up_then_decays_by_cosine_to_the_floor():
     recipe = recipe_from_dict({**BASE, "train": {**BASE["train"], "steps": 102}, "schedule": {"warmup_steps": 2, "min_lr_ratio": 0.1}})
     lrs = [lr_at(step, recipe) for step in range(102)]

@@ -26,7 +26,7 @@ def new(
     preset: Annotated[str, typer.Option(help=f"Model size: {PRESET_NAMES}.")] = "tiny",
     seed: Annotated[int, typer.Option(help="Seed of the random initialisation; same seed, same weights.")] = 0,
     train_length: Annotated[int, typer.Option(help="Training context length recorded in the checkpoint (the unit of extrapolation ratios).")] = 512,
-    bam_init: Annotated[str, typer.Option(help="BAM prior initialisation: flat (theta = 0) or alibi (beta = 1, ALiBi slopes).")] = "flat",
+    bam_init: Annotated[str, typer.Option(help="BAM prior initialisation: flat (theta = 0), alibi (beta = 1, ALiBi slopes) or alibi-linear (ALiBi slopes, beta 0..1 across heads).")] = "flat",
     force: Annotated[bool, typer.Option("--force", help="Overwrite a checkpoint already in --out.")] = False,
 ) -> None:
     """Write a randomly initialised model, for tests and pipeline checks.

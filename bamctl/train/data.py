@@ -14,6 +14,7 @@ joined by the end-of-text token), ``*.npy`` token arrays, or ``*.bin`` uint16 sh
 from __future__ import annotations
 
 import bisect
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -76,6 +77,23 @@ def shipped_text_tokens(tokenizer: Tokenizer, corpus: str = "train") -> TokenSha
 
     ids = np.asarray(tokenizer.encode(shipped_corpus(corpus).text), dtype=np.int32)
     return TokenShards([ids], f"shipped corpus {corpus!r}")
+
+
+@lru_cache(maxsize=4)
+def filler_tokens(tokenizer: Tokenizer, corpus: str) -> TokenShards:
+    """A shipped corpus as passkey filler: digits removed (the key stays the only number),
+    whitespace collapsed to single spaces (as the protocol's filler), one leading space."""
+    from bamctl.tasks.texts import shipped_corpus
+
+    text = " ".join(re.sub(r"[0-9]", "", shipped_corpus(corpus).text).split())
+    ids = np.asarray(tokenizer.encode(" " + text), dtype=np.int32)
+    return TokenShards([ids], f"filler corpus {corpus!r}")
+
+
+def passkey_filler(recipe: Recipe, tokenizer: Tokenizer) -> TokenShards | None:
+    """The recipe's training filler corpus; None: the protocol's repeated sentences."""
+    corpus = recipe.data.passkey_filler
+    return None if corpus == "protocol" else filler_tokens(tokenizer, corpus)
 
 
 def _read_bin(path: Path) -> np.ndarray:
@@ -152,15 +170,45 @@ def passkey_min_length(tokenizer: Tokenizer) -> int:
     return len(pieces.task) + len(pieces.needle) + len(pieces.question) + len(key_tokens(tokenizer, "12345"))
 
 
-def passkey_padded_row(tokenizer: Tokenizer, n: int, seed: int, rng) -> tuple[list[int], list[int], int]:
+def passkey_corpus_row(
+    tokenizer: Tokenizer, length: int, seed: int, depth: float, filler: TokenShards, u: float
+) -> tuple[list[int], list[int]]:
+    """As :func:`passkey_row`, with the protocol's pieces around running text from ``filler``
+    (the window at quantile ``u``) instead of its repeated sentences; the needle goes at
+    ``depth`` of the filler, at token level."""
+    digits = get_task("passkey").args.get("key_digits", 5)
+    key = str(sample_rng(seed, "train-passkey-corpus").randint(10 ** (digits - 1), 10**digits - 1))
+    pieces = passkey_pieces(tokenizer, key, " ")
+    answer = key_tokens(tokenizer, key)
+    count = length - len(pieces.task) - len(pieces.needle) - len(pieces.question) - len(answer)
+    if count < 0:
+        raise BamctlError(f"passkey training row of {length} tokens is too short")
+    window = filler.window(count, u).tolist() if count else []
+    before = min(int(round(depth * count)), count)
+    ids = pieces.task + window[:before] + pieces.needle + window[before:] + pieces.question + answer
+    needle_at = len(pieces.task) + before
+    starts = [needle_at + offset for offset in pieces.key_at] + [length - len(answer)]
+    return ids, [start + i for start in starts for i in range(len(answer))]
+
+
+def passkey_padded_row(
+    tokenizer: Tokenizer, n: int, seed: int, rng, *, min_length: int = 0, filler: TokenShards | None = None
+) -> tuple[list[int], list[int], int]:
     """A row of ``n`` tokens: a passkey prompt + answer of random length in [shortest, n], then
     filler that no loss sees. Returns (ids, key digit indices, prompt + answer length).
+    ``min_length`` raises the shortest length drawn (0: the shortest prompt possible);
+    ``filler``: running text around the needle instead of the protocol's sentences.
 
     The answer must not always sit at the row's end: a model trained so learns where the
     answer is by position, and fails on a prompt only 4 tokens longer (measured with RoPE).
     """
-    length = rng.randint(min(passkey_min_length(tokenizer), n), n)
-    ids, key_at = passkey_row(tokenizer, length, seed, rng.random())
+    shortest = min(max(passkey_min_length(tokenizer), min_length), n)
+    length = rng.randint(shortest, n)
+    depth = rng.random()
+    if filler is None:
+        ids, key_at = passkey_row(tokenizer, length, seed, depth)
+    else:
+        ids, key_at = passkey_corpus_row(tokenizer, length, seed, depth, filler, rng.random())
     pad = tokenizer.encode(" " + FILLER)
     ids = ids + (pad * (1 + (n - length) // max(len(pad), 1)))[: n - length]
     return ids, key_at, length
@@ -174,6 +222,8 @@ class BatchMaker:
     tokenizer: Tokenizer
     text: TokenShards | None
     subset: VocabSubset | None
+    filler: TokenShards | None = None  # training passkey filler corpus; None: the protocol's
+
 
     def row(self, step: int, micro: int, row: int) -> tuple[list[int] | np.ndarray, str, list[int] | None]:
         """(tokenizer ids, "passkey" or "text", indices of the ids the loss scores; None: all)."""
@@ -181,10 +231,19 @@ class BatchMaker:
         global_row = (step * t.grad_accum + micro) * t.batch_size + row
         rng = sample_rng(t.seed, "train-row", global_row)
         n = self.recipe.model.train_length + 1  # inputs and the shifted targets
-        if self.text is None or is_passkey_row(global_row, self.recipe.data.passkey_fraction):
-            seed = self.recipe.data.passkey_seed_offset + global_row
-            ids, key_at, used = passkey_padded_row(self.tokenizer, n, seed, rng)
-            return ids, "passkey", key_at if self.recipe.data.passkey_loss == "key" else list(range(1, used))
+        d = self.recipe.data
+        if self.text is None or is_passkey_row(global_row, d.passkey_fraction):
+            seed = d.passkey_seed_offset + global_row
+            # Protocol filler for the rows outside the corpus-filler fraction, drawn per row.
+            corpus = self.filler is not None and sample_rng(t.seed, "train-filler", global_row).random() < d.passkey_filler_fraction
+            ids, key_at, used = passkey_padded_row(
+                self.tokenizer, n, seed, rng, min_length=d.passkey_min_length, filler=self.filler if corpus else None
+            )
+            if d.passkey_loss == "key":
+                return ids, "passkey", key_at
+            if d.passkey_loss == "answer":
+                return ids, "passkey", key_at[-(len(key_at) // 3) :]
+            return ids, "passkey", list(range(1, used))
         return self.text.window(n, rng.random()), "text", None
 
     def batch(self, step: int, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

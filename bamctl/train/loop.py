@@ -27,7 +27,7 @@ from bamctl.checkpoint import CONFIG_FILE, new_random_model, save_checkpoint
 from bamctl.errors import BamctlError
 from bamctl.files import atomic_write
 from bamctl.model import Transformer
-from bamctl.train.data import IGNORE, BatchMaker, text_tokens
+from bamctl.train.data import IGNORE, BatchMaker, passkey_filler, text_tokens
 from bamctl.train.recipe import Recipe
 from bamctl.train.vocab import build_token_subset
 from bamctl.vocab import VocabSubset
@@ -69,19 +69,31 @@ def lr_at(step: int, recipe: Recipe) -> float:
 def param_groups(model: Transformer, recipe: Recipe) -> list[dict]:
     """Three AdamW groups: matrices with weight decay; norms without; positional (theta, s) without,
     at its own lr scale — as the BAM authors train their priors."""
+    o = recipe.optim
     positional = {id(p) for p in model.positional_parameters()}
-    groups = {"decay": [], "no_decay": [], "positional": []}
+    # A separate embedding decay (>= 0) or lr scale puts the token embeddings in their own group.
+    own = o.embedding_weight_decay >= 0 or o.embedding_lr_scale != 1.0
+    embedding = {id(model.tok_embeddings.weight)} if own else set()
+    embedding_decay = o.embedding_weight_decay if o.embedding_weight_decay >= 0 else o.weight_decay
+    groups = {"decay": [], "no_decay": [], "positional": [], "embedding": []}
     for p in model.parameters():
         if not p.requires_grad:
             continue
-        key = "positional" if id(p) in positional else "decay" if p.dim() >= 2 else "no_decay"
+        if id(p) in positional:
+            key = "positional"
+        elif id(p) in embedding:
+            key = "embedding"
+        else:
+            key = "decay" if p.dim() >= 2 else "no_decay"
         groups[key].append(p)
-    o = recipe.optim
-    return [
+    out = [
         {"name": "decay", "params": groups["decay"], "weight_decay": o.weight_decay, "lr_scale": 1.0},
         {"name": "no_decay", "params": groups["no_decay"], "weight_decay": 0.0, "lr_scale": 1.0},
         {"name": "positional", "params": groups["positional"], "weight_decay": 0.0, "lr_scale": o.positional_lr_scale},
     ]
+    if embedding:
+        out.append({"name": "embedding", "params": groups["embedding"], "weight_decay": embedding_decay, "lr_scale": o.embedding_lr_scale})
+    return out
 
 
 def make_optimizer(model: Transformer, recipe: Recipe) -> torch.optim.AdamW:
@@ -139,11 +151,13 @@ def prepare(recipe: Recipe, *, device: str = "cpu", data_dir: Path | None = None
     resolved = resolve_device(device)
     tokenizer = get_tokenizer("gpt2")
     text = text_tokens(recipe, tokenizer, data_dir)
-    token_subset = build_token_subset(tokenizer, text, recipe.data.vocab_size)
+    filler = passkey_filler(recipe, tokenizer)
+    # The subset's frequent ids come from the text, or from the filler corpus in a retrieval-only recipe.
+    token_subset = build_token_subset(tokenizer, text if text is not None else filler, recipe.data.vocab_size)
     model = new_random_model(recipe.model_config(token_subset), recipe.train.seed).to(resolved)
     subset = VocabSubset(token_subset, tokenizer.vocab_size) if token_subset is not None else None
     source = "none" if text is None else text.name
-    return Setup(recipe, model, BatchMaker(recipe, tokenizer, text, subset), resolved, source)
+    return Setup(recipe, model, BatchMaker(recipe, tokenizer, text, subset, filler), resolved, source)
 
 
 def _step(setup: Setup, optimizer, step: int) -> float:
@@ -261,7 +275,8 @@ def _provenance(setup: Setup, progress: Progress, done: int, finished: bool) -> 
 
 def _save(setup: Setup, optimizer, progress: Progress, out: Path, done: int, finished: bool) -> None:
     """The checkpoint, and (unless finished) the state a later run resumes from; both atomic."""
-    save_checkpoint(setup.model, out, recipe=setup.recipe.to_dict(), provenance=_provenance(setup, progress, done, finished))
+    save_checkpoint(setup.model, out, recipe=setup.recipe.to_dict(), provenance=_provenance(setup, progress, done, finished),
+                    dtype=setup.recipe.train.save_dtype)
     state_path = out / STATE_FILE
     if finished:
         state_path.unlink(missing_ok=True)

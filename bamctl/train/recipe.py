@@ -4,10 +4,12 @@ Sections (every key is required unless it has a default below):
 
     name, description, expected_losses      # top level
     [model]     preset, pe, train_length, and any ModelConfig override (dim, n_layers, ...)
-    [data]      text, passkey_fraction, vocab_size, passkey_seed_offset, passkey_loss
-    [optim]     lr, betas, weight_decay, grad_clip, eps, positional_lr_scale
+    [data]      text, passkey_fraction, vocab_size, passkey_seed_offset, passkey_loss,
+                passkey_filler, passkey_filler_fraction, passkey_min_length
+    [optim]     lr, betas, weight_decay, grad_clip, eps, positional_lr_scale, embedding_weight_decay,
+                embedding_lr_scale
     [schedule]  warmup_steps, min_lr_ratio   (linear warm-up, then cosine to min_lr_ratio * lr)
-    [train]     steps, batch_size, grad_accum, seed, save_every, cpu_threads
+    [train]     steps, batch_size, grad_accum, seed, save_every, cpu_threads, save_dtype
 
 ``expected_losses`` are the first step losses this recipe gave from its seed on a CPU;
 the test suite replays those steps and compares (``tests/test_train_recipes.py``).
@@ -28,9 +30,15 @@ from bamctl.positional import parse_pe_name
 # Evaluation uses small seeds (0, 1, 2, ...); every training passkey sample has a seed at
 # or above this offset, so no training prompt is ever an evaluation prompt.
 PASSKEY_SEED_OFFSET = 1_000_000
-# Text sources a recipe may name: the shipped training corpus, the user's --data folder,
-# or none (retrieval-only). The perplexity and essay corpora are for evaluation only.
-TEXT_SOURCES = ("train", "data-dir", "none")
+# Text sources a recipe may name: the shipped training corpus ("train": six plays;
+# "train-shakespeare": those and 32 more Shakespeare works), the user's --data folder, or
+# none (retrieval-only). The perplexity and essay corpora are for evaluation only.
+TEXT_SOURCES = ("train", "train-shakespeare", "data-dir", "none")
+# What fills training passkey prompts: the protocol's five repeated sentences (as every
+# evaluation prompt), or running text from a shipped corpus (digits removed), so that
+# the key cannot be found by the filler's surface. Evaluation prompts never change.
+FILLER_SOURCES = ("protocol", "train", "essays")
+PASSKEY_LOSSES = ("key", "answer", "all")
 # ModelConfig fields a recipe may not set: the recipe's own keys decide them.
 _DERIVED_MODEL_FIELDS = {"pe", "ssmax", "train_length", "vocab_size", "token_subset", "tokenizer"}
 
@@ -50,8 +58,12 @@ class DataSection:
     vocab_size: int  # rows of the token subset (passkey pieces + most frequent text ids); 0 = full tokenizer
     passkey_seed_offset: int = PASSKEY_SEED_OFFSET  # passkey sample seed = offset + global row index
     # "key": on passkey rows only the key's digits are scored (both needle copies and the
-    # answer; the rest is a fixed template that teaches nothing); "all": every token.
+    # answer; the rest is a fixed template that teaches nothing); "answer": only the
+    # answer's digits; "all": every token.
     passkey_loss: str = "key"
+    passkey_filler: str = "protocol"  # one of FILLER_SOURCES
+    passkey_filler_fraction: float = 1.0  # share of passkey rows filled from passkey_filler (the rest: protocol)
+    passkey_min_length: int = 0  # shortest prompt + answer of a training row; 0: the shortest possible
 
 
 @dataclass(frozen=True)
@@ -62,6 +74,8 @@ class OptimSection:
     grad_clip: float  # max global gradient norm; 0 disables
     eps: float = 1e-8
     positional_lr_scale: float = 1.0  # lr multiplier of the positional group (theta, SSMax s)
+    embedding_weight_decay: float = -1.0  # weight decay of the token embeddings; -1: the matrices' weight_decay
+    embedding_lr_scale: float = 1.0  # lr multiplier of the token embeddings
 
 
 @dataclass(frozen=True)
@@ -78,6 +92,7 @@ class TrainSection:
     save_every: int  # steps between training-state saves (resume points)
     grad_accum: int = 1  # micro-batches per optimiser step
     cpu_threads: int = 1  # torch threads on CPU: fixed so losses reproduce bit for bit
+    save_dtype: str = "float32"  # weights in the checkpoint file: float32, float16 or bfloat16 (training stays float32)
 
 
 SECTIONS = {"model": ModelSection, "data": DataSection, "optim": OptimSection, "schedule": ScheduleSection, "train": TrainSection}
@@ -175,10 +190,36 @@ def _required(f) -> bool:
 # Field types by section, spelled out: annotations are strings under `from __future__`.
 _TYPES = {
     ModelSection: {"preset": str, "pe": str, "train_length": int},
-    DataSection: {"text": str, "passkey_fraction": float, "vocab_size": int, "passkey_seed_offset": int, "passkey_loss": str},
-    OptimSection: {"lr": float, "betas": tuple[float, float], "weight_decay": float, "grad_clip": float, "eps": float, "positional_lr_scale": float},
+    DataSection: {
+        "text": str,
+        "passkey_fraction": float,
+        "vocab_size": int,
+        "passkey_seed_offset": int,
+        "passkey_loss": str,
+        "passkey_filler": str,
+        "passkey_filler_fraction": float,
+        "passkey_min_length": int,
+    },
+    OptimSection: {
+        "lr": float,
+        "betas": tuple[float, float],
+        "weight_decay": float,
+        "grad_clip": float,
+        "eps": float,
+        "positional_lr_scale": float,
+        "embedding_weight_decay": float,
+        "embedding_lr_scale": float,
+    },
     ScheduleSection: {"warmup_steps": int, "min_lr_ratio": float},
-    TrainSection: {"steps": int, "batch_size": int, "seed": int, "save_every": int, "grad_accum": int, "cpu_threads": int},
+    TrainSection: {
+        "steps": int,
+        "batch_size": int,
+        "seed": int,
+        "save_every": int,
+        "grad_accum": int,
+        "cpu_threads": int,
+        "save_dtype": str,
+    },
 }
 
 
@@ -227,8 +268,16 @@ def _check(recipe: Recipe, source: str) -> None:
         raise BamctlError(f"{source}: [data] text must be one of {', '.join(TEXT_SOURCES)}, not {d.text!r}")
     if not 0.0 <= d.passkey_fraction <= 1.0:
         raise BamctlError(f"{source}: [data] passkey_fraction must be in [0, 1], not {d.passkey_fraction}")
-    if d.passkey_loss not in ("key", "all"):
-        raise BamctlError(f"{source}: [data] passkey_loss must be 'key' or 'all', not {d.passkey_loss!r}")
+    if d.passkey_loss not in PASSKEY_LOSSES:
+        raise BamctlError(f"{source}: [data] passkey_loss must be one of {', '.join(PASSKEY_LOSSES)}, not {d.passkey_loss!r}")
+    if d.passkey_filler not in FILLER_SOURCES:
+        raise BamctlError(f"{source}: [data] passkey_filler must be one of {', '.join(FILLER_SOURCES)}, not {d.passkey_filler!r}")
+    if not 0.0 <= d.passkey_filler_fraction <= 1.0:
+        raise BamctlError(f"{source}: [data] passkey_filler_fraction must be in [0, 1], not {d.passkey_filler_fraction}")
+    if not 0 <= d.passkey_min_length <= m.train_length + 1:
+        raise BamctlError(
+            f"{source}: [data] passkey_min_length must be in [0, train_length + 1 = {m.train_length + 1}], not {d.passkey_min_length}"
+        )
     if d.text == "none" and d.passkey_fraction < 1.0:
         raise BamctlError(f"{source}: [data] text = 'none' needs passkey_fraction = 1 (a retrieval-only recipe)")
     if d.vocab_size < 0:
@@ -237,12 +286,16 @@ def _check(recipe: Recipe, source: str) -> None:
         raise BamctlError(
             f"{source}: [data] passkey_seed_offset must be >= {PASSKEY_SEED_OFFSET:,} so training keys never share seeds with evaluation"
         )
+    if o.embedding_lr_scale <= 0:
+        raise BamctlError(f"{source}: [optim] embedding_lr_scale must be > 0")
     if o.lr <= 0 or o.weight_decay < 0 or o.grad_clip < 0 or o.eps <= 0 or o.positional_lr_scale < 0:
         raise BamctlError(f"{source}: [optim] lr and eps must be > 0; weight_decay, grad_clip, positional_lr_scale >= 0")
     if not all(0.0 <= beta < 1.0 for beta in o.betas):
         raise BamctlError(f"{source}: [optim] betas must be in [0, 1), not {list(o.betas)}")
     if s.warmup_steps < 0 or not 0.0 <= s.min_lr_ratio <= 1.0:
         raise BamctlError(f"{source}: [schedule] warmup_steps must be >= 0 and min_lr_ratio in [0, 1]")
+    if t.save_dtype not in ("float32", "float16", "bfloat16"):
+        raise BamctlError(f"{source}: [train] save_dtype must be float32, float16 or bfloat16, not {t.save_dtype!r}")
     for key in ("steps", "batch_size", "save_every", "grad_accum", "cpu_threads"):
         if getattr(t, key) < 1:
             raise BamctlError(f"{source}: [train] {key} must be at least 1, not {getattr(t, key)}")
