@@ -168,25 +168,19 @@ def blockwise_attention(
         v_block = v[:, :, start:stop].float().flip(2)
         logits = qf @ k_block.transpose(-1, -2)  # (B, H, Tq, Tb)
         base = q_start - (stop - 1)  # distance of (query 0, reversed key 0)
+        bias = None
         if inputs.query_prior is not None:  # depends on the query's position: computed for this block
             q_positions = torch.arange(q_start, q_start + tq, device=q.device)
             bias = inputs.query_prior.bias(q_positions, torch.arange(stop - 1, start - 1, -1, device=q.device))  # reversed keys
-            if scale_bias:
-                logits.add_(bias).mul_(factor)
-            else:
-                if factor is not None:
-                    logits.mul_(factor)
-                logits.add_(bias)
         elif inputs.bias_table is not None:
             bias = _toeplitz_bias(inputs.bias_table, base, tq, tb)
-            if scale_bias:
-                logits.add_(bias).mul_(factor)
-            else:
-                if factor is not None:
-                    logits.mul_(factor)
+        if scale_bias and bias is not None:  # SSMax scope "logits": (content + prior) * factor
+            logits.add_(bias).mul_(factor)
+        else:  # scope "content" (the authors' ALiBi + SSMax) or no SSMax: content * factor + prior
+            if factor is not None:
+                logits.mul_(factor)
+            if bias is not None:
                 logits.add_(bias)
-        elif factor is not None:
-            logits.mul_(factor)
         future = None
         if base < 0:  # this block holds keys in the future of some queries
             future = (torch.arange(tq, device=q.device)[:, None] + torch.arange(tb, device=q.device)[None, :]) < -base
