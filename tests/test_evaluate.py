@@ -112,8 +112,13 @@ def test_rerun_skips_done_samples_and_force_recomputes(models, tmp_path, capsys)
     assert len(ResultStore(tmp_path).read()) == rows  # newest row per key
 
 
+# Long enough that the interrupt lands mid-run on an idle machine too: 5 lengths x 5 depths x 4 samples.
+RUN = ["--lengths", "128,256,512,1k,2k", "--samples", "4"]
+RUN_ROWS = 100
+
+
 def _passkey_process(model, out):
-    cmd = [sys.executable, "-m", "bamctl", "passkey", model, "--lengths", "128,256", "--samples", "2", "--out", str(out), "--quiet"]
+    cmd = [sys.executable, "-m", "bamctl", "passkey", model, *RUN, "--out", str(out), "--quiet"]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
@@ -131,21 +136,21 @@ def _wait_for_parts(out: Path, n: int, proc, timeout=120):
 @pytest.mark.parametrize("sig, code", [(signal.SIGKILL, -signal.SIGKILL), (signal.SIGINT, 130)])
 def test_interrupted_run_keeps_finished_rows_and_rerun_equals_uninterrupted(models, tmp_path, sig, code):
     reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
-    assert run_cli("passkey", models["rope"], "--lengths", "128,256", "--samples", "2", "--out", str(reference), "--quiet") == 0
+    assert run_cli("passkey", models["rope"], *RUN, "--out", str(reference), "--quiet") == 0
     proc = _passkey_process(models["rope"], interrupted)
     _wait_for_parts(interrupted, 3, proc)
     proc.send_signal(sig)
     proc.wait(timeout=60)
     assert proc.returncode == code
     kept = ResultStore(interrupted).read()
-    assert 3 <= len(kept) < 20
+    assert 3 <= len(kept) < RUN_ROWS
     if sig == signal.SIGINT:
         assert "interrupted" in proc.stderr.read()
         assert len(ResultStore(interrupted).part_files()) == 1  # Ctrl-C still merges the run's parts
     rerun = _passkey_process(models["rope"], interrupted)
     assert rerun.wait(timeout=300) == 0
     expected, got = stable(ResultStore(reference).read()), stable(ResultStore(interrupted).read())
-    assert len(got) == 20
+    assert len(got) == RUN_ROWS
     assert got.equals(expected)
 
 

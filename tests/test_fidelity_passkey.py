@@ -124,3 +124,27 @@ def test_teacher_forcing_scores_the_answer_tokens_but_the_first(reference):
     scored = argmax[len(sample.input_ids) : len(sample.input_ids) + 5]  # positions predicting ans[1:]
     assert row["predicted"] == tokenizer.decode(scored).strip()
     assert row["correct"] == (scored == sample.target_ids)
+
+
+def test_generate_writes_the_authors_prompt_answer_and_targets(reference, tmp_path):
+    """`generate --protocol authors --tokenizer FILE`: the JSONL's ids are the reference's."""
+    import json
+
+    from typer.testing import CliRunner
+
+    import bamctl.cli.task_commands  # noqa: F401  (registers `generate`)
+    from bamctl.cli.app import app
+
+    _, tok = reference
+    out = tmp_path / "authors.jsonl"
+    args = ["generate", "passkey", "--protocol", "authors", "--tokenizer", str(MODEL_FILE),
+            "--lengths", "1000", "--depths", "0,1", "--samples", "2", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 4
+    for row in rows:
+        i = round(row["depth"])
+        prompt, answer, target = authors_prompt(tok, 1000, lambda n: int(torch.linspace(0, n, 2).long()[i]), row["answers"][0])  # noqa: B023
+        assert (row["input_ids"], row["answer_ids"], row["target_ids"]) == (prompt, answer, target)
+        assert row["n_tokens"] == len(prompt) < 1000

@@ -73,6 +73,10 @@ def test_every_input_of_a_prompt_moves_the_fingerprint():
     assert _fingerprint(protocol="buckets") != base
     assert _fingerprint(lengths=(256, 1024)) != base  # the document is the longest window
     assert _fingerprint("passkey", protocol="exact") != _fingerprint("passkey", protocol="landmark")
+    ruler = _fingerprint("niah_single_1", lengths=(1024,))
+    assert _fingerprint("niah_single_1", lengths=(1024,), chat_template=True) != ruler
+    assert _fingerprint("niah_single_1", lengths=(1024,), sizing="ruler") != ruler
+    assert _fingerprint("vt", lengths=(1024,), sizing="ruler") != _fingerprint("vt", lengths=(1024,))
 
 
 def test_an_edited_task_spec_or_text_moves_the_fingerprint(tmp_path, monkeypatch):
