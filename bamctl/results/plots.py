@@ -196,7 +196,7 @@ def plot_grid(
         for (row, column), number in np.ndenumerate(grid):
             if np.isnan(number):
                 continue
-            text = f"{number:.2f}" if s.metric == "accuracy" else f"{number:.3g}"
+            text = f"{number:.2f}" if s.metric == "accuracy" else _perplexity_label(number)
             mark = s.mark(s.lengths[column], s.models[row])
             ax.text(column, row, f"{text}{mark}", ha="center", va="center", fontsize=8)
         ax.set_xticks(range(len(s.lengths)), [format_length(x) for x in s.lengths])
@@ -205,3 +205,8 @@ def plot_grid(
         ax.set_title(s.title + (f"  (▲/▼ vs {s.baseline}, Holm p < 0.05)" if s.baseline else ""), fontsize="medium")
         fig.colorbar(image, ax=ax, label=colour_bar_label, shrink=0.9)
     return save_figure(fig, path)
+
+
+def _perplexity_label(value: float) -> str:
+    """Three significant digits without exponents: 4.52, 45.2, 452, 3835."""
+    return f"{value:.0f}" if value >= 100 else f"{value:.3g}"
