@@ -60,6 +60,7 @@ def test_installed_wheel_lists_every_shipped_model(installed):
 @pytest.mark.parametrize("args", [
     ["passkey", "bam", "--lengths", "256", "--samples", "1"],
     ["ruler", "bam", "--task", "niah_single_1", "--lengths", "512", "--samples", "1"],
+    ["ppl", "bam", "--lengths", "256"],
     ["ppl", "lm-bam", "--lengths", "256"],
 ])
 def test_installed_wheel_runs_every_task(installed, args, tmp_path):
