@@ -93,6 +93,22 @@ def test_compare_holds_one_model_at_a_time(model_dir, tmp_path, capsys, monkeypa
     assert len(alive) == 2  # both models were opened, one after the other
 
 
+def test_a_renamed_checkpoint_finds_its_rows_under_its_new_name(model_dir, tmp_path, capsys):
+    import json
+    import shutil
+
+    out = str(tmp_path / "r")
+    args = ["--lengths", "128", "--samples", "1", "--out", out, "--quiet", "--json"]
+    code, first, err = cli(capsys, "compare", model_dir, *args)
+    assert code == 0, err
+    renamed = shutil.copytree(model_dir, tmp_path / "renamed")  # same weights, another folder name
+    code, again, err = cli(capsys, "compare", str(renamed), *args)
+    assert code == 0 and "skipped" in err, err
+    (before,), (after,) = json.loads(first)["summaries"], json.loads(again)["summaries"]
+    assert after["models"] == ["renamed"] and after["cells"]
+    assert [c["score"] for c in after["cells"]] == [c["score"] for c in before["cells"]]
+
+
 def test_without_lengths_the_plan_is_said_before_the_run(model_dir, tmp_path, capsys):
     code, _, err = cli(capsys, "passkey", model_dir, "--shard", "0/1000", "--out", str(tmp_path), "--quiet")
     assert code == 0

@@ -130,16 +130,16 @@ def run_models(
         _quiet_external_libraries()
     names = _model_names(models)
     run_id = new_run_id()
-    covered, hashes, prompts = set(), set(), {}
+    covered, names_by_hash, prompts = set(), {}, {}
     with _progress(ev.quiet) as progress:
         for model, name in zip(models, names):
             backend = open_backend(model, run)
-            hashes.add(backend.info.model_hash)
+            names_by_hash[backend.info.model_hash] = name
             evaluations = [Evaluation(backend, request, store, model_name=name, run_id=run_id) for request in requests]
             covered |= _evaluate_model(evaluations, name, progress, ev, shard_of, prompts)
             del backend, evaluations  # one model in memory at a time
             gc.collect()
-    _report(store, covered, hashes, names, json_output=ev.json, threshold=threshold, plot=plot, baseline=baseline)
+    _report(store, covered, names_by_hash, names, json_output=ev.json, threshold=threshold, plot=plot, baseline=baseline)
 
 
 def _evaluate_model(evaluations, name: str, progress, ev, shard_of, prompts: dict) -> set:
@@ -227,9 +227,13 @@ def _model_names(models: list[str]) -> list[str]:
     return [m if names.count(n) > 1 else n for n, m in zip(names, models)]
 
 
-def _report(store, covered: set, hashes: set, names: list[str], *, json_output: bool, threshold: float, plot: Path | None,
-            baseline: str | None = None) -> None:
-    """Summaries of exactly the stored rows this invocation asked for, as one table set or JSON document."""
+def _report(store, covered: set, names_by_hash: dict[str, str], names: list[str], *, json_output: bool, threshold: float,
+            plot: Path | None, baseline: str | None = None) -> None:
+    """Summaries of exactly the stored rows this invocation asked for, as one table set or JSON document.
+
+    Rows are found by weights (model hash) and prompt, and shown under this invocation's names: a
+    checkpoint folder renamed since its rows were stored still finds them.
+    """
     import json
 
     from bamctl.results.render import render_summaries, summaries_to_json
@@ -237,9 +241,10 @@ def _report(store, covered: set, hashes: set, names: list[str], *, json_output: 
     from bamctl.results.summary import summarize
 
     frame = store.read()
-    mine = [row_key(row) in covered and row["model"] in names for row in frame.to_dict("records")]
-    frame = frame[mine] if len(frame) else frame
-    frame = frame[frame["model_hash"].isin(hashes)] if len(frame) else frame
+    mine = [row_key(row) in covered and row["model_hash"] in names_by_hash for row in frame.to_dict("records")]
+    frame = frame[mine].copy() if len(frame) else frame
+    if len(frame):
+        frame["model"] = frame["model_hash"].map(names_by_hash)
     if frame.empty:  # e.g. a shard that drew no sample
         stderr.print("no result rows for this request yet")
         return
