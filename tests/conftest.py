@@ -11,3 +11,21 @@ def native_kernel_built_before_any_test():
     from bamctl.engine.native import native_available
 
     native_available()
+
+
+@pytest.fixture(scope="session")
+def chat_tok():
+    """GPT-2 with a chat template, as an HF tokenizer would give it."""
+    from bamctl.tokenizer import get_tokenizer
+
+    tok = get_tokenizer("gpt2")
+
+    class ChatGPT2:
+        name, vocab_size, eos_id, fingerprint = "chat-gpt2", tok.vocab_size, tok.eos_id, "chat"
+        encode, decode = staticmethod(tok.encode), staticmethod(tok.decode)
+
+        @staticmethod
+        def chat_frame():
+            return "<|user|>\n", "<|end|>\n<|assistant|>\n"
+
+    return ChatGPT2()

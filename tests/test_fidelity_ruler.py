@@ -113,18 +113,8 @@ def test_haystack_file_in_rulers_json_format(tok, tmp_path):
     assert "Zebra number" in sample.prompt and "grass is green" not in sample.prompt
 
 
-def test_chat_template_counts_and_the_answer_prefix_opens_the_assistant_turn(tok):
-    class ChatGPT2:
-        """GPT-2 with a chat template, as an HF tokenizer would give it."""
-
-        name, vocab_size, eos_id, fingerprint = "chat-gpt2", tok.vocab_size, tok.eos_id, "chat"
-        encode, decode = staticmethod(tok.encode), staticmethod(tok.decode)
-
-        @staticmethod
-        def chat_frame():
-            return "<|user|>\n", "<|end|>\n<|assistant|>\n"
-
-    sample = next(generate_samples("niah_single_1", [1024], 1, 0, ChatGPT2(), chat_template=True))
+def test_chat_template_counts_and_the_answer_prefix_opens_the_assistant_turn(tok, chat_tok):
+    sample = next(generate_samples("niah_single_1", [1024], 1, 0, chat_tok, chat_template=True))
     query = sample.meta["queries"][0]
     assert sample.prompt.startswith("<|user|>\nA special magic number is hidden")
     prefix = ANSWER_PREFIX_SINGULAR.format(type_v="number", query=query)

@@ -350,19 +350,6 @@ def test_ruler_sizing_below_4k_steps_of_five_lines_for_vt(tok):
 # --- chat template, identity, command line --------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def chat_tok(tok):
-    class ChatGPT2:
-        """GPT-2 with a chat template, as an HF tokenizer would give it."""
-
-        name, vocab_size, eos_id, fingerprint = "chat-gpt2", tok.vocab_size, tok.eos_id, "chat"
-        encode, decode = staticmethod(tok.encode), staticmethod(tok.decode)
-
-        @staticmethod
-        def chat_frame():
-            return "<|user|>\n", "<|end|>\n<|assistant|>\n"
-
-    return ChatGPT2()
 
 
 def test_chat_template_frames_the_task_and_the_answer_prefix_opens_the_reply(tok, chat_tok):
