@@ -1,55 +1,45 @@
 """Passkey ``--protocol authors`` is the BAM authors' evaluator, token for token.
 
 The expected prompts are derived here from the authors' documented algorithm
-(``PromptGenerator`` / ``PasskeyEvaluator``), with a Hugging Face fast tokenizer built
-from Mistral-7B-v0.3's vocabulary (the SentencePiece file the ``mistral-common`` package
-ships), as their ``AutoTokenizer`` call builds it. bamctl's generator is never called to
-make the expectation.
+(``PromptGenerator`` / ``PasskeyEvaluator``), with Mistral-7B-v0.3's vocabulary encoded by
+``sentencepiece`` itself on the ``.model`` file the ``mistral-common`` package ships: the
+ids their tokenizer gave (no BOS per piece, SentencePiece's dummy prefix). Neither
+bamctl's generator nor its tokenizer loader is called to make the expectation.
 """
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-pytest.importorskip("transformers", reason="transformers not installed (pip install 'bamctl[hf]')")
-pytest.importorskip("sentencepiece", reason="sentencepiece not installed (pip install 'bamctl[hf]')")
-mistral_common = pytest.importorskip("mistral_common", reason="mistral-common not installed (the dev extra ships Mistral's vocabulary)")
+from mistral_vocab import INFO, QUESTION, SOURCES, TASK, UNIT, reference_processor, source_path
 
-from bamctl.backends.hf_tokenizer import load_hf_tokenizer  # noqa: E402
-from bamctl.errors import BamctlError  # noqa: E402
-from bamctl.tasks import generate_samples  # noqa: E402
-from bamctl.tasks.passkey import linspace_point  # noqa: E402
-
-MODEL_FILE = Path(mistral_common.__file__).parent / "data" / "mistral_instruct_tokenizer_240323.model.v3"
-
-# The authors' strings, verbatim.
-TASK = "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. I will quiz you about the important information there."
-UNIT = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
-INFO = "The pass key is {pass_key}. Remember it. {pass_key} is the pass key."
-QUESTION = "What is the pass key? The pass key is"
+from bamctl.backends.hf_tokenizer import load_hf_tokenizer
+from bamctl.errors import BamctlError
+from bamctl.tasks import generate_samples
+from bamctl.tasks.passkey import linspace_point
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """The authors' tokenizer: AutoTokenizer over a folder holding Mistral v0.3's tokenizer.model."""
-    from transformers import AutoTokenizer
-
-    folder = tmp_path_factory.mktemp("mistral-v3")
-    shutil.copyfile(MODEL_FILE, folder / "tokenizer.model")
-    (folder / "tokenizer_config.json").write_text('{"tokenizer_class": "LlamaTokenizer", "add_bos_token": true, "add_eos_token": false}')
-    tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    assert len(tok) == 32768
-    return folder, tok
+def reference():
+    """The authors' tokenizer: SentencePiece on Mistral v0.3's model file."""
+    sp = reference_processor()
+    assert sp.get_piece_size() == 32768
+    return sp
 
 
-def authors_prompt(tok, length: int, n_prefix_of, key: str):
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    """What a user passes as --tokenizer: Mistral's repository layout, a folder with only tokenizer.model, the .model file."""
+    root = tmp_path_factory.mktemp("mistral-v3")
+    return {kind: source_path(kind, root) for kind in SOURCES}
+
+
+def authors_prompt(sp, length: int, n_prefix_of, key: str):
     """PromptGenerator: each piece tokenised alone, n whole units, the info line in one call."""
-    enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    enc = sp.encode
     task, unit, question = enc(TASK), enc(UNIT), enc(QUESTION)
     info_len = len(enc(INFO.format(pass_key=10**5 - 1)))
     n = max(0, (length - len(task) - info_len - len(question)) // len(unit))
@@ -59,18 +49,17 @@ def authors_prompt(tok, length: int, n_prefix_of, key: str):
     return prompt, answer, answer[1:]  # PasskeyEvaluator: the argmax must equal ans[1:]
 
 
-@pytest.mark.parametrize("source", ["folder", "model-file"])
+@pytest.mark.parametrize("source", SOURCES)
 @pytest.mark.parametrize("length", [100, 256, 1000, 4096])
-def test_authors_prompts_are_the_reference_token_for_token(reference, source, length):
-    folder, tok = reference
-    ours = load_hf_tokenizer(folder if source == "folder" else MODEL_FILE)
+def test_authors_prompts_are_the_reference_token_for_token(reference, paths, source, length):
+    ours = load_hf_tokenizer(paths[source])
     k = 5
     samples = list(generate_samples("passkey", [length], 3, 7, ours, [i / (k - 1) for i in range(k)], protocol="authors"))
     assert len(samples) == k * 3
     for sample in samples:
         i = round(sample.depth * (k - 1))
         depth_of = lambda n: int(torch.linspace(0, n, k).long()[i])  # noqa: E731 - their equidistant depths
-        prompt, answer, target = authors_prompt(tok, length, depth_of, sample.answers[0])
+        prompt, answer, target = authors_prompt(reference, length, depth_of, sample.answers[0])
         assert sample.input_ids == prompt
         assert sample.answer_ids == answer and sample.target_ids == target
         assert sample.n_tokens == len(prompt) <= length  # the achieved length, recorded
@@ -79,9 +68,8 @@ def test_authors_prompts_are_the_reference_token_for_token(reference, source, le
 
 
 def test_mistral_scores_five_digit_tokens_after_a_space_token(reference):
-    _, tok = reference
-    answer = tok(" 11223", add_special_tokens=False)["input_ids"]
-    assert [tok.decode([t]) for t in answer[1:]] == list("11223") and len(answer) == 6
+    answer = reference.encode(" 11223")
+    assert [reference.id_to_piece(t) for t in answer] == ["▁▁", *"11223"]  # the dummy prefix doubles the space
 
 
 def test_the_depths_are_torchs_float32_linspace():
@@ -100,12 +88,12 @@ def test_gpt2_cannot_run_the_authors_scoring_and_auto_takes_exact():
     assert next(generate_samples("passkey", [256], 1, 0, gpt2)).protocol == "exact"
 
 
-def test_auto_takes_authors_with_mistral(reference):
-    folder, _ = reference
-    assert next(generate_samples("passkey", [256], 1, 0, load_hf_tokenizer(folder))).protocol == "authors"
+@pytest.mark.parametrize("source", SOURCES)
+def test_auto_takes_authors_with_mistral(paths, source):
+    assert next(generate_samples("passkey", [256], 1, 0, load_hf_tokenizer(paths[source]))).protocol == "authors"
 
 
-def test_teacher_forcing_scores_the_answer_tokens_but_the_first(reference):
+def test_teacher_forcing_scores_the_answer_tokens_but_the_first(paths):
     """Fed prompt + answer; the argmax read where each of ans[1:] is predicted."""
     from bamctl.backends.base import EngineOptions
     from bamctl.backends.native import EngineBackend
@@ -113,8 +101,7 @@ def test_teacher_forcing_scores_the_answer_tokens_but_the_first(reference):
     from bamctl.evaluate import answer_teacher_forced
     from bamctl.model import ModelConfig
 
-    folder, _ = reference
-    tokenizer = load_hf_tokenizer(folder)
+    tokenizer = load_hf_tokenizer(paths["model-folder"])
     model = new_random_model(ModelConfig.from_preset("micro", "bam", vocab_size=32768, tokenizer="mistral"), 0)
     backend = EngineBackend(SimpleNamespace(model=model, model_hash="0" * 16), tokenizer, "m", EngineOptions(device="cpu"))
     sample = next(generate_samples("passkey", [300], 1, 0, tokenizer, [0.5], protocol="authors"))
@@ -126,8 +113,9 @@ def test_teacher_forcing_scores_the_answer_tokens_but_the_first(reference):
     assert row["correct"] == (scored == sample.target_ids)
 
 
-def test_generate_writes_the_authors_prompt_answer_and_targets(reference, tmp_path):
-    """`generate --protocol authors --tokenizer FILE`: the JSONL's ids are the reference's."""
+@pytest.mark.parametrize("source", SOURCES)
+def test_generate_writes_the_authors_prompt_answer_and_targets(reference, paths, source, tmp_path):
+    """`generate --protocol authors --tokenizer PATH`, from a folder or the .model file: the JSONL's ids are SentencePiece's."""
     import json
 
     from typer.testing import CliRunner
@@ -135,9 +123,8 @@ def test_generate_writes_the_authors_prompt_answer_and_targets(reference, tmp_pa
     import bamctl.cli.task_commands  # noqa: F401  (registers `generate`)
     from bamctl.cli.app import app
 
-    _, tok = reference
     out = tmp_path / "authors.jsonl"
-    args = ["generate", "passkey", "--protocol", "authors", "--tokenizer", str(MODEL_FILE),
+    args = ["generate", "passkey", "--protocol", "authors", "--tokenizer", str(paths[source]),
             "--lengths", "1000", "--depths", "0,1", "--samples", "2", "--out", str(out)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -145,6 +132,6 @@ def test_generate_writes_the_authors_prompt_answer_and_targets(reference, tmp_pa
     assert len(rows) == 4
     for row in rows:
         i = round(row["depth"])
-        prompt, answer, target = authors_prompt(tok, 1000, lambda n: int(torch.linspace(0, n, 2).long()[i]), row["answers"][0])  # noqa: B023
+        prompt, answer, target = authors_prompt(reference, 1000, lambda n: int(torch.linspace(0, n, 2).long()[i]), row["answers"][0])  # noqa: B023
         assert (row["input_ids"], row["answer_ids"], row["target_ids"]) == (prompt, answer, target)
         assert row["n_tokens"] == len(prompt) < 1000

@@ -1,17 +1,30 @@
-"""A local Hugging Face tokenizer behind bamctl's ``Tokenizer`` protocol.
+"""A local Hugging Face or SentencePiece tokenizer behind bamctl's ``Tokenizer`` protocol.
 
 ``encode`` never adds special tokens: tasks build prompts from pieces tokenised one by
 one and concatenated (the authors' passkey does exactly that), so a BOS per piece would
 be wrong. Whether a model wants one BOS at the start of its input is the back-end's
 business (``leading_special_ids`` tells it what the tokenizer's plain call would add).
 
-With transformers installed the folder is loaded by ``AutoTokenizer`` (what the authors'
-evaluation and RULER use); without it, a ``tokenizer.json`` is read by ``tokenizers``
-alone. Nothing is ever downloaded: a path that does not exist is an error.
+Ids come from the tokenizer's own definition, not from transformers' loader, which
+rebuilds some tokenizers rather than reading them (transformers 5 drops the "legacy"
+normalizer of Llama's and Mistral's tokenizer.json, and `" 12345"` loses a space):
+
+- a ``tokenizer.json`` is encoded by the ``tokenizers`` library from that file;
+- a SentencePiece ``.model`` (alone, or as a folder's ``tokenizer.model``) by
+  ``sentencepiece`` itself, as the authors' loader did: no BOS in the pieces, the dummy
+  prefix as SentencePiece applies it;
+- only what neither file holds (a GGUF file, ``vocab.json`` + ``merges.txt``) is
+  encoded by transformers.
+
+transformers, where installed and the folder has a ``tokenizer_config.json``, still gives
+the chat template and the BOS a plain call adds. Its ids are compared with the file's on
+``CHECK_PROBES`` once at load; a disagreement is one line on stderr. Nothing is ever
+downloaded: a path that does not exist is an error.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -21,55 +34,133 @@ from bamctl.fingerprints import digest, file_digest
 
 INSTALL_HINT = "pip install 'bamctl[hf]'"
 
+# Strings on which transformers' ids must equal the definition's: the passkey's answer and
+# info line, digits, runs of spaces (where transformers 5 and SentencePiece part ways), a
+# newline, Unicode.
+CHECK_PROBES = (
+    "Hello world", " 12345", "The pass key is 12345. Remember it. 12345 is the pass key.",
+    "What is the pass key? The pass key is", "0123456789", "Hello  world ", "  leading", "a\nb", "héllo ✓ 日本",
+)
+
+
+class TokenizersFile:
+    """A ``tokenizer.json``, encoded by the ``tokenizers`` library."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def encode(self, text: str, specials: bool = False) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=specials).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def vocabulary(self) -> dict[str, int]:
+        return self.tokenizer.get_vocab(with_added_tokens=True)
+
+    def eos_id(self) -> int | None:
+        return _guess_eos(self.tokenizer.token_to_id, None)
+
+    def definition(self) -> dict:
+        return {"kind": "tokenizers", "definition": self.tokenizer.to_str()}
+
+
+class SentencePieceFile:
+    """A SentencePiece ``.model``, encoded by ``sentencepiece``; a plain call puts its BOS in
+    front and no EOS (what Llama's and Mistral's loaders do)."""
+
+    def __init__(self, path: Path):
+        try:
+            import sentencepiece
+        except ImportError:
+            raise BamctlError(f"reading the SentencePiece file {path} needs sentencepiece: {INSTALL_HINT}") from None
+        try:
+            self.processor = sentencepiece.SentencePieceProcessor(model_file=str(path))
+        except (OSError, RuntimeError) as err:
+            raise BamctlError(f"cannot read {path} as a SentencePiece model: {str(err).splitlines()[0]}") from None
+        self.path = path
+
+    def encode(self, text: str, specials: bool = False) -> list[int]:
+        bos = self.processor.bos_id()
+        return ([bos] if specials and bos >= 0 else []) + self.processor.encode(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.processor.decode(list(ids))
+
+    def vocabulary(self) -> dict[str, int]:
+        return {self.processor.id_to_piece(i): i for i in range(self.processor.get_piece_size())}
+
+    def eos_id(self) -> int | None:
+        return self.processor.eos_id() if self.processor.eos_id() >= 0 else None
+
+    def definition(self) -> dict:
+        return {"kind": "sentencepiece", "file": file_digest(self.path)}
+
+
+class TransformersTokenizer:
+    """What only transformers reads (a GGUF file, ``vocab.json`` + ``merges.txt``), encoded by it."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def encode(self, text: str, specials: bool = False) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=specials)["input_ids"])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def vocabulary(self) -> dict[str, int]:
+        return self.tokenizer.get_vocab()
+
+    def eos_id(self) -> int | None:
+        tok = self.tokenizer
+        return tok.eos_token_id if tok.eos_token_id is not None else _guess_eos(tok.convert_tokens_to_ids, tok.unk_token_id)
+
+    def definition(self) -> dict:
+        """A fast tokenizer's full JSON definition; a slow one's model file, else its vocabulary."""
+        tok = self.tokenizer
+        fast = getattr(tok, "backend_tokenizer", None)
+        if hasattr(fast, "to_str"):
+            return {"kind": "tokenizers", "definition": fast.to_str()}
+        vocab_file = getattr(tok, "vocab_file", None)
+        if vocab_file and Path(vocab_file).is_file():
+            return {"kind": type(tok).__name__, "file": file_digest(vocab_file)}
+        return {"kind": type(tok).__name__, "vocab": sorted(tok.get_vocab().items())}
+
 
 @dataclass(eq=False)  # hashed by identity: tasks cache per-tokenizer work (one instance per path)
 class HFTokenizer:
     name: str
     vocab_size: int
     eos_id: int | None
-    backend: object  # transformers PreTrainedTokenizerBase, or tokenizers.Tokenizer
+    encoder: TokenizersFile | SentencePieceFile | TransformersTokenizer  # what turns text into ids
+    templates: object | None = None  # transformers' tokenizer of the folder, for its chat template only
     leading_special_ids: list[int] = field(default_factory=list)  # what a plain call prepends (a BOS)
     bos_id: int | None = None
-    fingerprint: str = ""  # of its full definition (tokenizer_fingerprint), not its path
-
-    @property
-    def is_transformers(self) -> bool:
-        return hasattr(self.backend, "apply_chat_template")
+    fingerprint: str = ""  # of its full definition (vocabulary, merges, normalizer, chat template), not its path
 
     def encode(self, text: str) -> list[int]:
-        if self.is_transformers:
-            return list(self.backend(text, add_special_tokens=False)["input_ids"])
-        return list(self.backend.encode(text, add_special_tokens=False).ids)
+        return self.encoder.encode(text)
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.backend.decode(list(ids), skip_special_tokens=True)
+        return self.encoder.decode(ids)
+
+    def vocabulary(self) -> dict[str, int]:
+        return self.encoder.vocabulary()
 
     @property
     def has_chat_template(self) -> bool:
-        return self.is_transformers and bool(getattr(self.backend, "chat_template", None))
+        return bool(getattr(self.templates, "chat_template", None))
 
     def chat_frame(self) -> tuple[str, str]:
         """The text the chat template puts before and after one user turn, up to the assistant's reply."""
         if not self.has_chat_template:
             raise BamctlError(f"tokenizer {self.name} has no chat template; drop --chat-template")
-        text = self.backend.apply_chat_template(
+        text = self.templates.apply_chat_template(
             [{"role": "user", "content": "\x00"}], add_generation_prompt=True, tokenize=False
         )
         head, _, tail = text.partition("\x00")
         return head, tail
-
-
-def tokenizer_fingerprint(backend) -> str:
-    """What the tokenizer does, hashed: a fast tokenizer's full JSON definition (vocabulary,
-    merges, normalizer, pre-tokenizer, added tokens); a slow one's model file, else its vocabulary."""
-    fast = getattr(backend, "backend_tokenizer", backend)
-    template = getattr(backend, "chat_template", None)  # lives beside the definition, not in it
-    if hasattr(fast, "to_str"):
-        return digest({"kind": "tokenizers", "definition": fast.to_str(), "chat_template": template})
-    vocab_file = getattr(backend, "vocab_file", None)
-    if vocab_file and Path(vocab_file).is_file():
-        return digest({"kind": type(backend).__name__, "file": file_digest(vocab_file)})
-    return digest({"kind": type(backend).__name__, "vocab": sorted(backend.get_vocab().items())})
 
 
 def _leading_specials(with_special: list[int], plain: list[int]) -> list[int]:
@@ -92,42 +183,59 @@ def _guess_eos(token_to_id, unk_id: int | None) -> int | None:
     return None
 
 
-SENTENCEPIECE_CONFIG = {"tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": False}
+def _assemble(name: str, encoder, templates=None) -> HFTokenizer:
+    """The BOS and EOS are transformers' where it loaded the folder (what its plain call adds),
+    else the definition's own."""
+    plain_call = TransformersTokenizer(templates) if templates is not None else encoder
+    probe = "Hello world"
+    leading = _leading_specials(plain_call.encode(probe, True), plain_call.encode(probe, False))
+    eos = plain_call.eos_id()
+    bos = getattr(templates, "bos_token_id", None)
+    return HFTokenizer(
+        name=name, vocab_size=len(encoder.vocabulary()), eos_id=eos if eos is not None else encoder.eos_id(),
+        encoder=encoder, templates=templates, leading_special_ids=leading,
+        bos_id=bos if bos is not None else (leading[0] if leading else None),
+        fingerprint=digest({**encoder.definition(), "chat_template": getattr(templates, "chat_template", None)}),
+    )
 
 
-def load_sentencepiece(path: Path) -> HFTokenizer:
-    """A SentencePiece ``.model`` file (Mistral's, Llama's), converted to a fast tokenizer exactly as
-    ``AutoTokenizer`` converts a model folder holding it, so it gives the same ids as that folder."""
-    import shutil
-    import tempfile
-
+def _transformers_tokenizer(folder: Path, gguf_file: str | None = None):
+    """transformers' tokenizer of a folder; None where transformers is not installed."""
     try:
-        import google.protobuf  # noqa: F401 - the converter reads the model file with it
-        import sentencepiece  # noqa: F401
         from transformers import AutoTokenizer
     except ImportError:
-        raise BamctlError(f"reading the SentencePiece file {path} needs transformers, sentencepiece and protobuf: {INSTALL_HINT}") from None
-    with tempfile.TemporaryDirectory() as folder:
-        shutil.copyfile(path, Path(folder) / "tokenizer.model")
-        (Path(folder) / "tokenizer_config.json").write_text(__import__("json").dumps(SENTENCEPIECE_CONFIG))
-        try:
-            tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-        except (OSError, ValueError, RuntimeError) as err:
-            raise BamctlError(f"cannot read {path} as a SentencePiece model: {str(err).splitlines()[0]}") from None
-    return _wrap(tok, path.stem)
+        return None
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True, **kwargs)
+    except (OSError, ValueError) as err:
+        raise BamctlError(f"cannot load a Hugging Face tokenizer from {folder}: {str(err).splitlines()[0]}") from None
 
 
-def _wrap(tok, name: str) -> HFTokenizer:
-    probe = "Hello world"
-    leading = _leading_specials(
-        list(tok(probe, add_special_tokens=True)["input_ids"]), list(tok(probe, add_special_tokens=False)["input_ids"])
-    )
-    eos = tok.eos_token_id if tok.eos_token_id is not None else _guess_eos(tok.convert_tokens_to_ids, tok.unk_token_id)
-    return HFTokenizer(
-        name=name, vocab_size=len(tok), eos_id=eos, backend=tok,
-        leading_special_ids=leading, fingerprint=tokenizer_fingerprint(tok),
-        bos_id=tok.bos_token_id if tok.bos_token_id is not None else (leading[0] if leading else None),
-    )
+def _tokenizer_json(file: Path) -> TokenizersFile:
+    try:
+        import tokenizers
+    except ImportError:
+        raise BamctlError(f"reading {file} needs `tokenizers`: {INSTALL_HINT}") from None
+    try:
+        return TokenizersFile(tokenizers.Tokenizer.from_file(str(file)))
+    except Exception as err:  # tokenizers raises a bare Exception on a bad file
+        raise BamctlError(f"cannot read {file}: {err}") from None
+
+
+def _report_disagreement(definition, templates, source: str) -> None:
+    """One line on stderr where transformers' ids differ from the definition's on a check probe."""
+    theirs = TransformersTokenizer(templates)
+    for text in CHECK_PROBES:
+        if theirs.encode(text) != definition.encode(text):
+            import transformers
+
+            print(
+                f"note: transformers {transformers.__version__} encodes {text!r} as {theirs.encode(text)} but {source} "
+                f"as {definition.encode(text)}; bamctl uses {source}",
+                file=sys.stderr,
+            )
+            return
 
 
 def load_hf_tokenizer(path: str | Path, gguf_file: str | None = None) -> HFTokenizer:
@@ -135,48 +243,27 @@ def load_hf_tokenizer(path: str | Path, gguf_file: str | None = None) -> HFToken
     if not path.exists():
         raise BamctlError(f"tokenizer path {path} does not exist")
     if path.is_file() and ".model" in path.suffixes:  # tokenizer.model, mistral_..._240323.model.v3
-        return load_sentencepiece(path)
-    probe = "Hello world"
-    try:
-        import transformers
-    except ImportError:
-        transformers = None
-    if transformers is not None:
-        from transformers import AutoTokenizer
-
-        # A bare tokenizer.json (no tokenizer_config.json beside it) has no class to pick.
-        bare = path if path.is_file() else path / "tokenizer.json"
-        bare_only = bare.is_file() and not (bare.parent / "tokenizer_config.json").is_file() and not gguf_file
-        try:
-            if bare_only:
-                from transformers import PreTrainedTokenizerFast
-
-                tok = PreTrainedTokenizerFast(tokenizer_file=str(bare))
-            else:
-                kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-                folder = path.parent if path.is_file() and not gguf_file else path
-                tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, **kwargs)
-        except (OSError, ValueError) as err:
-            raise BamctlError(f"cannot load a Hugging Face tokenizer from {path}: {str(err).splitlines()[0]}") from None
-        return _wrap(tok, path.name)
-    try:
-        import tokenizers
-    except ImportError:
-        raise BamctlError(f"reading a Hugging Face tokenizer needs `tokenizers` or `transformers`: {INSTALL_HINT}") from None
-    file = path if path.is_file() else path / "tokenizer.json"
-    if not file.is_file():
-        raise BamctlError(f"{path} has no tokenizer.json; install transformers ({INSTALL_HINT}) for other formats")
-    try:
-        tok = tokenizers.Tokenizer.from_file(str(file))
-    except Exception as err:  # tokenizers raises a bare Exception on a bad file
-        raise BamctlError(f"cannot read {file}: {err}") from None
-    leading = _leading_specials(tok.encode(probe, add_special_tokens=True).ids, tok.encode(probe, add_special_tokens=False).ids)
-    eos = _guess_eos(tok.token_to_id, None)
-    return HFTokenizer(
-        name=(path.parent if path.is_file() else path).name, vocab_size=tok.get_vocab_size(with_added_tokens=True),
-        eos_id=eos, backend=tok, leading_special_ids=leading, bos_id=leading[0] if leading else None,
-        fingerprint=tokenizer_fingerprint(tok),
-    )
+        return _assemble(path.stem, SentencePieceFile(path))
+    folder = path.parent if path.is_file() else path
+    if gguf_file:
+        templates = _transformers_tokenizer(folder, gguf_file)
+        if templates is None:
+            raise BamctlError(f"reading the tokenizer of {gguf_file} needs transformers: {INSTALL_HINT}")
+        return _assemble(path.name, TransformersTokenizer(templates), templates)
+    json_file = path if path.is_file() else folder / "tokenizer.json"
+    bare = json_file.is_file() and not (folder / "tokenizer_config.json").is_file()  # no class, no template to load
+    templates = None if bare else _transformers_tokenizer(folder)
+    if json_file.is_file():
+        encoder, source = _tokenizer_json(json_file), json_file.name
+    elif (folder / "tokenizer.model").is_file():
+        encoder, source = SentencePieceFile(folder / "tokenizer.model"), "tokenizer.model"
+    elif templates is not None:
+        return _assemble(path.name, TransformersTokenizer(templates), templates)
+    else:
+        raise BamctlError(f"{path} has no tokenizer.json or tokenizer.model; install transformers ({INSTALL_HINT}) for other formats")
+    if templates is not None:
+        _report_disagreement(encoder, templates, source)
+    return _assemble(path.name, encoder, templates)
 
 
 def resolve_tokenizer(spec: str):
@@ -199,7 +286,7 @@ def resolve_tokenizer(spec: str):
 
 def same_vocabulary(a, b) -> bool:
     """Whether two tokenizers map the same strings to the same ids (Hugging Face ones only)."""
-    vocabularies = [getattr(getattr(t, "backend", None), "get_vocab", None) for t in (a, b)]
+    vocabularies = [getattr(t, "vocabulary", None) for t in (a, b)]
     if not all(vocabularies):
         return False
     return vocabularies[0]() == vocabularies[1]()
