@@ -138,7 +138,7 @@ class StreamingEngine:
         self.attention = _exact_for(model, resolve_attention(attention, self.device), attention == "auto")
         self.kernel = kernel_for(self.attention)
         self.chunk_size = chunk_size
-        self.model = model.to(device=self.device, dtype=self.dtype).keep_positional_float32().eval()
+        self.model = model.to(device=self.device).cast_keeping_positional(self.dtype).eval()
         self.model.rope_scaling = rope_scaling
         self.config = model.config
         self.subset = None
