@@ -259,12 +259,15 @@ class StreamingEngine:
     def token_nll(self, ids: Sequence[int], score_from: int = 1) -> torch.Tensor:
         """NLL (float32, on CPU) of each token ids[t] for t in [score_from, len(ids)), given ids[:t].
 
-        A model with a vocabulary subset has no row for tokens outside it (they share one UNK
-        row it was never trained to predict): their NLL is NaN, so they are left out of the
-        sum and of the count of scored tokens.
+        Token 0 has nothing before it to predict it from, and a model with a vocabulary subset
+        has no row for tokens outside it (they share one UNK row it was never trained to
+        predict): their NLL is NaN, so they are left out of the sum and of the count of scored
+        tokens.
         """
-        if not 1 <= score_from <= len(ids):
-            raise ValueError(f"score_from must be in [1, {len(ids)}], got {score_from}")
+        if not 0 <= score_from <= len(ids):
+            raise ValueError(f"score_from must be in [0, {len(ids)}], got {score_from}")
+        if score_from == 0:
+            return F.pad(self.token_nll(ids, 1), (1, 0), value=float("nan")) if ids else torch.zeros(0)
         targets = self._model_ids(ids)
         pieces: list[torch.Tensor] = []
 
