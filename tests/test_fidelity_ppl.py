@@ -1,4 +1,4 @@
-"""Perplexity as others compute it: the BAM authors' buckets."""
+"""Perplexity as others compute it: the BAM authors' buckets, lm-eval's rolling windows."""
 
 from __future__ import annotations
 
@@ -53,6 +53,33 @@ def test_buckets_are_the_authors_windows(tmp_path, bos):
     assert [r["n_scored"] for r in rows] == [n for _, n in expected] == ([8, 8, 4] if bos == "auto" else [7, 8, 4])
     for row, (total, count) in zip(rows, expected):
         assert row["nll"] / count == pytest.approx(total / count, rel=1e-6)  # float32 engine, float64 reference
+
+
+def test_sliding_equals_lm_eval_rolling_loglikelihood(tmp_path, tiny_llama):
+    """lm-eval's own ``HFLM.loglikelihood_rolling`` with ``max_length`` M equals ``--protocol
+    sliding`` with window M + 1 and stride = window. lm-eval scores every token, the first after
+    a prefix token; bamctl leaves a document's token 0 unscored. So lm-eval gets the text without
+    its first word, and that word's id as the prefix token: both then score the same tokens with
+    the same context."""
+    lm_eval_hf = pytest.importorskip("lm_eval.models.huggingface", reason="lm-eval not installed (the dev extra)")
+    from lm_eval.api.instance import Instance
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    corpus = _corpus(tmp_path / "corpus.txt", 70, 60, seed=1)
+    backend = open_backend(f"hf:{tiny_llama}", RunOptions(device="cpu", chunk_size=5, bos="never"))
+    window = 16
+    request = TaskRequest("ppl", [window], samples=1, seeds=[0],
+                          options={"corpus_path": str(corpus), "stride": window, "doc_tokens": 70})
+    rows = Evaluation(backend, request, ResultStore(tmp_path / "out"), model_name="m").run().rows
+    assert sum(r["n_scored"] for r in rows) == 69
+
+    first, rest = corpus.read_text().split(" ", 1)
+    model = LlamaForCausalLM.from_pretrained(str(tiny_llama), local_files_only=True).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_llama), local_files_only=True)
+    lm = lm_eval_hf.HFLM(pretrained=model, tokenizer=tokenizer, max_length=window - 1, batch_size=1, device="cpu", add_bos_token=False,
+                         prefix_token_id=tokenizer.convert_tokens_to_ids(first))
+    (loglikelihood,) = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (rest,), 0)], disable_tqdm=True)
+    assert sum(r["nll"] for r in rows) == pytest.approx(-loglikelihood, rel=1e-5)
 
 
 @pytest.mark.parametrize("bos", ["auto", "never"])
