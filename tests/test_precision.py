@@ -82,3 +82,20 @@ def test_log_probs_follow_the_float32_prior(tmp_path):
         engine = StreamingEngine(model, device="cpu", dtype="bfloat16", chunk_size=16, attention=attention)
         got = log_probs(engine.logits_at(tokens.tolist(), list(range(len(tokens)))))
         assert (got - expected).abs().max() < 0.3, attention
+
+
+def test_authors_backends_keep_the_checkpoints_float32_priors(tmp_path):
+    """A bare authors' folder and ``bam:`` open the same engine: their priors keep the bits of model.pt."""
+    from bamctl.backends import RunOptions, open_backend
+    from test_external_authors import _word_tokenizer, build
+
+    folder, _, state, _ = build(tmp_path, "bam_ssmax")
+    tokenizer = _word_tokenizer(tmp_path / "tokenizer.json", VOCAB - 2)
+    for reference in (str(folder), f"bam:{folder}"):
+        backend = open_backend(reference, RunOptions(device="cpu", dtype="bfloat16", tokenizer=str(tokenizer)))
+        for layer, block in enumerate(backend.engine.model.layers):
+            attention = block.attention
+            for name in ("theta_alpha", "theta_beta", "theta_mu"):
+                assert torch.equal(getattr(attention.prior, name), state[f"layers.{layer}.attention.prior.{name}"].reshape(-1))
+            assert torch.equal(attention.ssmax_scale, state[f"layers.{layer}.attention.seq_scale"].reshape(-1))
+            assert attention.wq.weight.dtype == torch.bfloat16
