@@ -287,17 +287,25 @@ class Transformer(nn.Module):
     def n_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def keep_positional_float32(self) -> "Transformer":
-        """Priors (parameters and buffers) and SSMax scales in float32, whatever dtype the rest has:
-        as under autocast, which never casts parameters, they are read at full precision."""
-        for layer in self.layers:
-            attention = layer.attention
-            if attention.prior is not None:
-                attention.prior.float()
-            if attention.ssmax_scale is not None:
-                attention.ssmax_scale.data = attention.ssmax_scale.data.float()
+    def cast_keeping_positional(self, dtype: torch.dtype) -> "Transformer":
+        """Every floating-point tensor in ``dtype`` but the priors (parameters and buffers) and the
+        SSMax scales, which are never cast: as under autocast, which never casts parameters, they
+        keep their float32 values (a round trip through bfloat16 would round them)."""
+        kept = {id(t) for name, t in [*self.named_parameters(), *self.named_buffers()] if _is_positional(name)}
+        for module in self.modules():
+            for name, param in module.named_parameters(recurse=False):
+                if id(param) not in kept and param.is_floating_point():
+                    param.data = param.data.to(dtype)
+            for name, buffer in module.named_buffers(recurse=False):
+                if id(buffer) not in kept and buffer.is_floating_point():
+                    setattr(module, name, buffer.to(dtype))
         return self
 
     def positional_parameters(self) -> list[nn.Parameter]:
         """theta_alpha, theta_beta, theta_mu and SSMax s: trained without weight decay."""
-        return [p for n, p in self.named_parameters() if ".prior." in n or n.endswith("ssmax_scale")]
+        return [p for n, p in self.named_parameters() if _is_positional(n)]
+
+
+def _is_positional(name: str) -> bool:
+    """A prior's parameter or buffer, or an SSMax scale, by its name in the state dict."""
+    return ".prior." in name or name.endswith("ssmax_scale")

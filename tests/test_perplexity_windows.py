@@ -58,10 +58,10 @@ def test_bad_window_or_stride(w, s):
 
 
 @pytest.mark.parametrize(("n", "bucket"), [(1025, 1024), (4097, 1024), (4096, 1024), (10, 3), (1, 4)])
-def test_position_buckets_cover_each_prediction_once(n, bucket):
+def test_position_buckets_cover_each_token_once(n, bucket):
     buckets = position_buckets(n, bucket)
     positions = [p for b in buckets for p in range(b.start, b.end)]
-    assert positions == list(range(max(0, n - 1)))
+    assert positions == list(range(n))
     assert all(b.n_scored == bucket for b in buckets[:-1])
     assert [b.index for b in buckets] == list(range(len(buckets)))
 

@@ -62,7 +62,7 @@ class Backend(Protocol):
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]: ...
 
-    def token_nll(self, ids: Sequence[int], score_from: int = 1): ...  # torch.Tensor (n,), float32, CPU
+    def token_nll(self, ids: Sequence[int], score_from: int = 1): ...  # torch.Tensor (n,), float32, CPU; NaN: not scored (token 0 with no BOS in front)
 
     def bos_for(self, scoring: str) -> bool:
         """Whether one BOS goes before a prompt (or document) of this request kind."""

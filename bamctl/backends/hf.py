@@ -224,11 +224,14 @@ class HFBackend:
     @torch.inference_mode()
     def token_nll(self, ids: Sequence[int], score_from: int = 1) -> torch.Tensor:
         """NLL (float32, CPU) of ids[t] for t in [score_from, len(ids)); a BOS, if the model
-        takes one, goes in front but is neither scored nor counted."""
-        if not 1 <= score_from <= len(ids):
-            raise ValueError(f"score_from must be in [1, {len(ids)}], got {score_from}")
+        takes one, goes in front but is neither scored nor counted. With nothing in front,
+        token 0 is not predicted: NaN."""
+        if not 0 <= score_from <= len(ids):
+            raise ValueError(f"score_from must be in [0, {len(ids)}], got {score_from}")
         full = self.lengths.fit_prefix(self.shaper.prefix, list(ids))
         prefix = full[: len(full) - len(ids)]
+        if score_from == 0 and not prefix:
+            return F.pad(self.token_nll(ids, 1), (1, 0), value=float("nan")) if ids else torch.zeros(0)
         first = len(prefix) + score_from  # first scored index in `full`
         targets = torch.tensor(full, dtype=torch.long)
         pieces: list[torch.Tensor] = []

@@ -178,10 +178,11 @@ class VLLMBackend:
         return [int(i) for i in out.outputs[0].token_ids]
 
     def token_nll(self, ids: Sequence[int], score_from: int = 1) -> torch.Tensor:
-        if not 1 <= score_from <= len(ids):
-            raise ValueError(f"score_from must be in [1, {len(ids)}], got {score_from}")
+        if not 0 <= score_from <= len(ids):
+            raise ValueError(f"score_from must be in [0, {len(ids)}], got {score_from}")
         full = self.lengths.fit_prefix(self.shaper.prefix, list(ids))
         prefix = full[: len(full) - len(ids)]
         entries = self._run(full, 1, prompt_logprobs=0).prompt_logprobs
-        nll = [-float(entries[t][full[t]].logprob) for t in range(len(prefix) + score_from, len(full))]
+        # entries[0] is None: with nothing in front, token 0 is not predicted (NaN)
+        nll = [float("nan") if t == 0 else -float(entries[t][full[t]].logprob) for t in range(len(prefix) + score_from, len(full))]
         return torch.tensor(nll, dtype=torch.float32)

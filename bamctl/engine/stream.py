@@ -138,7 +138,7 @@ class StreamingEngine:
         self.attention = _exact_for(model, resolve_attention(attention, self.device), attention == "auto")
         self.kernel = kernel_for(self.attention)
         self.chunk_size = chunk_size
-        self.model = model.to(device=self.device, dtype=self.dtype).keep_positional_float32().eval()
+        self.model = model.to(device=self.device).cast_keeping_positional(self.dtype).eval()
         self.model.rope_scaling = rope_scaling
         self.config = model.config
         self.subset = None
@@ -259,12 +259,15 @@ class StreamingEngine:
     def token_nll(self, ids: Sequence[int], score_from: int = 1) -> torch.Tensor:
         """NLL (float32, on CPU) of each token ids[t] for t in [score_from, len(ids)), given ids[:t].
 
-        A model with a vocabulary subset has no row for tokens outside it (they share one UNK
-        row it was never trained to predict): their NLL is NaN, so they are left out of the
-        sum and of the count of scored tokens.
+        Token 0 has nothing before it to predict it from, and a model with a vocabulary subset
+        has no row for tokens outside it (they share one UNK row it was never trained to
+        predict): their NLL is NaN, so they are left out of the sum and of the count of scored
+        tokens.
         """
-        if not 1 <= score_from <= len(ids):
-            raise ValueError(f"score_from must be in [1, {len(ids)}], got {score_from}")
+        if not 0 <= score_from <= len(ids):
+            raise ValueError(f"score_from must be in [0, {len(ids)}], got {score_from}")
+        if score_from == 0:
+            return F.pad(self.token_nll(ids, 1), (1, 0), value=float("nan")) if ids else torch.zeros(0)
         targets = self._model_ids(ids)
         pieces: list[torch.Tensor] = []
 

@@ -13,7 +13,9 @@ Two protocols:
   skipped — the Hugging Face recipe instead loses one token per window); S = 1
   is the strict sliding evaluation, every token with W - 1 tokens of context.
 * Position buckets (BAM authors): one pass over a document, mean loss per block
-  of ``bucket`` absolute positions.
+  of ``bucket`` tokens: bucket k scores tokens k*W .. (k+1)*W-1, token 0 predicted
+  from the BOS the back-end puts in front. Without a BOS nothing predicts token 0,
+  and bucket 0 scores W-1 tokens.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def sliding_windows(n_tokens: int, window: int, stride: int) -> list[Window]:
 
 @dataclass(frozen=True)
 class Bucket:
-    """Predictions made at positions ``[start, end)``, i.e. of tokens ``start + 1 .. end``."""
+    """The predictions of tokens ``[start, end)`` of a document."""
 
     index: int
     start: int
@@ -75,23 +77,19 @@ class Bucket:
         return self.end - self.start
 
 
-DEFAULT_BUCKET = 1024  # positions per bucket, as the authors' evaluation groups them
+DEFAULT_BUCKET = 1024  # tokens per bucket, as the authors' evaluation groups them
 
 
 def position_buckets(n_tokens: int, bucket: int) -> list[Bucket]:
-    """Split the ``n_tokens - 1`` predictions of one pass into blocks of ``bucket`` positions.
+    """Split a document of ``n_tokens`` tokens into blocks of ``bucket`` tokens.
 
-    As in the authors' code, bucket k holds the losses at positions
-    ``[k * bucket, (k + 1) * bucket)``; the last one is shorter when the length
-    is not a multiple (feed L + 1 tokens for L predictions in full buckets).
+    As the authors' evaluation cuts ``[BOS] + text``: bucket k holds the predictions of
+    tokens ``[k * bucket, (k + 1) * bucket)``; the last one is shorter when the length
+    is not a multiple.
     """
     if bucket < 1:
         raise BamctlError(f"bucket size {bucket} must be at least 1")
-    predictions = max(0, n_tokens - 1)
-    return [
-        Bucket(k, start, min(start + bucket, predictions))
-        for k, start in enumerate(range(0, predictions, bucket))
-    ]
+    return [Bucket(k, start, min(start + bucket, n_tokens)) for k, start in enumerate(range(0, n_tokens, bucket))]
 
 
 def ppl_corpus(corpus_path: Path | None = None) -> Corpus:
@@ -206,5 +204,5 @@ def ppl_sample(
         scored = [ScoredSpan(window.score_from - window.begin, window.end - window.begin, window.score_from)]
     else:
         ids, meta = ppl_document(tokenizer, corpus_path, slot.length, slot.index)
-        scored = [ScoredSpan(b.start + 1, b.end + 1, b.start) for b in position_buckets(len(ids), bucket)]
+        scored = [ScoredSpan(b.start, b.end, b.start) for b in position_buckets(len(ids), bucket)]
     return slot.sample(input_ids=ids, prompt=tokenizer.decode(ids), scored=scored, meta=meta)

@@ -137,7 +137,7 @@ GENERATORS: dict[str, Generator] = {
     "vt": Generator(vt_sample, version=1, setting=ruler_setting, takes_depths=never),
     "cwe": Generator(cwe_sample, version=1, setting=ruler_setting, files=cwe_files, takes_depths=never),
     "fwe": Generator(fwe_sample, version=1, setting=ruler_setting, takes_depths=never),
-    "ppl": Generator(ppl_sample, version=1, plan=ppl_plan, resolve=ppl_options, setting=ppl_setting, files=ppl_files, takes_depths=never),
+    "ppl": Generator(ppl_sample, version=2, plan=ppl_plan, resolve=ppl_options, setting=ppl_setting, files=ppl_files, takes_depths=never),
 }
 
 
