@@ -29,7 +29,7 @@ Where we differ, on purpose:
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable
 
@@ -38,7 +38,7 @@ from bamctl.fingerprints import file_digest
 from bamctl.tasks.haystacks import EssayHaystack, essay_haystack, token_counts
 from bamctl.tasks.passkey import FILLER
 from bamctl.tasks.sample import Sample, SampleSlot, sample_rng
-from bamctl.tasks.sizing import check_sizing, largest_fit
+from bamctl.tasks.sizing import PromptSizes, check_sizing, ruler_bisect, size_prompt
 from bamctl.tasks.spans import tokens_at_chars
 from bamctl.tasks.texts import ruler_words
 from bamctl.tokenizer import Tokenizer
@@ -299,12 +299,12 @@ def niah_sample(
     check_sizing(sizing)
     parts = _niah_parts(slot, tokenizer, spec, haystack_path, chat_template)
     if n_units is None:
-        if sizing == "ruler":
-            contents = file_digest(haystack_path) if haystack_path else None  # a changed file is searched again
-            searched = _ruler_search(_probe(slot), tokenizer, spec, haystack_path, contents, chat_template)
-            n_units = _ruler_retries(slot, parts, searched, haystack)
-        else:
-            n_units = _size_exact(slot, parts)
+        contents = file_digest(haystack_path) if haystack_path else None  # a changed file is searched again
+        n_units = size_prompt(sizing, PromptSizes(
+            slot, lambda n: len(parts.build(n)[1]), parts.estimate, "without haystack",
+            lambda probe: _ruler_search(probe, tokenizer, spec, haystack_path, contents, chat_template),
+            ruler_increment(haystack, slot.length),
+        ))
     draw, head, answer_prefix, build = parts.draw, parts.head, parts.answer_prefix, parts.build
     context, input_ids, prompt = build(n_units)
     positions = tokens_at_chars(tokenizer, prompt, input_ids, [len(head) + c for c in context.needle_chars])
@@ -366,35 +366,11 @@ def _niah_parts(slot: SampleSlot, tokenizer: Tokenizer, spec: NiahSpec, haystack
     return NiahParts(draw, head, answer_prefix, build, hay.estimate)
 
 
-def _size_exact(slot: SampleSlot, parts: NiahParts) -> int:
-    """bamctl's sizing: the largest haystack whose prompt plus the answer budget fits the length."""
-    budget = slot.length - slot.max_new_tokens
-    sizes: dict[int, int] = {}
-
-    def fits(n: int) -> bool:
-        if n not in sizes:
-            sizes[n] = len(parts.build(n)[1])
-        return sizes[n] <= budget
-
-    n_units = largest_fit(fits, parts.estimate, budget - len(parts.build(0)[1]))
-    if n_units < 0:
-        raise BamctlError(
-            f"length {slot.length} is too short for {slot.task}: the prompt without haystack already needs "
-            f"{sizes[0] + slot.max_new_tokens} tokens with the {slot.max_new_tokens}-token answer budget"
-        )
-    return n_units
-
-
 def ruler_increment(haystack: str, length: int) -> int:
     """RULER's step: 500 essay words, else 25 lines (5 below 4096 tokens)."""
     if haystack == "essay":
         return 500
     return 5 if length < 4096 else 25
-
-
-def _probe(slot: SampleSlot) -> SampleSlot:
-    """The sample RULER's once-per-length search runs on: one of no index, no asked depth."""
-    return replace(slot, index=-1, depth=None, depth_grid=None)
 
 
 @lru_cache(maxsize=64)
@@ -406,22 +382,4 @@ def _ruler_search(probe: SampleSlot, tokenizer: Tokenizer, spec: NiahSpec, hayst
     step = ruler_increment(spec.haystack, probe.length)
     total = lambda n: len(parts.build(n)[1]) + probe.max_new_tokens  # noqa: E731
     per_unit = (total(step) - probe.max_new_tokens) / step
-    lower, upper, best = step, max(int(probe.length / per_unit * 3), step * 2), None
-    while lower <= upper:
-        middle = (lower + upper) // 2
-        if total(middle) <= probe.length:
-            best, lower = middle, middle + 1
-        else:
-            upper = middle - 1
-    return best or step
-
-
-def _ruler_retries(slot: SampleSlot, parts: NiahParts, searched: int, haystack: str) -> int:
-    """RULER's per-sample rule: the searched size, one step fewer each time the sample overflows."""
-    step = ruler_increment(haystack, slot.length)
-    used = searched
-    while len(parts.build(used)[1]) + slot.max_new_tokens > slot.length:
-        if used <= step:
-            raise BamctlError(f"length {slot.length} is too short for {slot.task} with RULER's sizing (steps of {step})")
-        used -= step
-    return used
+    return ruler_bisect(total, probe.length, step, max(int(probe.length / per_unit * 3), step * 2), step)
