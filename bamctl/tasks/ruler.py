@@ -6,7 +6,8 @@ sentence, the same singular rewording when one value is asked for, the same
 haystacks (``noise``, ``essay``, ``needle``), key and value kinds (``words`` from
 wonderwords' adjective and noun lists, 7-digit ``numbers``, ``uuids``), needle
 placement (essay: Punkt sentence boundaries at 40 depths
-``round(linspace(0, 100, 40))``; noise and needle: random lines) and, with a chat
+``round(linspace(0, 100, 40))``, the essay text Punkt's sentences joined by one
+space, byte for byte RULER's; noise and needle: random lines) and, with a chat
 template, the template's tokens counted in the length and the answer prefix
 opening the assistant turn.
 
@@ -20,10 +21,10 @@ Where we differ, on purpose:
   the placement generator also by the haystack size; RULER draws from one global
   stream, so its samples depend on the sizing search that ran before them (and a
   RULER retry draws new needles where ours keeps the sample's).
-* Empty text pieces are skipped when joining, so a needle at depth 0 does not
-  start the context with a stray space.
 * The shipped essays are public-domain prose, not Paul Graham's essays
   (``--haystack`` reads RULER's own file).
+* The singular rewording applies to the task text only; RULER's also rewrites the
+  chat template around it ("You is a helpful AI assistant").
 """
 
 from __future__ import annotations
@@ -195,35 +196,45 @@ class Context:
     needle_chars: list[int]  # offset of each needle inside `text`
     depth: float  # of the first needle, as a fraction of the haystack
     repeats: int  # times the essay corpus was started (1 = no repetition)
+    depths: tuple[float, ...] = ()  # essay: each needle's depth in percent of the sentences, ascending
 
 
-def _placement(seed: int, identity: tuple, n_units: int):
-    return sample_rng(seed, *identity, "placement", n_units)
+def _identity(slot: SampleSlot) -> tuple:
+    # The identity the draws are seeded by; the task twice, as when RULER's tasks were
+    # variants named like the task, so samples drawn then are drawn again now.
+    return (slot.task, slot.task, slot.length, slot.index)
+
+
+def niah_draw(slot: SampleSlot, spec: NiahSpec) -> NiahDraw:
+    """The sample's keys, values, shuffled needles and queries: the same at every haystack size."""
+    return draw_needles(spec, sample_rng(slot.seed, *_identity(slot)))
+
+
+def placement_rng(slot: SampleSlot, n_units: int):
+    """The generator that places the sample's needles in a haystack of ``n_units`` units."""
+    return sample_rng(slot.seed, *_identity(slot), "placement", n_units)
 
 
 def essay_context(haystack: EssayHaystack, needles: list[str], n_words: int, rng, depth: float | None) -> Context:
-    n_sents = haystack.sentence_count(n_words)
+    """RULER's essay context: Punkt's sentences of the first ``n_words`` words, a needle before
+    sentence ``int(count * depth / 100)`` for each drawn depth, every piece joined by one space,
+    empty ones included (a needle first or last thus has a space before or after it)."""
+    bounds = haystack.sentences(n_words)
+    n_sents = len(bounds) - 1
     if depth is None:
         depths = sorted(rng.sample(ESSAY_DEPTHS, len(needles)))
         first_depth = depths[0] / 100
     else:
         depths, first_depth = [depth * 100], depth
-    cuts = [haystack.sentence_start(int(n_sents * (d / 100)), n_words) for d in depths]
-    pieces, starts, position, length = [], [], 0, 0
-    for cut, needle in zip(cuts, needles):
-        for piece, is_needle in ((haystack.text(position, cut), False), (needle, True)):
-            if not piece:
-                continue
-            length += 1 if pieces else 0
-            if is_needle:
-                starts.append(length)
-            pieces.append(piece)
-            length += len(piece)
-        position = cut
-    tail = haystack.text(position, n_words)
-    if tail:
-        pieces.append(tail)
-    return Context(" ".join(pieces), starts, first_depth, haystack.repeats(n_words))
+    cuts = [0, *(int(n_sents * (d / 100)) for d in depths), n_sents]
+    pieces, starts, length = [], [], 0
+    for i, needle in enumerate(needles):
+        pieces += [haystack.sentence_text(bounds, cuts[i], cuts[i + 1]), needle]
+        length += len(pieces[-2]) + 1
+        starts.append(length)
+        length += len(needle) + 1
+    pieces.append(haystack.sentence_text(bounds, cuts[len(needles)], n_sents))
+    return Context(" ".join(pieces), starts, first_depth, haystack.repeats(n_words), tuple(depths))
 
 
 def line_context(lines: list[str], needles: list[str], rng, depth: float | None) -> Context:
@@ -322,6 +333,7 @@ def niah_sample(
             "haystack": haystack,
             "haystack_units": n_units,
             "haystack_repeats": context.repeats,
+            **({"depths": list(context.depths)} if haystack == "essay" else {}),
         },
     )
 
@@ -346,16 +358,13 @@ class NiahParts:
 
 
 def _niah_parts(slot: SampleSlot, tokenizer: Tokenizer, spec: NiahSpec, haystack_path, chat_template: bool) -> NiahParts:
-    # The identity the draws are seeded by; the task twice, as when RULER's tasks were
-    # variants named like the task, so samples drawn then are drawn again now.
-    identity = (slot.task, slot.task, slot.length, slot.index)
-    draw = draw_needles(spec, sample_rng(slot.seed, *identity))
+    draw = niah_draw(slot, spec)
     if slot.depth is not None and len(draw.needles) != 1:
         raise BamctlError(f"--depths places a single needle; {slot.task} hides {len(draw.needles)}")
     head, tail, answer_prefix = niah_frame(spec, draw.query_keys, chat_frame(tokenizer) if chat_template else None)
     hay = Haystack(
-        spec, draw, tokenizer, lambda n: _placement(slot.seed, identity, n), slot.depth,
-        sample_rng(slot.seed, *identity, "decoys"), haystack_path,
+        spec, draw, tokenizer, lambda n: placement_rng(slot, n), slot.depth,
+        sample_rng(slot.seed, *_identity(slot), "decoys"), haystack_path,
     )
 
     def build(n: int) -> tuple[Context, list[int], str]:
