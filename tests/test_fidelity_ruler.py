@@ -137,12 +137,13 @@ def test_needle_at_depth_zero_and_at_the_end_as_ruler_places_them(tok, sent_toke
     assert last.prompt.rsplit("\nWhat ", 1)[0].endswith(". ")
 
 
+@pytest.mark.parametrize("end", ["", "."])
 @pytest.mark.parametrize("around", ["", "\n"])
-def test_a_repeating_haystack_merges_sentences_across_the_repeat_as_ruler_does(tok, sent_tokenize, tmp_path, around):
-    # No sentence end at the text's end: RULER's Punkt runs over the repeated text, so the last
-    # sentence of one pass and the first of the next are one sentence. Whitespace around the text
-    # is an empty word in RULER's split: a unit of its own, and a double space where it repeats.
-    text = around + "The river bends twice near the mill. Herons wait in the reeds (1) and frogs sing at dusk" + around
+def test_a_repeating_haystack_merges_sentences_across_the_repeat_as_ruler_does(tok, sent_tokenize, tmp_path, around, end):
+    # Without a sentence end at the text's end, RULER's Punkt, run over the repeated text, makes the
+    # last sentence of one pass and the first of the next one sentence. Whitespace around the text
+    # is an empty word in RULER's split: a unit of its own, and a wider space where it repeats.
+    text = around + "The river bends twice near the mill. Herons wait in the reeds (1) and frogs sing at dusk" + end + around
     essay = tmp_path / "short.json"
     essay.write_text(json.dumps({"text": text}))
     words = ruler_haystack_words(text)

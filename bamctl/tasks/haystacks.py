@@ -84,11 +84,12 @@ def sentence_pieces(words: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[int,
     return tuple(pieces), tuple(first_piece), tuple(s for s in starts if s > 0), _starts_again(words)
 
 
-def _starts_again(words: tuple[str, ...]) -> bool:
-    """Whether Punkt starts a sentence where the words begin again after their last one."""
-    text = " ".join(words)
-    repeated = text + " " + " ".join(words[:64])
-    return any(start == len(text) + 1 for start, _ in punkt_english().span_tokenize(repeated))
+def _starts_again(words: tuple[str, ...], context: int = 64) -> bool:
+    """Whether Punkt starts a sentence where the words begin again after their last one (Punkt
+    decides from the words beside a boundary, so ``context`` words either side suffice)."""
+    end = " ".join(words[-context:]).rstrip(" ")  # an empty word at either end is only a wider space
+    seam = end + " " + " ".join(words[:context]).lstrip(" ")
+    return any(start == len(end) + 1 for start, _ in punkt_english().span_tokenize(seam))
 
 
 def token_counts(tokenizer: Tokenizer, texts: list[str]) -> list[int]:
