@@ -8,6 +8,7 @@ from bamctl.tasks import generate_samples, score, string_match_all, string_match
 from bamctl.tasks.haystacks import essay_haystack
 from bamctl.tasks.registry import get_task
 from bamctl.tasks.ruler import ESSAY_DEPTHS, niah_sample
+from bamctl.tasks.sample import Sample
 from bamctl.tasks.texts import ruler_words
 from bamctl.tokenizer import get_tokenizer
 
@@ -197,3 +198,16 @@ def test_per_sample_scores(tok, samples):
     assert score("string_match_all", f" {a[0]} and {a[1]}", sample) == 0.5
     assert score("string_match_part", f" {a[2]}", sample) == 1.0
     assert score("string_match_part", " 0000000", sample) == 0.0
+
+
+def test_per_sample_scores_are_unrounded_and_only_rulers_aggregate_rounds():
+    """RULER rounds the mean over samples (x 100, 2 decimals), never a sample: 19 samples with one
+    of three words found and one with none are 31.67 in RULER's table; rounding each sample first
+    (0.3333) would make the mean 31.6635."""
+    sample = Sample(task="fwe", protocol="ruler", length=1024, n_tokens=0, depth=None, seed=0, index=0, prompt="",
+                    input_ids=[], answers=["aaa", "bbb", "ccc"], needle_positions=[], scoring="generate")
+    predictions = [" only bbb here"] * 19 + [" nothing"]
+    per_sample = [score("string_match_all", prediction, sample) for prediction in predictions]
+    assert per_sample[0] == 1 / 3
+    assert sum(per_sample) / 20 * 100 == pytest.approx(100 * 19 / 60, abs=1e-12)
+    assert string_match_all(predictions, [sample.answers] * 20) == round(sum(per_sample) / 20 * 100, 2) == 31.67

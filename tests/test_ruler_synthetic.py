@@ -20,6 +20,7 @@ from bamctl.cli.eval_commands import _depths_by_task, _taken_options, _task_name
 from bamctl.errors import BamctlError
 from bamctl.tasks import generate_samples, get_task, score
 from bamctl.tasks.registry import plan_samples
+from bamctl.tasks.sizing import SIZINGS
 from bamctl.tasks.common_words import cwe_sample
 from bamctl.tasks.frequent_words import fwe_sample, zeta, zipf_counts
 from bamctl.tasks.variable_tracking import rulers_example, vt_sample
@@ -241,7 +242,7 @@ def test_string_match_all_on_hand_made_predictions(samples):
     assert score("string_match_all", " " + " ".join(vt.answers), vt) == 1.0
     assert score("string_match_all", " " + " ".join(vt.answers[:3]).lower() + " XYZQW", vt) == 0.6
     assert score("string_match_all", " 1. " + " 2. ".join(cwe.answers[:5]), cwe) == 0.5
-    assert score("string_match_all", f" {fwe.answers[0]}, {fwe.answers[2]} and zzzzzz", fwe) == pytest.approx(0.6667)  # RULER rounds percentages to 2 places
+    assert score("string_match_all", f" {fwe.answers[0]}, {fwe.answers[2]} and zzzzzz", fwe) == 2 / 3
     assert score("string_match_all", " nothing", fwe) == 0.0
 
 
@@ -340,6 +341,14 @@ def test_ruler_sizing_follows_rulers_rule(tok, samples, task, rule):
         assert sample.n_tokens + get_task(task).max_new_tokens <= 4096
     exact = sum(s.n_tokens for s in samples[task, 4096])
     assert sum(s.n_tokens for s in samples[task, "ruler"]) <= exact
+
+
+@pytest.mark.parametrize("task, smallest", [("niah_single_1", 0), ("niah_single_2", 0), ("vt", 0), ("cwe", 10), ("fwe", 0)])
+def test_every_generator_sizes_through_the_one_sizing_table(tok, monkeypatch, task, smallest):
+    """A sizing rule added to ``SIZINGS`` reaches every generator: none dispatches on its own."""
+    monkeypatch.setitem(SIZINGS, "seven_more", lambda sizes: sizes.smallest + 7)
+    (sample,) = generate_samples(task, [1024], 1, 0, tok, sizing="seven_more")
+    assert sample.meta["haystack_units"] == smallest + 7
 
 
 def test_ruler_sizing_below_4k_steps_of_five_lines_for_vt(tok):

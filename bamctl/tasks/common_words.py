@@ -33,13 +33,13 @@ Where we differ, on purpose:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 
 from bamctl.errors import BamctlError
 from bamctl.tasks.ruler import chat_frame, random_word
 from bamctl.tasks.sample import Sample, SampleSlot, sample_rng
-from bamctl.tasks.sizing import check_sizing, ruler_bisect, ruler_step_down, size_exact
+from bamctl.tasks.sizing import PromptSizes, check_sizing, ruler_bisect, size_prompt
 from bamctl.tasks.texts import common_words
 from bamctl.tokenizer import Tokenizer
 
@@ -185,18 +185,10 @@ def cwe_sample(
     shape = CweShape.at(slot.length, num_cw, freq_cw, freq_ucw)
     parts = CweParts(slot, tokenizer, shape, chat_template)
     if n_units is None:
-        if sizing == "ruler":
-            searched = _ruler_search(_probe(slot), tokenizer, shape, chat_template)
-            total = lambda n: len(parts.build(n)[0]) + slot.max_new_tokens  # noqa: E731
-            n_units = ruler_step_down(total, slot.length, searched, RULER_STEP, f"length {slot.length} of {slot.task}")
-        else:
-            n_units = num_cw + size_exact(
-                lambda extra: len(parts.build(num_cw + extra)[0]),
-                lambda extra: parts.list_tokens(extra) - parts.list_tokens(0),
-                slot.length - slot.max_new_tokens,
-                f"length {slot.length} is too short for {slot.task}: the prompt with only its {num_cw} common words "
-                f"already needs {{needed}} tokens besides the {slot.max_new_tokens}-token answer budget",
-            )
+        n_units = size_prompt(sizing, PromptSizes(
+            slot, lambda n: len(parts.build(n)[0]), lambda n: parts.list_tokens(n - num_cw), f"with only its {num_cw} common words",
+            lambda probe: _ruler_search(probe, tokenizer, shape, chat_template), RULER_STEP, smallest=num_cw,
+        ))
     input_ids, prompt = parts.build(n_units)
     return slot.sample(
         input_ids=input_ids,
@@ -208,11 +200,6 @@ def cwe_sample(
             "haystack_units": n_units,
         },
     )
-
-
-def _probe(slot: SampleSlot) -> SampleSlot:
-    """The sample RULER's once-per-length search runs on."""
-    return replace(slot, index=-1, depth=None, depth_grid=None)
 
 
 @lru_cache(maxsize=64)

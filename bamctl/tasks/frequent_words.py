@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import math
 import string
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 
 from bamctl.errors import BamctlError
 from bamctl.tasks.ruler import chat_frame
 from bamctl.tasks.sample import Sample, SampleSlot, sample_rng
-from bamctl.tasks.sizing import check_sizing, ruler_step_down, size_exact
+from bamctl.tasks.sizing import PromptSizes, check_sizing, size_prompt
 from bamctl.tokenizer import Tokenizer
 
 TEMPLATE = (
@@ -156,18 +156,12 @@ def fwe_sample(
     if coded_wordlen < 1:
         raise BamctlError("fwe's coded_wordlen must be at least 1")
     parts = _fwe_parts(slot, tokenizer, alpha, coded_wordlen, chat_template)
-    budget = slot.length - slot.max_new_tokens
     if n_units is None:
-        if sizing == "ruler":
-            calibrated = _ruler_calibration(_probe(slot), tokenizer, alpha, coded_wordlen, chat_template)
-            tokens = lambda n: len(parts.build(n)[0])  # noqa: E731
-            n_units = ruler_step_down(tokens, budget, calibrated, max(1, budget // RULER_STEPS), f"length {slot.length} of {slot.task}")
-        else:
-            n_units = size_exact(
-                lambda n: len(parts.build(n)[0]), parts.text_tokens, budget,
-                f"length {slot.length} is too short for {slot.task}: the prompt without coded text already needs "
-                f"{{needed}} tokens besides the {slot.max_new_tokens}-token answer budget",
-            )
+        n_units = size_prompt(sizing, PromptSizes(
+            slot, lambda n: len(parts.build(n)[0]), parts.text_tokens, "without coded text",
+            lambda probe: _ruler_calibration(probe, tokenizer, alpha, coded_wordlen, chat_template),
+            max(1, (slot.length - slot.max_new_tokens) // RULER_STEPS),
+        ))
     input_ids, prompt = parts.build(n_units)
     counts = zipf_counts(n_units, len(parts.vocabulary), alpha)
     return slot.sample(
@@ -181,11 +175,6 @@ def fwe_sample(
             "haystack_units": n_units,
         },
     )
-
-
-def _probe(slot: SampleSlot) -> SampleSlot:
-    """The sample RULER's once-per-length calibration runs on."""
-    return replace(slot, index=-1, depth=None, depth_grid=None)
 
 
 @lru_cache(maxsize=64)

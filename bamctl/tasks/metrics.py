@@ -3,7 +3,8 @@
 A task variant names its metric in ``bamctl/data/tasks/*.toml``; back-ends never choose one.
 RULER's own corpus-level functions are here too, verbatim in behaviour
 (``scripts/eval/synthetic/constants.py``): mean over samples, times 100, rounded
-to 2 decimals. Our per-sample scores are the same quantities before the mean.
+to 2 decimals. Our per-sample scores are the same quantities before the mean,
+unrounded: RULER rounds only the aggregate, and so only what is displayed is.
 """
 
 from __future__ import annotations
@@ -17,30 +18,32 @@ from bamctl.tasks.passkey import passkey_digit_hits
 from bamctl.tasks.sample import Sample
 
 
+def found_all(prediction: str, references: Sequence[str]) -> float:
+    """RULER's ``string_match_all`` for one sample: the fraction of references found (case-insensitive substring)."""
+    return sum(1.0 if ref.lower() in prediction.lower() else 0.0 for ref in references) / len(references)
+
+
+def found_any(prediction: str, references: Sequence[str]) -> float:
+    """RULER's ``string_match_part`` for one sample: 1 if any reference is found (case-insensitive substring)."""
+    return max(1.0 if ref.lower() in prediction.lower() else 0.0 for ref in references)
+
+
 def string_match_all(predictions: Sequence[str], references: Sequence[Sequence[str]]) -> float:
-    """RULER: per sample the fraction of references found (case-insensitive substring); mean x 100."""
-    total = sum(
-        sum(1.0 if ref.lower() in pred.lower() else 0.0 for ref in refs) / len(refs)
-        for pred, refs in zip(predictions, references)
-    )
-    return round(total / len(predictions) * 100, 2)
+    """RULER's corpus score: the mean of ``found_all`` x 100, rounded to 2 decimals."""
+    return round(sum(map(found_all, predictions, references)) / len(predictions) * 100, 2)
 
 
 def string_match_part(predictions: Sequence[str], references: Sequence[Sequence[str]]) -> float:
-    """RULER: per sample 1 if any reference is found (case-insensitive substring); mean x 100."""
-    total = sum(
-        max(1.0 if ref.lower() in pred.lower() else 0.0 for ref in refs)
-        for pred, refs in zip(predictions, references)
-    )
-    return round(total / len(predictions) * 100, 2)
+    """RULER's corpus score: the mean of ``found_any`` x 100, rounded to 2 decimals."""
+    return round(sum(map(found_any, predictions, references)) / len(predictions) * 100, 2)
 
 
 def _match_all(prediction: str, sample: Sample) -> float:
-    return string_match_all([prediction], [sample.answers]) / 100
+    return found_all(prediction, sample.answers)
 
 
 def _match_part(prediction: str, sample: Sample) -> float:
-    return string_match_part([prediction], [sample.answers]) / 100
+    return found_any(prediction, sample.answers)
 
 
 def _passkey_exact(predicted_ids: Sequence[int], sample: Sample) -> float:

@@ -133,7 +133,7 @@ class Generator:
 # generator name in the TOML -> its functions
 GENERATORS: dict[str, Generator] = {
     "passkey": Generator(passkey_sample, version=2, supports=passkey_support),
-    "niah": Generator(niah_sample, version=2, setting=ruler_setting, files=niah_files, takes_depths=niah_takes_depths),
+    "niah": Generator(niah_sample, version=3, setting=ruler_setting, files=niah_files, takes_depths=niah_takes_depths),
     "vt": Generator(vt_sample, version=1, setting=ruler_setting, takes_depths=never),
     "cwe": Generator(cwe_sample, version=1, setting=ruler_setting, files=cwe_files, takes_depths=never),
     "fwe": Generator(fwe_sample, version=1, setting=ruler_setting, takes_depths=never),

@@ -6,7 +6,8 @@ sentence, the same singular rewording when one value is asked for, the same
 haystacks (``noise``, ``essay``, ``needle``), key and value kinds (``words`` from
 wonderwords' adjective and noun lists, 7-digit ``numbers``, ``uuids``), needle
 placement (essay: Punkt sentence boundaries at 40 depths
-``round(linspace(0, 100, 40))``; noise and needle: random lines) and, with a chat
+``round(linspace(0, 100, 40))``, the essay text Punkt's sentences joined by one
+space, byte for byte RULER's; noise and needle: random lines) and, with a chat
 template, the template's tokens counted in the length and the answer prefix
 opening the assistant turn.
 
@@ -20,16 +21,16 @@ Where we differ, on purpose:
   the placement generator also by the haystack size; RULER draws from one global
   stream, so its samples depend on the sizing search that ran before them (and a
   RULER retry draws new needles where ours keeps the sample's).
-* Empty text pieces are skipped when joining, so a needle at depth 0 does not
-  start the context with a stray space.
 * The shipped essays are public-domain prose, not Paul Graham's essays
   (``--haystack`` reads RULER's own file).
+* The singular rewording applies to the task text only; RULER's also rewrites the
+  chat template around it ("You is a helpful AI assistant").
 """
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable
 
@@ -38,7 +39,7 @@ from bamctl.fingerprints import file_digest
 from bamctl.tasks.haystacks import EssayHaystack, essay_haystack, token_counts
 from bamctl.tasks.passkey import FILLER
 from bamctl.tasks.sample import Sample, SampleSlot, sample_rng
-from bamctl.tasks.sizing import check_sizing, largest_fit
+from bamctl.tasks.sizing import PromptSizes, check_sizing, ruler_bisect, size_prompt
 from bamctl.tasks.spans import tokens_at_chars
 from bamctl.tasks.texts import ruler_words
 from bamctl.tokenizer import Tokenizer
@@ -195,35 +196,45 @@ class Context:
     needle_chars: list[int]  # offset of each needle inside `text`
     depth: float  # of the first needle, as a fraction of the haystack
     repeats: int  # times the essay corpus was started (1 = no repetition)
+    depths: tuple[float, ...] = ()  # essay: each needle's depth in percent of the sentences, ascending
 
 
-def _placement(seed: int, identity: tuple, n_units: int):
-    return sample_rng(seed, *identity, "placement", n_units)
+def _identity(slot: SampleSlot) -> tuple:
+    # The identity the draws are seeded by; the task twice, as when RULER's tasks were
+    # variants named like the task, so samples drawn then are drawn again now.
+    return (slot.task, slot.task, slot.length, slot.index)
+
+
+def niah_draw(slot: SampleSlot, spec: NiahSpec) -> NiahDraw:
+    """The sample's keys, values, shuffled needles and queries: the same at every haystack size."""
+    return draw_needles(spec, sample_rng(slot.seed, *_identity(slot)))
+
+
+def placement_rng(slot: SampleSlot, n_units: int):
+    """The generator that places the sample's needles in a haystack of ``n_units`` units."""
+    return sample_rng(slot.seed, *_identity(slot), "placement", n_units)
 
 
 def essay_context(haystack: EssayHaystack, needles: list[str], n_words: int, rng, depth: float | None) -> Context:
-    n_sents = haystack.sentence_count(n_words)
+    """RULER's essay context: Punkt's sentences of the first ``n_words`` words, a needle before
+    sentence ``int(count * depth / 100)`` for each drawn depth, every piece joined by one space,
+    empty ones included (a needle first or last thus has a space before or after it)."""
+    bounds = haystack.sentences(n_words)
+    n_sents = len(bounds) - 1
     if depth is None:
         depths = sorted(rng.sample(ESSAY_DEPTHS, len(needles)))
         first_depth = depths[0] / 100
     else:
         depths, first_depth = [depth * 100], depth
-    cuts = [haystack.sentence_start(int(n_sents * (d / 100)), n_words) for d in depths]
-    pieces, starts, position, length = [], [], 0, 0
-    for cut, needle in zip(cuts, needles):
-        for piece, is_needle in ((haystack.text(position, cut), False), (needle, True)):
-            if not piece:
-                continue
-            length += 1 if pieces else 0
-            if is_needle:
-                starts.append(length)
-            pieces.append(piece)
-            length += len(piece)
-        position = cut
-    tail = haystack.text(position, n_words)
-    if tail:
-        pieces.append(tail)
-    return Context(" ".join(pieces), starts, first_depth, haystack.repeats(n_words))
+    cuts = [0, *(int(n_sents * (d / 100)) for d in depths), n_sents]
+    pieces, starts, length = [], [], 0
+    for i, needle in enumerate(needles):
+        pieces += [haystack.sentence_text(bounds, cuts[i], cuts[i + 1]), needle]
+        length += len(pieces[-2]) + 1
+        starts.append(length)
+        length += len(needle) + 1
+    pieces.append(haystack.sentence_text(bounds, cuts[len(needles)], n_sents))
+    return Context(" ".join(pieces), starts, first_depth, haystack.repeats(n_words), tuple(depths))
 
 
 def line_context(lines: list[str], needles: list[str], rng, depth: float | None) -> Context:
@@ -299,12 +310,12 @@ def niah_sample(
     check_sizing(sizing)
     parts = _niah_parts(slot, tokenizer, spec, haystack_path, chat_template)
     if n_units is None:
-        if sizing == "ruler":
-            contents = file_digest(haystack_path) if haystack_path else None  # a changed file is searched again
-            searched = _ruler_search(_probe(slot), tokenizer, spec, haystack_path, contents, chat_template)
-            n_units = _ruler_retries(slot, parts, searched, haystack)
-        else:
-            n_units = _size_exact(slot, parts)
+        contents = file_digest(haystack_path) if haystack_path else None  # a changed file is searched again
+        n_units = size_prompt(sizing, PromptSizes(
+            slot, lambda n: len(parts.build(n)[1]), parts.estimate, "without haystack",
+            lambda probe: _ruler_search(probe, tokenizer, spec, haystack_path, contents, chat_template),
+            ruler_increment(haystack, slot.length),
+        ))
     draw, head, answer_prefix, build = parts.draw, parts.head, parts.answer_prefix, parts.build
     context, input_ids, prompt = build(n_units)
     positions = tokens_at_chars(tokenizer, prompt, input_ids, [len(head) + c for c in context.needle_chars])
@@ -322,6 +333,7 @@ def niah_sample(
             "haystack": haystack,
             "haystack_units": n_units,
             "haystack_repeats": context.repeats,
+            **({"depths": list(context.depths)} if haystack == "essay" else {}),
         },
     )
 
@@ -346,16 +358,13 @@ class NiahParts:
 
 
 def _niah_parts(slot: SampleSlot, tokenizer: Tokenizer, spec: NiahSpec, haystack_path, chat_template: bool) -> NiahParts:
-    # The identity the draws are seeded by; the task twice, as when RULER's tasks were
-    # variants named like the task, so samples drawn then are drawn again now.
-    identity = (slot.task, slot.task, slot.length, slot.index)
-    draw = draw_needles(spec, sample_rng(slot.seed, *identity))
+    draw = niah_draw(slot, spec)
     if slot.depth is not None and len(draw.needles) != 1:
         raise BamctlError(f"--depths places a single needle; {slot.task} hides {len(draw.needles)}")
     head, tail, answer_prefix = niah_frame(spec, draw.query_keys, chat_frame(tokenizer) if chat_template else None)
     hay = Haystack(
-        spec, draw, tokenizer, lambda n: _placement(slot.seed, identity, n), slot.depth,
-        sample_rng(slot.seed, *identity, "decoys"), haystack_path,
+        spec, draw, tokenizer, lambda n: placement_rng(slot, n), slot.depth,
+        sample_rng(slot.seed, *_identity(slot), "decoys"), haystack_path,
     )
 
     def build(n: int) -> tuple[Context, list[int], str]:
@@ -366,35 +375,11 @@ def _niah_parts(slot: SampleSlot, tokenizer: Tokenizer, spec: NiahSpec, haystack
     return NiahParts(draw, head, answer_prefix, build, hay.estimate)
 
 
-def _size_exact(slot: SampleSlot, parts: NiahParts) -> int:
-    """bamctl's sizing: the largest haystack whose prompt plus the answer budget fits the length."""
-    budget = slot.length - slot.max_new_tokens
-    sizes: dict[int, int] = {}
-
-    def fits(n: int) -> bool:
-        if n not in sizes:
-            sizes[n] = len(parts.build(n)[1])
-        return sizes[n] <= budget
-
-    n_units = largest_fit(fits, parts.estimate, budget - len(parts.build(0)[1]))
-    if n_units < 0:
-        raise BamctlError(
-            f"length {slot.length} is too short for {slot.task}: the prompt without haystack already needs "
-            f"{sizes[0] + slot.max_new_tokens} tokens with the {slot.max_new_tokens}-token answer budget"
-        )
-    return n_units
-
-
 def ruler_increment(haystack: str, length: int) -> int:
     """RULER's step: 500 essay words, else 25 lines (5 below 4096 tokens)."""
     if haystack == "essay":
         return 500
     return 5 if length < 4096 else 25
-
-
-def _probe(slot: SampleSlot) -> SampleSlot:
-    """The sample RULER's once-per-length search runs on: one of no index, no asked depth."""
-    return replace(slot, index=-1, depth=None, depth_grid=None)
 
 
 @lru_cache(maxsize=64)
@@ -406,22 +391,4 @@ def _ruler_search(probe: SampleSlot, tokenizer: Tokenizer, spec: NiahSpec, hayst
     step = ruler_increment(spec.haystack, probe.length)
     total = lambda n: len(parts.build(n)[1]) + probe.max_new_tokens  # noqa: E731
     per_unit = (total(step) - probe.max_new_tokens) / step
-    lower, upper, best = step, max(int(probe.length / per_unit * 3), step * 2), None
-    while lower <= upper:
-        middle = (lower + upper) // 2
-        if total(middle) <= probe.length:
-            best, lower = middle, middle + 1
-        else:
-            upper = middle - 1
-    return best or step
-
-
-def _ruler_retries(slot: SampleSlot, parts: NiahParts, searched: int, haystack: str) -> int:
-    """RULER's per-sample rule: the searched size, one step fewer each time the sample overflows."""
-    step = ruler_increment(haystack, slot.length)
-    used = searched
-    while len(parts.build(used)[1]) + slot.max_new_tokens > slot.length:
-        if used <= step:
-            raise BamctlError(f"length {slot.length} is too short for {slot.task} with RULER's sizing (steps of {step})")
-        used -= step
-    return used
+    return ruler_bisect(total, probe.length, step, max(int(probe.length / per_unit * 3), step * 2), step)

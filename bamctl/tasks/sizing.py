@@ -1,27 +1,76 @@
 """Sizing a prompt to a length in tokens, over one integer: noise lines, words, haystack units.
 
-A generator describes its prompt at size ``n`` by ``tokens(n)`` (a real encode) and, for
-bamctl's exact sizing, a cheap monotone ``estimate(n)`` of the variable part's tokens.
-Two rules:
+A generator describes its prompt by :class:`PromptSizes`: ``tokens(n)`` (a real encode),
+a cheap monotone ``estimate(n)`` of the variable part's tokens, and RULER's search for
+its task. ``size_prompt`` picks the rule from ``SIZINGS``, the one place a rule is chosen:
 
 * ``exact`` (bamctl's): the largest ``n`` whose prompt plus the answer budget fits the
   length, found from the estimate and confirmed by a few real encodes;
-* ``ruler``: RULER's own rules, which differ per task; the two shapes they share are
-  here (a binary search between bounds, then a fixed step down per sample).
+* ``ruler``: RULER's own rules: a search once per length, which differs per task (the
+  shared binary search is here), then a fixed step down per sample that overflows.
 """
-
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from bamctl.errors import BamctlError
+from bamctl.tasks.sample import SampleSlot
 
-SIZINGS = ("exact", "ruler")
+
+@dataclass(frozen=True)
+class PromptSizes:
+    """One sample's prompt as a function of its size ``n`` (noise lines, words, haystack units),
+    with what each sizing rule needs of it."""
+
+    slot: SampleSlot
+    tokens: Callable[[int], int]  # the prompt's tokens at size n: a real encode
+    estimate: Callable[[int], int]  # exact: cheap, monotone tokens of the variable part at size n
+    without: str  # exact: what the prompt is at its smallest size ("without haystack"), for the error
+    ruler_search: Callable[[SampleSlot], int]  # ruler: the size RULER's once-per-length search finds on a probe
+    ruler_step: int  # ruler: units fewer per retry
+    smallest: int = 0  # the smallest size a prompt can have
+
+    @property
+    def budget(self) -> int:
+        """Tokens the prompt may hold: the length less the answer budget inside it."""
+        return self.slot.length - self.slot.max_new_tokens
+
+
+def _exact(sizes: PromptSizes) -> int:
+    slot, low = sizes.slot, sizes.smallest
+    return low + size_exact(
+        lambda k: sizes.tokens(low + k),
+        lambda k: sizes.estimate(low + k) - sizes.estimate(low),
+        sizes.budget,
+        f"length {slot.length} is too short for {slot.task}: the prompt {sizes.without} already needs "
+        f"{{needed}} tokens besides the {slot.max_new_tokens}-token answer budget",
+    )
+
+
+def _ruler(sizes: PromptSizes) -> int:
+    slot = sizes.slot
+    searched = sizes.ruler_search(ruler_probe(slot))
+    return ruler_step_down(sizes.tokens, sizes.budget, searched, sizes.ruler_step, f"length {slot.length} of {slot.task}")
+
+
+SIZINGS: dict[str, Callable[[PromptSizes], int]] = {"exact": _exact, "ruler": _ruler}
 
 
 def check_sizing(sizing: str) -> None:
     if sizing not in SIZINGS:
         raise BamctlError(f"--sizing must be one of {', '.join(SIZINGS)}, not {sizing!r}")
+
+
+def size_prompt(sizing: str, sizes: PromptSizes) -> int:
+    """The sample's size under ``sizing``: bamctl's exact fit, or RULER's search and retries."""
+    check_sizing(sizing)
+    return SIZINGS[sizing](sizes)
+
+
+def ruler_probe(slot: SampleSlot) -> SampleSlot:
+    """The sample RULER's once-per-length search runs on: one of no index, no asked depth."""
+    return replace(slot, index=-1, depth=None, depth_grid=None)
 
 
 def size_exact(tokens: Callable[[int], int], estimate: Callable[[int], int], budget: int, too_short: str) -> int:
@@ -90,7 +139,7 @@ def ruler_bisect(total: Callable[[int], int], limit: int, lower: int, upper: int
 
 
 def ruler_step_down(total: Callable[[int], int], limit: int, start: int, step: int, what: str) -> int:
-    """RULER's per-sample rule: from ``start``, ``step`` fewer while the sample overflows.
+    """RULER's per-sample rule: from ``start``, ``step`` fewer while ``total`` exceeds ``limit``.
 
     RULER stops stepping at one step and then retries forever; here that is an error
     naming ``what``.

@@ -39,14 +39,14 @@ Where we differ, on purpose:
 from __future__ import annotations
 
 import string
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 
 from bamctl.errors import BamctlError
 from bamctl.tasks.passkey import FILLER
 from bamctl.tasks.ruler import chat_frame
 from bamctl.tasks.sample import Sample, SampleSlot, sample_rng
-from bamctl.tasks.sizing import check_sizing, ruler_bisect, ruler_step_down, size_exact
+from bamctl.tasks.sizing import PromptSizes, check_sizing, ruler_bisect, ruler_step_down, size_prompt
 from bamctl.tasks.spans import tokens_at_chars
 from bamctl.tokenizer import Tokenizer
 
@@ -233,17 +233,11 @@ def vt_sample(
         raise BamctlError("vt needs num_chains and num_hops of at least 1")
     parts = _vt_parts(slot, tokenizer, num_chains, num_hops, chat_template)
     if n_units is None:
-        if sizing == "ruler":
-            searched = _ruler_search(_probe(slot), tokenizer, num_chains, num_hops, chat_template)
-            total = lambda n: len(parts.build(n)[1]) + slot.max_new_tokens  # noqa: E731
-            n_units = ruler_step_down(total, slot.length, searched, ruler_step(slot.length), f"length {slot.length} of {slot.task}")
-        else:
-            line = len(tokenizer.encode("\n" + FILLER))
-            n_units = size_exact(
-                lambda n: len(parts.build(n)[1]), lambda n: n * line, slot.length - slot.max_new_tokens,
-                f"length {slot.length} is too short for {slot.task}: the prompt without noise already needs "
-                f"{{needed}} tokens besides the {slot.max_new_tokens}-token answer budget",
-            )
+        line = len(tokenizer.encode("\n" + FILLER))
+        n_units = size_prompt(sizing, PromptSizes(
+            slot, lambda n: len(parts.build(n)[1]), lambda n: n * line, "without noise",
+            lambda probe: _ruler_search(probe, tokenizer, num_chains, num_hops, chat_template), ruler_step(slot.length),
+        ))
     context, input_ids, prompt = parts.build(n_units)
     lead = len(parts.lead())
     positions = tokens_at_chars(tokenizer, prompt, input_ids, [lead + c for c in context.chain_chars])
@@ -260,11 +254,6 @@ def vt_sample(
             "haystack_units": n_units,
         },
     )
-
-
-def _probe(slot: SampleSlot) -> SampleSlot:
-    """The sample RULER's once-per-length search runs on."""
-    return replace(slot, index=-1, depth=None, depth_grid=None)
 
 
 @lru_cache(maxsize=64)
