@@ -192,3 +192,54 @@ def test_generate_writes_the_prompts_and_ids_a_run_feeds(micro_model, text_file,
     assert fed["ids"] == [json.loads(line)["input_ids"] for line in written]  # what reached the model
     if task in ("all", "passkey"):
         assert len({json.loads(line)["task"] for line in written}) == (11 if task == "all" else 1)
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory, text_file):
+    """hf: a tiny random Llama whose tokenizer (a byte-level BPE trained here, offline) has a chat template."""
+    pytest.importorskip("transformers", reason="transformers not installed (pip install 'bamctl[hf]')")
+    import tokenizers
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    folder = tmp_path_factory.mktemp("chat-llama")
+    bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
+    bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<s>", "</s>"], initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    bpe.train([str(text_file)], trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>")
+    tok.chat_template = "{% for m in messages %}<s>[user] {{ m['content'] }} [/user]{% endfor %}{% if add_generation_prompt %} [bot]{% endif %}"
+    tok.save_pretrained(folder)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, max_position_embeddings=2048, bos_token_id=0, eos_token_id=1)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+def test_generate_with_a_chat_template_writes_what_an_hf_chat_model_is_fed(chat_model, text_file, monkeypatch, tmp_path, capsys):
+    """--chat-template through a tokenizer folder: generate's prompts are the ids the model's forward pass gets."""
+    from bamctl.backends.hf_common import LengthPolicy
+    from bamctl.cli import main
+
+    streamed = []
+    fit_prefix = LengthPolicy.fit_prefix
+
+    def recorded(self, prefix, ids, after=0):
+        streamed.append(fit_prefix(self, prefix, ids, after))  # the ids generation starts from
+        return streamed[-1]
+
+    monkeypatch.setattr(LengthPolicy, "fit_prefix", recorded)
+    options = ["--lengths", "1k", "--samples", "1", "--tokenizer", str(chat_model), "--chat-template", "--haystack", str(text_file)]
+    out = tmp_path / "prompts.jsonl"
+    with pytest.raises(SystemExit) as done:
+        main(["generate", "niah_single_1,niah_multivalue", *options, "--out", str(out)])
+    assert done.value.code == 0, capsys.readouterr().err
+    written = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    with pytest.raises(SystemExit) as done:
+        main(["ruler", f"hf:{chat_model}", "--task", "niah_single_1,niah_multivalue", *options, "--out", str(tmp_path / "r"), "--quiet", "--json"])
+    assert done.value.code == 0, capsys.readouterr().err
+    assert len(written) == 2 and all(row["prompt"].startswith("<s>[user] ") for row in written)
+    assert streamed == [row["input_ids"] for row in written]

@@ -26,7 +26,6 @@ stdout = Console(highlight=False, width=None if sys.stdout.isatty() else 1000)
 stderr = Console(stderr=True, highlight=False)
 
 
-
 def _run_options(ev, prompt) -> "RunOptions":  # noqa: F821 - bamctl.backends, imported lazily
     from bamctl.backends import RunOptions
 

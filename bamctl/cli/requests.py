@@ -2,7 +2,7 @@
 
 ``generate`` writes the prompts a run feeds because both turn the same option groups
 (``bamctl.cli.options.SAMPLES`` and ``PROMPT``) into ``TaskRequest``\\ s here. Everything
-that does not depend on a model is checked when the request builder is made, before any
+that does not depend on a model is checked when an ``AskedRequests`` is made, before any
 work: task names, protocols, seeds, options that do not apply to the tasks asked for.
 """
 
@@ -15,7 +15,12 @@ RULER_DEFAULT_SAMPLES = 20
 RULER_PROTOCOL = "ruler"  # the protocol of every RULER task in bamctl/data/tasks/ruler.toml
 ALL_TASKS = "all"  # --task all: every RULER task
 PATH_OPTIONS = {"corpus": "corpus_path", "haystack": "haystack_path"}  # option -> the generator's argument
-TASK_OPTIONS = ("sizing", "haystack", "stride", "bucket", "doc_tokens", "corpus")  # of PROMPT, handed to generators
+# The options of PROMPT handed to generators, each with the tasks it applies to: (how errors name
+# them, whether a task is one of them).
+RULER_TASKS = ("RULER's tasks", lambda spec: spec.protocol == RULER_PROTOCOL)
+PPL_TASKS = ("--task ppl", lambda spec: spec.generator == "ppl")
+TASK_OPTIONS = {"sizing": RULER_TASKS, "haystack": RULER_TASKS, "stride": PPL_TASKS, "bucket": PPL_TASKS,
+                "doc_tokens": PPL_TASKS, "corpus": PPL_TASKS}
 
 
 class AskedRequests:
@@ -81,14 +86,13 @@ def _task_options(task: str, prompt) -> dict:
     from bamctl.tasks import get_task
 
     spec = get_task(task)
-    is_ruler = spec.protocol == RULER_PROTOCOL
     given = {name: getattr(prompt, name) for name in TASK_OPTIONS if getattr(prompt, name) is not None}
     for name in given:
-        applies, what = (spec.generator == "ppl", "--task ppl") if name in ("stride", "bucket", "doc_tokens", "corpus") else (is_ruler, "RULER's tasks")
-        if not applies:
+        what, applies = TASK_OPTIONS[name]
+        if not applies(spec):
             raise BamctlError(f"--{name.replace('_', '-')} applies to {what} only")
     if prompt.chat_template:
-        if not is_ruler:
+        if not RULER_TASKS[1](spec):
             raise BamctlError("--chat-template applies to RULER's tasks, whose answer prefix opens the assistant turn")
         given["chat_template"] = True
     for option, key in PATH_OPTIONS.items():
