@@ -15,7 +15,7 @@ import torch
 from matplotlib.figure import Figure
 
 from bamctl.errors import BamctlError
-from bamctl.results.plots import save_figure
+from bamctl.plotting import save_figure
 
 
 def prior_curves(model, max_distance: int) -> tuple[np.ndarray, list[np.ndarray]]:

@@ -13,14 +13,13 @@ Shapes: B batch, T tokens in this chunk, H heads, Dh head dim, C model dim.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field, fields
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bamctl.engine.attention import AttentionInputs, dense_attention
+from bamctl.attention_math import AttentionInputs, dense_attention
 from bamctl.errors import BamctlError, did_you_mean
 from bamctl.positional import (
     PE_REGISTRY,
@@ -151,7 +150,7 @@ class ForwardState:
     reaches a distance they do not cover, so a long prefill pays for them once.
     """
 
-    kernel: object = dense_attention  # a bamctl.engine.attention kernel
+    kernel: object = dense_attention  # a kernel of bamctl.attention_math's signature (bamctl.engine: faster ones)
     cache: object | None = None  # bamctl.engine.cache.KVCache, or None: keys = this chunk's
     max_distance: int = 0  # tables cover at least distances 0..max_distance (size them once)
     _tables: dict = field(default_factory=dict)

@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from bamctl.engine.attention import PiecewiseBias
+from bamctl.attention_math import PiecewiseBias
 from bamctl.errors import BamctlError, did_you_mean
 
 # exp() of anything above this would overflow float32 once SSMax multiplies it by

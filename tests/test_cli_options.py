@@ -1,4 +1,4 @@
-"""The evaluation commands share one option definition, and closed choices are choices."""
+"""The evaluation commands and ``generate`` share one option definition, and closed choices are choices."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ import typer.main
 from bamctl import evaluate
 from bamctl.cli import main
 from bamctl.cli.app import app
-from bamctl.cli.options import EVALUATION, PERPLEXITY, PasskeyProtocol, PplProtocol
-from bamctl.tasks import protocol_names
+from bamctl.cli.options import EVALUATION, PROMPT, SAMPLES, Protocol
+from bamctl.tasks import protocol_names, task_names
 
 EVALUATION_COMMANDS = ("passkey", "ruler", "ppl", "compare")
+PROMPT_COMMANDS = (*EVALUATION_COMMANDS, "generate")  # every command that makes prompts
 
 
 def _params(command: str) -> dict[str, object]:
@@ -42,28 +43,35 @@ def test_the_four_evaluation_commands_take_the_same_shared_options():
         assert described[command] == first, command
 
 
-def test_perplexity_options_are_shared_by_ppl_and_compare():
-    names = [p.name for p in PERPLEXITY]
-    assert {n: _describe(_params("ppl")[n]) for n in names} == {n: _describe(_params("compare")[n]) for n in names}
-    assert "protocol" in _params("compare")  # compare poses any protocol of its task
+def test_every_command_that_makes_prompts_takes_the_same_prompt_options():
+    """generate and the run commands take one definition of what shapes a prompt (a run's prompts
+    are generate's only if both accept, and mean, the same options)."""
+    shared = [p.name for p in SAMPLES + PROMPT]
+    described = {command: {name: _describe(_params(command)[name]) for name in shared} for command in PROMPT_COMMANDS}
+    wanted = {"lengths", "samples", "seed", "protocol", "depths", "tokenizer", "chat_template", "sizing", "haystack",
+              "stride", "bucket", "doc_tokens", "corpus"}
+    assert wanted <= set(shared)
+    for command in PROMPT_COMMANDS[1:]:
+        assert described[command] == described["passkey"], command
+    assert set(_params("generate")) & {p.name for p in EVALUATION} == {"out"}  # generate runs no model; its --out is a file
 
 
 def test_closed_choices_are_listed_choices():
     params = _params("passkey")
-    for name in ("dtype", "attention", "beyond_max", "protocol"):
+    for name in ("dtype", "attention", "beyond_max", "protocol", "sizing"):
         assert _choices(params[name]), name
-    assert _choices(_params("ppl")["protocol"]) == [p.value for p in PplProtocol]
 
 
 def test_protocol_choices_are_the_tasks_protocols():
-    assert [p.value for p in PasskeyProtocol] == protocol_names("passkey")
-    assert [p.value for p in PplProtocol] == protocol_names("ppl")
+    every = {protocol for task in task_names() for protocol in protocol_names(task)}
+    assert {p.value for p in Protocol} == every
 
 
 def test_engine_and_external_options_sit_in_their_own_panels():
     params = _params("ruler")
     assert params["attention"].rich_help_panel == params["chunk_size"].rich_help_panel != params["tokenizer"].rich_help_panel
-    assert params["tokenizer"].rich_help_panel == params["beyond_max"].rich_help_panel == params["tensor_parallel"].rich_help_panel
+    assert params["tokenizer"].rich_help_panel == params["chat_template"].rich_help_panel == params["depths"].rich_help_panel
+    assert params["beyond_max"].rich_help_panel == params["tensor_parallel"].rich_help_panel != params["tokenizer"].rich_help_panel
 
 
 def test_the_runner_holds_no_task_specific_branch():

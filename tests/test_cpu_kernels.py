@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from bamctl.engine import fused, native
-from bamctl.engine.attention import AttentionInputs, dense_attention
+from bamctl.attention_math import AttentionInputs, dense_attention
 from bamctl.positional import GGDPrior
 
 HEADS, HEAD_DIM = 4, 16

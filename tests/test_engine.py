@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 from bamctl.checkpoint import new_random_model
 from bamctl.errors import BamctlError
-from bamctl.engine.attention import AttentionInputs, blockwise_attention, dense_attention
+from bamctl.attention_math import AttentionInputs, dense_attention
+from bamctl.engine.attention import blockwise_attention
 from bamctl.engine.fused import fused_attention
 from bamctl.engine.stream import StreamingEngine
 from bamctl.model import ModelConfig

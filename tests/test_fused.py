@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from bamctl.engine import fused
-from bamctl.engine.attention import AttentionInputs
+from bamctl.attention_math import AttentionInputs
 
 from test_cpu_kernels import HEAD_DIM, HEADS, prior_table
 

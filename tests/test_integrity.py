@@ -11,7 +11,6 @@ import torch
 from bamctl.checkpoint import load_checkpoint, new_random_model, save_checkpoint
 from bamctl.cli import main
 from bamctl.engine import stream
-from bamctl.engine.attention import dense_attention
 from bamctl.errors import BamctlError
 from bamctl.model import ModelConfig
 

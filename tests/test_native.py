@@ -5,7 +5,7 @@ import torch
 
 from bamctl.checkpoint import new_random_model
 from bamctl.engine import native
-from bamctl.engine.attention import AttentionInputs, dense_attention
+from bamctl.attention_math import AttentionInputs, dense_attention
 from bamctl.engine.stream import StreamingEngine
 from bamctl.errors import BamctlError
 from bamctl.model import ModelConfig

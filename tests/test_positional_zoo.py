@@ -203,7 +203,7 @@ FIRE_CASES = [(None, "logits"), ("ssmax", "logits"), ("ssmax", "content")]
 @torch.inference_mode()
 def test_native_fire_equals_the_dense_reference(keys, queries, ssmax, scope, breaks_inside):
     from bamctl.engine import native
-    from bamctl.engine.attention import AttentionInputs, dense_attention
+    from bamctl.attention_math import AttentionInputs, dense_attention
 
     built, why = native.native_available()
     if not built:

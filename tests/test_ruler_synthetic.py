@@ -16,7 +16,8 @@ from types import SimpleNamespace
 import pytest
 
 from bamctl.cli import main
-from bamctl.cli.eval_commands import _depths_by_task, _taken_options, _task_names, _task_options
+from bamctl.cli.requests import _depths_by_task, _taken_options, _task_options
+from bamctl.cli.requests import task_names as _task_names
 from bamctl.errors import BamctlError
 from bamctl.tasks import generate_samples, get_task, score
 from bamctl.tasks.registry import plan_samples
@@ -408,15 +409,16 @@ def test_depths_go_to_the_tasks_that_hide_one_needle():
 
 
 def test_ruler_options_apply_to_the_new_tasks(tmp_path):
-    ev = SimpleNamespace(chat_template=True)
-    ruler = SimpleNamespace(sizing="ruler", haystack=None)
+    def prompt(**given):
+        return SimpleNamespace(**{**dict.fromkeys(("sizing", "haystack", "stride", "bucket", "doc_tokens", "corpus")), **given})
+
     for task in ("vt", "cwe", "fwe"):
-        assert _task_options(task, ev, ruler=ruler) == {"sizing": "ruler", "chat_template": True}
+        assert _task_options(task, prompt(sizing="ruler", chat_template=True)) == {"sizing": "ruler", "chat_template": True}
     with pytest.raises(BamctlError, match="RULER's tasks"):
-        _task_options("passkey", SimpleNamespace(chat_template=False), ruler=ruler)
+        _task_options("passkey", prompt(sizing="ruler", chat_template=False))
     essay = tmp_path / "essay.txt"
     essay.write_text("Some words. " * 10)
-    given = {t: _task_options(t, ev, ruler=SimpleNamespace(sizing=None, haystack=essay)) for t in ("niah_single_2", "vt")}
+    given = {t: _task_options(t, prompt(haystack=essay, chat_template=True)) for t in ("niah_single_2", "vt")}
     assert _taken_options(given) == {"niah_single_2": {"haystack_path": str(essay), "chat_template": True}, "vt": {"chat_template": True}}
     with pytest.raises(BamctlError, match="--haystack applies to none"):
         _taken_options({"vt": given["vt"] | {"haystack_path": str(essay)}})

@@ -3,7 +3,8 @@
 Each turns its options into ``TaskRequest``\\ s, opens the back-ends, runs
 ``bamctl.evaluate.Evaluation`` with a progress bar on stderr, and prints the summary
 of exactly the rows it covers (stdout; ``--json``: one document per invocation).
-The options they share are declared once, in ``bamctl.cli.options``.
+The options they share are declared once, in ``bamctl.cli.options``, and turned into
+requests by ``bamctl.cli.requests``, as ``generate``'s are.
 """
 
 from __future__ import annotations
@@ -17,62 +18,23 @@ from rich.console import Console
 
 from bamctl.cli import options as opt
 from bamctl.cli.app import app
+from bamctl.cli.requests import AskedRequests, task_names
 from bamctl.errors import BamctlError
 
 # Tables to a pipe or file keep their full width instead of being cut at 80 columns.
 stdout = Console(highlight=False, width=None if sys.stdout.isatty() else 1000)
 stderr = Console(stderr=True, highlight=False)
 
-DEFAULT_SAMPLES = {"passkey": 4, "ppl": 1}  # passkey: x 5 default depths = 20 per length
-RULER_DEFAULT_SAMPLES = 20
-RULER_PROTOCOL = "ruler"  # the protocol of every RULER task in bamctl/data/tasks/ruler.toml
-ALL_TASKS = "all"  # --task all: every RULER task
 
-
-def _seeds(text: str) -> list[int]:
-    try:
-        seeds = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise BamctlError(f"--seed takes integers, e.g. 0 or 0,1 (got {text!r})") from None
-    if not seeds:
-        raise BamctlError("--seed needs at least one integer")
-    return seeds
-
-
-def _run_options(ev) -> "RunOptions":  # noqa: F821 - bamctl.backends, imported lazily
+def _run_options(ev, prompt) -> "RunOptions":  # noqa: F821 - bamctl.backends, imported lazily
     from bamctl.backends import RunOptions
 
     return RunOptions(
-        device=ev.device, dtype=ev.dtype, chunk_size=ev.chunk_size, attention=ev.attention, tokenizer=ev.tokenizer,
-        beyond_max=ev.beyond_max, chat_template=ev.chat_template, tensor_parallel=ev.tensor_parallel,
+        device=ev.device, dtype=ev.dtype, chunk_size=ev.chunk_size, attention=ev.attention, tokenizer=prompt.tokenizer,
+        beyond_max=ev.beyond_max, chat_template=prompt.chat_template, tensor_parallel=ev.tensor_parallel,
         bos=ev.bos, prior_form=None if ev.prior_form is None else ev.prior_form.replace("-", "_"),
         rope_scaling=ev.rope_scaling, rope_factor=ev.rope_factor,
     )
-
-
-def _task_options(task: str, ev, perplexity=None, ruler=None) -> dict:
-    """Generator options from the perplexity and RULER groups, each for its own tasks only."""
-    from bamctl.tasks import get_task
-
-    spec = get_task(task)
-    is_ruler = spec.protocol == RULER_PROTOCOL
-    options = {}
-    for group, applies, what in ((perplexity, spec.generator == "ppl", "--task ppl"), (ruler, is_ruler, "RULER's tasks")):
-        given = {name: value for name, value in vars(group).items() if value is not None} if group is not None else {}
-        if given and not applies:
-            raise BamctlError(f"--{next(iter(given)).replace('_', '-')} applies to {what} only")
-        options.update(given)
-    if ev.chat_template:
-        if not is_ruler:
-            raise BamctlError("--chat-template applies to RULER's tasks, whose answer prefix opens the assistant turn")
-        options["chat_template"] = True
-    for option, key in (("corpus", "corpus_path"), ("haystack", "haystack_path")):
-        if option in options:
-            path = options.pop(option)
-            if not path.is_file():
-                raise BamctlError(f"--{option} {path} is not a file")
-            options[key] = str(path)
-    return options
 
 
 def _progress(quiet: bool):
@@ -93,9 +55,9 @@ def _progress(quiet: bool):
 
 
 def run_models(
-    models: list[str], requests_for, ev, *, threshold: float = 0.9, plot: Path | None = None, baseline: str | None = None
+    models: list[str], asked, ev, prompt, *, threshold: float = 0.9, plot: Path | None = None, baseline: str | None = None
 ) -> None:
-    """Evaluate every model on each request ``requests_for(train_lengths, seeds)`` returns; print one summary.
+    """Evaluate every model on the requests ``asked`` (``bamctl.cli.requests.AskedRequests``); print one summary.
 
     Everything is checked before the first model loads: options, seeds, shard, model
     references and their back-ends, task names and protocols, and the plans. Models are
@@ -110,19 +72,18 @@ def run_models(
     from bamctl.tokenizer import get_tokenizer
 
     shard_of = parse_shard(ev.shard)
-    seeds = _seeds(ev.seed)
-    run = _run_options(ev)
+    run = _run_options(ev, prompt)
     if run.device is not None:
         from bamctl.devices import resolve_device
 
         resolve_device(run.device)
     peeks = [peek_backend(model, run) for model in models]
-    requests = requests_for([p.train_length for p in peeks], seeds)
+    requests = asked.for_models([p.train_length for p in peeks])
     # Options, protocols and plans checked now; what depends on each model's tokenizer, when it loads.
     plans = [request.plan(get_tokenizer("gpt2"), check_tokenizer=False) for request in requests]
     for request in requests:
         _refuse_beyond_max(request, models, peeks, run)
-    if not ev.lengths:
+    if asked.lengths is None:
         _say_planned_lengths(requests, plans, peeks)
     store = ResultStore(ev.out)
     store.ensure_writable()
@@ -260,151 +221,56 @@ def _report(store, covered: set, names_by_hash: dict[str, str], names: list[str]
         stderr.print(f"plot written to {path}")
 
 
-def _lengths(spec: str | None, train_lengths: list[int]) -> list[int]:
-    from bamctl.evaluate import default_lengths
-    from bamctl.lengths import parse_lengths
-
-    return parse_lengths(spec) if spec else default_lengths(train_lengths)
-
-
-def _depths(spec: str | None):
-    from bamctl.lengths import parse_depths
-
-    return parse_depths(spec) if spec else None
-
-
-def _request(task: str, ev, train_lengths, seeds, *, depths=None, protocol=None, options=None, samples=None):
-    from bamctl.evaluate import TaskRequest
-
-    count = ev.samples or samples or DEFAULT_SAMPLES.get(task, RULER_DEFAULT_SAMPLES)
-    return TaskRequest(task, _lengths(ev.lengths, train_lengths), count, seeds, _depths(depths), protocol, options or {})
-
-
-def _taken_options(options: dict[str, dict]) -> dict[str, dict]:
-    """Each task's options less those its generator does not take (``--haystack`` goes to the NIAH
-    tasks of ``--task all``, not to vt); an option no task asked for takes is refused."""
-    from bamctl.tasks import get_task
-
-    taken = {name: get_task(name).options() for name in options}
-    for key in {key for given in options.values() for key in given}:
-        if not any(key in taken[name] for name in options):
-            flag = {"haystack_path": "haystack"}.get(key, key).replace("_", "-")
-            raise BamctlError(f"--{flag} applies to none of the tasks asked for ({', '.join(options)})")
-    return {name: {k: v for k, v in given.items() if k in taken[name]} for name, given in options.items()}
-
-
-def _depths_by_task(names: list[str], depths: str | None) -> dict[str, str | None]:
-    """``--depths`` for each task: with several tasks (``--task all``) it goes to those that hide one
-    needle and let it be placed; one task that does not take it, or none among several, is refused."""
-    from bamctl.tasks import get_task
-
-    if depths is None or len(names) == 1:
-        return {name: depths for name in names}
-    placed = {name: depths if get_task(name).takes_depths() else None for name in names}
-    if not any(placed.values()):
-        raise BamctlError(f"--depths applies to none of the tasks asked for ({', '.join(names)})")
-    return placed
-
-
-def _task_names(text: str) -> list[str]:
-    """Comma-separated task names, every one checked before any work; ``all`` stands for every RULER task."""
-    from bamctl.tasks import get_task, task_names
-
-    names = []
-    for name in (t.strip() for t in text.split(",") if t.strip()):
-        expanded = [t for t in task_names() if get_task(t).protocol == RULER_PROTOCOL] if name == ALL_TASKS else [name]
-        names += [t for t in expanded if t not in names]
-    if not names:
-        raise BamctlError("--task needs at least one task name")
-    for name in names:
-        get_task(name)
-    return names
-
-
 @app.command()
-@opt.with_options("evaluation")
-def passkey(
-    model: opt.ModelArgument,
-    depths: opt.Depths = None,
-    protocol: Annotated[opt.PasskeyProtocol, typer.Option(help="auto (authors where the model's tokenizer can score it, else exact), authors (the BAM authors' evaluator, token for token), exact (bamctl's exact-length, digit-by-digit form for byte-level BPEs like GPT-2) or landmark (newlines, generate 10 tokens, first integer).")] = opt.PasskeyProtocol.auto,
-    *,
-    evaluation,
-) -> None:
+@opt.with_options("samples", "prompt", "evaluation")
+def passkey(model: opt.ModelArgument, *, samples, prompt, evaluation) -> None:
     """Passkey retrieval: a 5-digit key hidden at several depths in filler, prompts of exact token length.
 
     Example: bamctl passkey bam-ssmax --lengths 512..32k --samples 4 --depths 5 --seed 0,1
     """
-    _task_options("passkey", evaluation)  # refuses what applies to other tasks (--chat-template)
-    run_models(
-        [model],
-        lambda train, seeds: [_request("passkey", evaluation, train, seeds, depths=depths, protocol=protocol.value)],
-        evaluation,
-    )
+    run_models([model], AskedRequests(["passkey"], samples, prompt), evaluation, prompt)
 
 
 @app.command()
-@opt.with_options("evaluation", "ruler")
+@opt.with_options("samples", "prompt", "evaluation")
 def ruler(
     model: opt.ModelArgument,
     task: Annotated[str, typer.Option("--task", "-t", help="RULER tasks, comma separated: niah_single_1,2,3, niah_multikey_1,2,3, niah_multivalue, niah_multiquery, vt, cwe, fwe; all: every one of them.")] = "niah_single_1",
-    depths: opt.Depths = None,
     *,
+    samples,
+    prompt,
     evaluation,
-    ruler,
 ) -> None:
     """RULER's synthetic tasks: needle in a haystack, variable tracking (vt), common and frequent words
     extraction (cwe, fwe); greedy generation within the length, scored by string_match_all.
 
     Example: bamctl ruler bam-ssmax --task niah_single_1,vt,cwe,fwe --lengths 1k..8k --samples 20
     """
-    names = _task_names(task)
-    options = _taken_options({name: _task_options(name, evaluation, ruler=ruler) for name in names})
-    placed = _depths_by_task(names, depths)
-    run_models(
-        [model],
-        lambda train, seeds: [
-            _request(name, evaluation, train, seeds, depths=placed[name], samples=RULER_DEFAULT_SAMPLES, options=options[name])
-            for name in names
-        ],
-        evaluation,
-    )
+    run_models([model], AskedRequests(task_names(task), samples, prompt), evaluation, prompt)
 
 
 @app.command()
-@opt.with_options("evaluation", "perplexity")
-def ppl(
-    model: opt.ModelArgument,
-    protocol: Annotated[opt.PplProtocol, typer.Option("--protocol", "--mode", help="sliding: windows of each length over one document; buckets: one pass, mean NLL per position bucket.")] = opt.PplProtocol.sliding,
-    *,
-    evaluation,
-    perplexity,
-) -> None:
+@opt.with_options("samples", "prompt", "evaluation")
+def ppl(model: opt.ModelArgument, *, samples, prompt, evaluation) -> None:
     """Perplexity: every token scored exactly once with up to L tokens of context (sliding), or per position bucket.
 
     Example: bamctl ppl bam-ssmax --lengths 512..8k --protocol sliding --stride 256
     """
-    options = _task_options("ppl", evaluation, perplexity=perplexity)
-    run_models(
-        [model],
-        lambda train, seeds: [_request("ppl", evaluation, train, seeds, protocol=protocol.value, options=options)],
-        evaluation,
-    )
+    run_models([model], AskedRequests(["ppl"], samples, prompt), evaluation, prompt)
 
 
 @app.command()
-@opt.with_options("evaluation", "perplexity", "ruler")
+@opt.with_options("samples", "prompt", "evaluation")
 def compare(
     models: Annotated[list[str], typer.Argument(help="Models side by side: catalog names, checkpoint directories or PREFIX:PATH.")],
     task: Annotated[str, typer.Option("--task", "-t", help="passkey, a RULER task (niah_single_1, ...) or ppl.")] = "passkey",
-    protocol: Annotated[Optional[str], typer.Option(help="The task's protocol: passkey auto|authors|exact|landmark, ppl sliding|buckets (default: the task's).")] = None,
-    depths: opt.Depths = None,
     plot: Annotated[Optional[Path], typer.Option(help="PNG of models x lengths, each cell coloured by its score with the number written in it (default: OUT-TASK.png beside the results directory, which stays a plain Parquet dataset; `bamctl plot curves` draws lines).")] = None,
     threshold: opt.Threshold = 0.9,
     baseline: Annotated[Optional[str], typer.Option(help="The model every other is tested against at each length, on the samples both ran (McNemar for 0/1 scores, paired permutation otherwise; Holm over lengths). Default: the first model.")] = None,
     *,
+    samples,
+    prompt,
     evaluation,
-    perplexity,
-    ruler,
 ) -> None:
     """Run several models on identical samples and show them side by side, with an effective-length row.
 
@@ -416,18 +282,15 @@ def compare(
 
     Example: bamctl compare rope alibi bam --task passkey --lengths 128..8k --seed 0,1 --baseline alibi
     """
-    from bamctl.tasks import get_task
-
     names = _model_names(models)
     if baseline is not None and baseline not in names:
         raise BamctlError(f"--baseline {baseline} is not one of the models compared ({', '.join(names)})")
 
-    get_task(task, protocol)
-    options = _task_options(task, evaluation, perplexity=perplexity, ruler=ruler)
     run_models(
         models,
-        lambda train, seeds: [_request(task, evaluation, train, seeds, depths=depths, protocol=protocol, options=options)],
+        AskedRequests([task], samples, prompt),
         evaluation,
+        prompt,
         threshold=threshold,
         plot=beside(evaluation.out, plot, task),
         baseline=baseline or names[0],

@@ -2,9 +2,12 @@
 
 Each group is a list of :class:`Param` (name, type, default, ``typer.Option``), and
 :func:`with_options` appends the groups' parameters to a command's signature and hands
-the command one dataclass per group. ``passkey``, ``ruler``, ``ppl`` and ``compare``
-all take :data:`EVALUATION`; the perplexity options are one group too, shared by
-``ppl`` and ``compare``. Closed choices are enums, so ``--help`` lists them.
+the command one dataclass per group. Everything that decides which prompts are made,
+:data:`SAMPLES` and :data:`PROMPT`, is taken by ``generate`` and by the run commands
+(``passkey``, ``ruler``, ``ppl``, ``compare``) alike, so ``generate`` writes the prompts a
+run feeds; the run commands add :data:`EVALUATION` (engine and output). An option that
+does not apply to the task asked for is refused by name (``bamctl.cli.requests``).
+Closed choices are enums, so ``--help`` lists them.
 
 Every option whose absence matters to a back-end defaults to ``None`` ("not asked"):
 each back-end refuses, by name, the options it cannot honour (``bamctl.backends``).
@@ -24,7 +27,9 @@ import typer
 ENGINE_PANEL = "Engine (bamctl's own models)"
 EXTERNAL_PANEL = "External models (hf:, vllm:, bam:)"
 OUTPUT_PANEL = "Results and output"
+PROMPT_PANEL = "Prompts (generate writes what a run feeds)"
 PERPLEXITY_PANEL = "Perplexity"
+RULER_PANEL = "RULER"
 
 DEFAULT_OUT = Path("results")
 
@@ -67,20 +72,22 @@ class PriorForm(str, Enum):
     scaled_distance = "scaled-distance"
 
 
-class PasskeyProtocol(str, Enum):
-    """The protocols of ``bamctl/data/tasks/passkey.toml`` (a test keeps them in step)."""
+class Protocol(str, Enum):
+    """Every protocol of ``bamctl/data/tasks/*.toml``, the task's default first where it has
+    one (a test keeps them in step); each task takes its own."""
 
     auto = "auto"
     authors = "authors"
     exact = "exact"
     landmark = "landmark"
-
-
-class PplProtocol(str, Enum):
-    """The protocols of ``bamctl/data/tasks/ppl.toml`` (a test keeps them in step)."""
-
     sliding = "sliding"
     buckets = "buckets"
+    ruler = "ruler"
+
+
+class Sizing(str, Enum):
+    exact = "exact"
+    ruler = "ruler"
 
 
 @dataclass(frozen=True)
@@ -95,15 +102,18 @@ def _enum_value(value):
     return value.value if isinstance(value, Enum) else value
 
 
-EVALUATION: list[Param] = [
+SAMPLES: list[Param] = [
     Param("lengths", Optional[str], None, typer.Option(
         "--lengths", "-l",
         help="Context lengths in tokens: '1k..64k' (doubling, k = 1024), '512..8k', '1k,3000,10k' or '4096'. "
-        "Default: 1x to 64x the model's training length, doubling.")),
+        "Default: 1x to 64x the model's training length, doubling (generate, with no model, needs it).")),
     Param("samples", Optional[int], None, typer.Option(
         "--samples", "-n", min=1,
         help="Samples per length (and per depth, for tasks with depths). Default: the task's (passkey 4, RULER 20, ppl 1 document).")),
     Param("seed", str, "0", typer.Option("--seed", help="Seed of the samples; a comma list ('0,1') runs each seed.")),
+]
+
+EVALUATION: list[Param] = [
     Param("device", Optional[str], None, typer.Option(
         rich_help_panel=ENGINE_PANEL, help="auto (CUDA when present, else CPU; the default), cpu, cuda or cuda:N.")),
     Param("dtype", Optional[Dtype], None, typer.Option(
@@ -123,16 +133,9 @@ EVALUATION: list[Param] = [
         "One model of a compare: append @KIND:FACTOR to it (rope@yarn:8).")),
     Param("rope_factor", Optional[float], None, typer.Option(
         min=1.0, rich_help_panel=ENGINE_PANEL, help="The factor of --rope-scaling (e.g. 8: the training length times 8).")),
-    Param("tokenizer", Optional[str], None, typer.Option(
-        rich_help_panel=EXTERNAL_PANEL,
-        help="Tokenizer: a local Hugging Face tokenizer folder or file replacing an external model's own (bam: needs one).")),
     Param("beyond_max", Optional[BeyondMax], None, typer.Option(
         rich_help_panel=EXTERNAL_PANEL,
         help="hf:/vllm: models past their configured max positions: warn (the default; run anyway, extrapolation is the point) or refuse.")),
-    Param("chat_template", bool, False, typer.Option(
-        "--chat-template", rich_help_panel=EXTERNAL_PANEL,
-        help="hf:/vllm: chat models, RULER tasks: the task text as a user turn of the model's chat template, its "
-        "tokens counted in the length, the answer prefix opening the assistant turn (off: base-model mode).")),
     Param("tensor_parallel", Optional[int], None, typer.Option(
         min=1, rich_help_panel=EXTERNAL_PANEL, help="vllm: number of GPUs one model is split over (default 1).")),
     Param("bos", Optional[Bos], None, typer.Option(
@@ -156,7 +159,37 @@ EVALUATION: list[Param] = [
         "--json", rich_help_panel=OUTPUT_PANEL, help="Print the summary as one JSON document on stdout (for scripts).")),
 ]
 
-PERPLEXITY: list[Param] = [
+PROMPT: list[Param] = [
+    Param("protocol", Optional[Protocol], None, typer.Option(
+        rich_help_panel=PROMPT_PANEL,
+        help="The task's protocol: passkey auto (the default: authors where the tokenizer can score it, else exact), "
+        "authors (the BAM authors' evaluator, token for token), exact (bamctl's exact-length, digit-by-digit form for "
+        "byte-level BPEs like GPT-2) or landmark (newlines, generate 10 tokens, first integer); ppl sliding (the "
+        "default: windows of each length over one document) or buckets (one pass, mean NLL per position bucket); "
+        "RULER's tasks ruler.")),
+    Param("depths", Optional[str], None, typer.Option(
+        rich_help_panel=PROMPT_PANEL,
+        help="Needle depths: a count of evenly spaced depths ('5' = 0, .25, .5, .75, 1) or fractions ('0,0.25,0.5'). "
+        "Default: the task's (passkey 5; RULER its own random placement).")),
+    Param("tokenizer", Optional[str], None, typer.Option(
+        rich_help_panel=PROMPT_PANEL,
+        help="Tokenizer the prompts are built and counted in: a local Hugging Face tokenizer folder or file (tokenizer.json, "
+        "SentencePiece .model), or gpt2. A run: replaces an external model's own (bam: needs one). generate: default gpt2, "
+        "the tokenizer of bamctl's models.")),
+    Param("chat_template", bool, False, typer.Option(
+        "--chat-template", rich_help_panel=PROMPT_PANEL,
+        help="RULER tasks for chat models: the task text as a user turn of the tokenizer's chat template (hf:/vllm: the "
+        "model's; generate: --tokenizer FOLDER's), its tokens counted in the length, the answer prefix opening the "
+        "assistant turn (off: base-model mode).")),
+    Param("sizing", Optional[Sizing], None, typer.Option(
+        rich_help_panel=RULER_PANEL,
+        help="exact (the default: each sample's largest haystack that fits) or ruler (RULER's own rule for each task: "
+        "for NIAH one search per length, then 500 words or 25 lines fewer per overflowing sample), to stand beside a "
+        "published RULER table.")),
+    Param("haystack", Optional[Path], None, typer.Option(
+        rich_help_panel=RULER_PANEL,
+        help="Essay haystack for the NIAH tasks, instead of the shipped public-domain essays: RULER's "
+        "PaulGrahamEssays.json ({\"text\": ...}) or any UTF-8 text file.")),
     Param("stride", Optional[int], None, typer.Option(
         min=1, rich_help_panel=PERPLEXITY_PANEL,
         help="sliding: tokens the window advances (default: the window, non-overlapping; 1 = strict sliding).")),
@@ -168,30 +201,6 @@ PERPLEXITY: list[Param] = [
         rich_help_panel=PERPLEXITY_PANEL, help="UTF-8 text file to score instead of the shipped public-domain corpus.")),
 ]
 
-RULER_PANEL = "RULER"
-
-
-class Sizing(str, Enum):
-    exact = "exact"
-    ruler = "ruler"
-
-
-RULER: list[Param] = [
-    Param("sizing", Optional[Sizing], None, typer.Option(
-        rich_help_panel=RULER_PANEL,
-        help="exact (the default: each sample's largest haystack that fits) or ruler (RULER's own rule for each task: "
-        "for NIAH one search per length, then 500 words or 25 lines fewer per overflowing sample), to stand beside a "
-        "published RULER table.")),
-    Param("haystack", Optional[Path], None, typer.Option(
-        rich_help_panel=RULER_PANEL,
-        help="Essay haystack for the NIAH tasks, instead of the shipped public-domain essays: RULER's "
-        "PaulGrahamEssays.json ({\"text\": ...}) or any UTF-8 text file.")),
-]
-
-Depths = Annotated[
-    Optional[str],
-    typer.Option(help="Needle depths: a count of evenly spaced depths ('5') or fractions ('0,0.25,0.5'). Default: the task's."),
-]
 Threshold = Annotated[float, typer.Option(min=0.0, max=1.0, help="Accuracy that counts as 'still working' for the effective length.")]
 ModelArgument = Annotated[str, typer.Argument(help="Catalog name, checkpoint directory, or PREFIX:PATH (hf:, bam:, vllm:).")]
 
@@ -200,13 +209,13 @@ def _group_type(name: str, params: list[Param]) -> type:
     return make_dataclass(name, [(p.name, Any) for p in params], frozen=True)
 
 
+SampleOptions = _group_type("SampleOptions", SAMPLES)
 EvaluationOptions = _group_type("EvaluationOptions", EVALUATION)
-PerplexityOptions = _group_type("PerplexityOptions", PERPLEXITY)
-RulerOptions = _group_type("RulerOptions", RULER)
+PromptOptions = _group_type("PromptOptions", PROMPT)
 GROUPS: dict[str, tuple[list[Param], type]] = {
+    "samples": (SAMPLES, SampleOptions),
     "evaluation": (EVALUATION, EvaluationOptions),
-    "perplexity": (PERPLEXITY, PerplexityOptions),
-    "ruler": (RULER, RulerOptions),
+    "prompt": (PROMPT, PromptOptions),
 }
 
 

@@ -5,16 +5,15 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
 
 from bamctl.backends.hf_tokenizer import resolve_tokenizer
+from bamctl.cli import options as opt
 from bamctl.cli.app import app
-from bamctl.errors import BamctlError
-from bamctl.lengths import parse_depths, parse_lengths
-from bamctl.tasks import generate_samples
+from bamctl.cli.requests import AskedRequests, task_names
 
 stderr = Console(stderr=True, highlight=False)
 
@@ -25,28 +24,27 @@ def sample_line(sample) -> str:
 
 
 @app.command()
+@opt.with_options("samples", "prompt")
 def generate(
-    task: Annotated[str, typer.Argument(help="Task name: passkey, ppl, niah_single_1 ... niah_multiquery, vt, cwe, fwe (see bamctl/data/tasks/*.toml).")],
-    lengths: Annotated[str, typer.Option(help="Target lengths in tokens: 1k..512k (doubling, k = 1024), 512..8k, or a list like 1k,3000,10k.")],
+    task: Annotated[str, typer.Argument(help="Tasks, comma separated: passkey, ppl, niah_single_1 ... niah_multiquery, vt, cwe, fwe (see bamctl/data/tasks/*.toml); all: every RULER task.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="JSONL file to write, one sample per line; '-' writes to stdout.")],
-    samples: Annotated[int, typer.Option(help="Samples per length (and per depth, where depths apply).")] = 1,
-    seed: Annotated[int, typer.Option(help="Seed; the same seed gives byte-identical output.")] = 0,
-    tokenizer: Annotated[str, typer.Option(help="Tokenizer that lengths are counted in: gpt2, or a local Hugging Face tokenizer folder, tokenizer.json or SentencePiece .model file.")] = "gpt2",
-    depths: Annotated[Optional[str], typer.Option(help="Needle depths: a count (5 = 0, .25, .5, .75, 1) or fractions (0,0.25,0.5). Passkey default: 5; RULER default: its own random placement.")] = None,
-    protocol: Annotated[Optional[str], typer.Option(help="The task's protocol: passkey auto (default), authors, exact or landmark; ppl sliding (default) or buckets.")] = None,
-    corpus: Annotated[Optional[Path], typer.Option(help="ppl only: a UTF-8 text file to use instead of the shipped corpus.")] = None,
+    *,
+    samples,
+    prompt,
 ) -> None:
     """Write a task's prompts (text and token ids, answers, needle positions) as JSONL; no model runs.
 
+    The same options give the same prompts as a run command (passkey, ruler, ppl, compare) feeds a
+    model whose tokenizer --tokenizer names (bamctl's own models: gpt2, the default); the same seed
+    gives byte-identical output.
+
     Example: bamctl generate passkey --lengths 1k..32k --samples 4 --depths 5 --seed 0 --out passkey.jsonl
     """
-    length_list = parse_lengths(lengths)
-    depth_list = parse_depths(depths) if depths is not None else None
-    if corpus is not None and task != "ppl":
-        raise BamctlError("--corpus applies to ppl only")
-    stream = generate_samples(
-        task, length_list, samples, seed, resolve_tokenizer(tokenizer), depth_list, protocol=protocol, corpus_path=corpus
-    )
+    asked = AskedRequests(task_names(task), samples, prompt)
+    tokenizer = resolve_tokenizer(prompt.tokenizer or "gpt2")
+    requests = asked.for_models([])  # no model: --lengths is needed
+    plans = [request.plan(tokenizer) for request in requests]
+    stream = (sample for plan in plans for sample in plan.samples())
     count = 0
 
     def write(handle) -> None:
@@ -67,4 +65,4 @@ def generate(
 
         out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(out, write_file)  # a complete file or none, also on Ctrl-C
-    stderr.print(f"wrote {count} {task} samples ({len(length_list)} lengths) to {out}")
+    stderr.print(f"wrote {count} {task} samples ({len(requests[0].lengths)} lengths) to {out}")

@@ -1,4 +1,4 @@
-"""FlexAttention fast path: the same logits as ``bamctl.engine.attention``, fused and compiled.
+"""FlexAttention fast path: the same logits as ``bamctl.attention_math``, fused and compiled.
 
 ``torch.compile(flex_attention)`` fuses the prior and SSMax into the attention kernel
 (``score_mod``) and skips key blocks in a query's future (a ``BlockMask``), so it never
@@ -22,7 +22,8 @@ import math
 
 import torch
 
-from bamctl.engine.attention import AttentionInputs, blockwise_attention
+from bamctl.attention_math import AttentionInputs
+from bamctl.engine.attention import blockwise_attention
 from bamctl.errors import BamctlError
 
 BLOCK = 128  # FlexAttention's default block size, for queries and keys

@@ -3,7 +3,7 @@
 torch ships a vectorised, tiled CPU attention kernel (the one behind
 ``scaled_dot_product_attention``). It adds an arbitrary float mask to the scaled
 scores, honours the mask's strides without copying it, can skip the causal future,
-and returns each row's log-sum-exp. Our logits (``bamctl.engine.attention``) fit it:
+and returns each row's log-sum-exp. Our logits (``bamctl.attention_math``) fit it:
 
 - SSMax's factor ``c_h(i)`` multiplies the scores of row ``i``: it is folded into the
   queries, once per call.
@@ -27,7 +27,8 @@ import math
 
 import torch
 
-from bamctl.engine.attention import AttentionInputs, blockwise_attention, dense_attention, prior_line, ssmax_factor
+from bamctl.attention_math import AttentionInputs, dense_attention, ssmax_factor
+from bamctl.engine.attention import blockwise_attention, prior_line
 
 ROWS = 1024  # queries per kernel call: >= 768 lets the kernel tile them by 256; the diagonal square is ROWS^2
 TILE_BYTES = 8 << 20  # a materialised (logits-scope) mask tile: small enough to be read back from cache

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import torch
 
-from bamctl.engine.attention import AttentionInputs, blockwise_attention, dense_attention, prior_line, ssmax_factor
+from bamctl.attention_math import AttentionInputs, dense_attention, ssmax_factor
+from bamctl.engine.attention import blockwise_attention, prior_line
 from bamctl.engine.fused import fused_attention, needs_grad
 
 SOURCE = Path(__file__).with_name("csrc") / "bam_attention.cpp"

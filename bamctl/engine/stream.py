@@ -20,7 +20,8 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from bamctl.engine.attention import blockwise_attention, dense_attention
+from bamctl.attention_math import dense_attention
+from bamctl.engine.attention import blockwise_attention
 from bamctl.engine.flex import FlexKernel, flex_available, require_flex
 from bamctl.engine.fused import FusedKernel, fused_available
 from bamctl.engine.native import NativeKernel, native_available
@@ -32,7 +33,7 @@ from bamctl.vocab import VocabSubset
 
 # Attention paths by name, each a factory of one engine's kernel (the stateful ones keep
 # their buffers and counters per engine); every one computes the same logits
-# (bamctl.engine.attention).
+# (bamctl.attention_math).
 ATTENTION_PATHS: dict[str, Callable[[], Callable]] = {
     "dense": lambda: dense_attention,  # the reference: (Tq, Tk) logits
     "blockwise": lambda: blockwise_attention,  # online softmax over key blocks, plain torch ops
@@ -238,7 +239,7 @@ class StreamingEngine:
     @torch.inference_mode()
     def last_query_attention(self, ids: Sequence[int]) -> list[torch.Tensor]:
         """Where the last token attends: per layer, softmax weights (H, len(ids)) on the CPU."""
-        from bamctl.engine.attention import attention_weights
+        from bamctl.attention_math import attention_weights
 
         weights: list[torch.Tensor] = []
 

@@ -15,6 +15,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullLocator
 
 from bamctl.errors import BamctlError
+from bamctl.plotting import save_figure
 from bamctl.results.render import format_length
 from bamctl.results.summary import GROUP_COLUMNS, is_perplexity, model_labels, summarize, with_fingerprint_labels
 
@@ -153,17 +154,6 @@ def _annotate(ax, grid: np.ndarray, bounded: bool) -> None:
             continue
         ink = "white" if bounded and (v < 0.2 or v > 0.85) else "black"  # legible on the dark ends of RdYlGn
         ax.text(x, y, f"{v:.2f}" if bounded else f"{v:.3g}", ha="center", va="center", fontsize=7, color=ink)
-
-
-def save_figure(fig: Figure, path: str | Path) -> Path:
-    """Write ``fig`` as a PNG, creating folders; an unwritable path is one BamctlError."""
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=120)
-    except OSError as err:
-        raise BamctlError(f"cannot write plot to {path}: {err.strerror or err}") from err
-    return path
 
 
 def plot_grid(
