@@ -32,6 +32,7 @@ from bamctl.backends.base import ContinuationScore, ModelInfo, VLLMOptions
 from bamctl.backends.hf_common import (
     LengthPolicy,
     RequestShaper,
+    ShapedBackend,
     locate,
     max_positions,
     model_fingerprint,
@@ -68,7 +69,7 @@ def import_vllm():
     return vllm
 
 
-class VLLMBackend:
+class VLLMBackend(ShapedBackend):
     def __init__(self, reference: str, options: VLLMOptions):
         from bamctl.backends.hf_tokenizer import model_tokenizer
 
@@ -89,8 +90,6 @@ class VLLMBackend:
         self.limit = max_positions(config)
         self.lengths = LengthPolicy(name, self.limit, options.beyond_max)
         self.shaper = RequestShaper(self.tokenizer, options.chat_template, options.bos)
-        self.feeding = self.shaper.fingerprint
-        self.bos_for = self.shaper.bos_for
         self.tensor_parallel = options.tensor_parallel
         self.vllm_dtype = DTYPES[options.dtype]
         generation_eos = getattr(config, "eos_token_id", None)
