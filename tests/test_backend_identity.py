@@ -86,3 +86,15 @@ def test_a_tokenizer_without_fingerprint_is_refused_not_guessed():
     nameless = replace(get_tokenizer("gpt2"), fingerprint="")
     with pytest.raises(ValueError, match="fingerprint"):
         plan_samples("passkey", [256], 1, [0], nameless)
+
+
+@pytest.mark.parametrize("stored, ran", [("float32", "float16"), ("float16", "float16"), ("bfloat16", "bfloat16")])
+def test_vllm_auto_dtype_records_what_vllm_runs(fake_vllm, stored, ran):  # noqa: F811
+    import json
+
+    folder, _ = fake_vllm
+    config = json.loads((folder / "config.json").read_text())
+    config["torch_dtype"] = config["dtype"] = stored
+    (folder / "config.json").write_text(json.dumps(config))
+    assert open_backend(f"vllm:{folder}", RunOptions()).dtype == ran
+    assert open_backend(f"vllm:{folder}", RunOptions(dtype="float32")).dtype == "float32"

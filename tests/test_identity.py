@@ -11,20 +11,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from bamctl.checkpoint import CONFIG_FILE, load_checkpoint, new_random_model, save_checkpoint
-from bamctl.cli import main
 from bamctl.model import ModelConfig
 from bamctl.results.schema import SCHEMA_VERSION, VERSION_KEY
 from bamctl.results.store import ResultStore
+from test_fingerprints import run
 
 PASSKEY = ["--task", "passkey", "--lengths", "128", "--samples", "2", "--depths", "0.5"]
-
-
-def run(capsys, *args):
-    with pytest.raises(SystemExit) as done:
-        main(list(args))
-    captured = capsys.readouterr()
-    assert done.value.code == 0, captured.err
-    return captured
 
 
 def _summaries(captured) -> list[dict]:

@@ -61,6 +61,15 @@ def _environment(**values: str | None):
                 os.environ[name] = old
 
 
+def ran_dtype(asked: str, config) -> str:
+    """The dtype vLLM computes in: ``auto`` resolved by vLLM's documented rule (FP16 for FP32 and
+    FP16 models, BF16 for BF16 models), so a row records what ran and resume never crosses dtypes."""
+    if asked != "auto":
+        return asked
+    stored = str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "float32")
+    return "bfloat16" if stored.removeprefix("torch.") == "bfloat16" else "float16"
+
+
 def import_vllm():
     try:
         import vllm
@@ -104,7 +113,7 @@ class VLLMBackend(ShapedBackend):
             train_length=trained_length(config, self.limit),
         )
         self.device = "cuda"
-        self.dtype = self.vllm_dtype
+        self.dtype = ran_dtype(self.vllm_dtype, config)
         self.attention = "vllm"
         self._llm = None
         self._capacity = 0
