@@ -227,3 +227,23 @@ def test_training_rows_use_their_own_protocol_whatever_the_tokenizer():
     n = len(digits) // 3  # the key twice in the needle, then the answer
     copies = [tokenizer.decode([ids[i] for i in digits[k * n:(k + 1) * n]]) for k in range(3)]
     assert len(ids) == 400 and len(set(copies)) == 1 and copies[0].strip().isdigit() and len(copies[0].strip()) == 5
+
+
+def test_hf_config_files_move_the_hash(tmp_path):
+    pytest.importorskip("transformers", reason="transformers not installed (pip install 'bamctl[hf]')")
+    from test_external_vllm import _save_tiny_llama
+
+    from bamctl.backends.hf_common import model_fingerprint
+
+    folder = _save_tiny_llama(tmp_path / "hf")
+    hashes = [model_fingerprint(folder, None)]
+    generation = folder / "generation_config.json"
+    generation.write_text(json.dumps({**json.loads(generation.read_text()), "eos_token_id": [2, 5]}))
+    hashes.append(model_fingerprint(folder, None))
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "rope_theta": 1234.0}))
+    hashes.append(model_fingerprint(folder, None))
+    assert len(set(hashes)) == 3
+    renamed = tmp_path / "renamed"
+    shutil.copytree(folder, renamed)
+    assert model_fingerprint(renamed, None) == hashes[-1]
