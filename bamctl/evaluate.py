@@ -206,9 +206,7 @@ class Evaluation:
         # A generation budget lies inside the length (RULER); teacher-forced answers are fed after it.
         answer = spec.max_new_tokens if spec.scoring == "generate" else ANSWER_TOKENS.get(spec.scoring, 0)
         prompt = longest - answer if spec.scoring == "generate" else longest
-        check = getattr(self.backend, "check_fits", None)
-        if check is not None:
-            check(prompt, answer)
+        self.backend.check_fits(prompt, answer)
 
     def _identity(self, slot: SampleSlot, position: int | None) -> dict:
         return {

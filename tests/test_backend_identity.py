@@ -51,9 +51,8 @@ def test_each_back_end_states_its_feeding_and_tokenizer(name, tmp_path, request)
     cls = _class(BACKENDS[name].target)
     assert issubclass(cls, Backend) and not inspect.isabstract(cls)
     backend = open_backend(OPENERS[name](tmp_path, request), OPTIONS[name])
-    for stated in (backend.feeding, backend.tokenizer_fingerprint, backend.scored_tokens):
+    for stated in (backend.feeding, backend.tokenizer.fingerprint, backend.scored_tokens):
         assert isinstance(stated, str) and stated
-    assert backend.tokenizer_fingerprint == backend.tokenizer.fingerprint
 
 
 def _class(target: str):
@@ -65,7 +64,7 @@ def _class(target: str):
 
 def test_a_back_end_without_its_feeding_cannot_be_built():
     class Silent(Backend):
-        tokenizer_fingerprint = scored_tokens = "x"
+        scored_tokens = "x"
 
         def score_continuation(self, prompt_ids, target_ids): ...
         def generate(self, prompt_ids, max_new_tokens): ...

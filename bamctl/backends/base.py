@@ -54,12 +54,13 @@ class ContinuationScore:
 class Backend(ABC):
     """A model that answers the three request kinds.
 
-    Its identity in a row is stated, never guessed: ``info.model_hash`` (the model), and the
-    three abstract properties below, which go into every row's fingerprint. A back-end that
-    leaves one out cannot be built (a test opens every registered back-end)."""
+    Its identity in a row is stated, never guessed: ``info.model_hash`` (the model), the
+    tokenizer's ``fingerprint`` (planning refuses a tokenizer without one) and the two
+    abstract properties below, which go into every row's fingerprint. A back-end that leaves
+    one out cannot be built (a test opens every registered back-end)."""
 
     info: ModelInfo
-    tokenizer: Any  # bamctl.tokenizer.Tokenizer
+    tokenizer: Any  # bamctl.tokenizer.Tokenizer, whose non-empty `fingerprint` identifies it
     device: str  # what ran: "cpu", "cuda:0"
     dtype: str  # what ran: "float32", "bfloat16"
     attention: str  # the attention path that ran ("native", "flex", "sdpa"), never "auto"
@@ -69,11 +70,6 @@ class Backend(ABC):
     def feeding(self) -> str:
         """Fingerprint of what the back-end puts around a prompt (BOS, chat template); non-empty,
         also for a back-end that feeds prompts exactly as built."""
-
-    @property
-    @abstractmethod
-    def tokenizer_fingerprint(self) -> str:
-        """Identity of the tokenizer the prompts are made with, by what it does, not its path."""
 
     @property
     @abstractmethod

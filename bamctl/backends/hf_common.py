@@ -220,10 +220,6 @@ class ShapedBackend(Backend):
         return self.shaper.fingerprint
 
     @property
-    def tokenizer_fingerprint(self) -> str:
-        return self.tokenizer.fingerprint
-
-    @property
     def scored_tokens(self) -> str:
         return ALL_TOKENS
 

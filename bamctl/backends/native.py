@@ -47,10 +47,6 @@ class EngineBackend(Backend):
         return "as-built"  # prompts go in exactly as the task built them: no BOS, no template
 
     @property
-    def tokenizer_fingerprint(self) -> str:
-        return self.tokenizer.fingerprint
-
-    @property
     def scored_tokens(self) -> str:
         subset = self.checkpoint.model.config.token_subset
         return ALL_TOKENS if subset is None else digest(subset)
