@@ -3,13 +3,20 @@
 ``config.json`` holds the architecture, PE, SSMax, tokenizer, training length, recipe and
 provenance, and the SHA-256 of the weights file. Loading checks that hash, so a
 corrupted or swapped weights file is refused rather than benchmarked.
+
+A model's identity in result rows (``model_hash``) is another thing: the weights AND every
+field of ``config.json``'s ``model`` table, since each of them changes what the forward pass
+computes (a parameter-free PE such as nope or rope leaves the weights alike). Left out are
+the fields that only describe: ``recipe`` and ``provenance`` (how the weights were made,
+which the weights themselves record), ``bamctl_version``, ``format``, ``n_params`` (derived)
+and ``weights_sha256`` (the weights are in the identity already).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -19,6 +26,7 @@ from safetensors.torch import load_file, save_file
 from bamctl import __version__
 from bamctl.errors import BamctlError
 from bamctl.files import atomic_write
+from bamctl.fingerprints import digest
 from bamctl.model import ModelConfig, Transformer
 
 CONFIG_FILE = "config.json"
@@ -36,8 +44,20 @@ class Checkpoint:
 
     @property
     def model_hash(self) -> str:
-        """Short content hash that identifies these weights in result tables."""
-        return self.sha256[:16]
+        """What identifies this model in result rows: its weights and its config (see module doc)."""
+        return model_identity(self.sha256, self.model.config)
+
+
+def model_identity(weights_sha256: str, config: ModelConfig) -> str:
+    """The hash of a model: its weights' SHA-256 and every field of its config, in canonical form
+    (defaults filled in, numbers typed as the config declares them, so 10000 and 10000.0 agree)."""
+    return digest({"weights": weights_sha256, "model": canonical_config(config)})
+
+
+def canonical_config(config: ModelConfig) -> dict:
+    typed = {"float": float, "int": int, "bool": bool}
+    values = config.to_dict()
+    return {f.name: typed[f.type](values[f.name]) if f.type in typed else values[f.name] for f in fields(config)}
 
 
 def file_sha256(path: Path) -> str:

@@ -48,10 +48,10 @@ class TaskRequest:
     protocol: str | None = None  # None: the task's default protocol
     options: dict = field(default_factory=dict)  # generator options: corpus_path, stride, bucket, doc_tokens
 
-    def plan(self, tokenizer, *, check_tokenizer: bool = True) -> TaskPlan:
+    def plan(self, tokenizer, *, check_tokenizer: bool = True, scored_tokens: str | None = None) -> TaskPlan:
         return plan_samples(
             self.task, self.lengths, self.samples, self.seeds, tokenizer, self.depths,
-            protocol=self.protocol, check_tokenizer=check_tokenizer, **self.options,
+            protocol=self.protocol, check_tokenizer=check_tokenizer, scored_tokens=scored_tokens, **self.options,
         )
 
 
@@ -140,7 +140,7 @@ class Evaluation:
 
     def __init__(self, backend: Backend, request: TaskRequest, store: ResultStore, *, model_name: str, run_id: str | None = None):
         self.backend, self.request, self.store = backend, request, store
-        self.plan = request.plan(backend.tokenizer)
+        self.plan = request.plan(backend.tokenizer, scored_tokens=backend.scored_tokens)
         info = backend.info
         self.common = {
             "run_id": run_id or new_run_id(),
@@ -154,7 +154,7 @@ class Evaluation:
             "dtype": backend.dtype,
             "attention": backend.attention,
             "setting": self.plan.setting,
-            "fingerprint": digest([self.plan.fingerprint, getattr(backend, "feeding", "")]),
+            "fingerprint": digest([self.plan.fingerprint, backend.feeding]),
             **provenance(),
         }
 
@@ -206,9 +206,7 @@ class Evaluation:
         # A generation budget lies inside the length (RULER); teacher-forced answers are fed after it.
         answer = spec.max_new_tokens if spec.scoring == "generate" else ANSWER_TOKENS.get(spec.scoring, 0)
         prompt = longest - answer if spec.scoring == "generate" else longest
-        check = getattr(self.backend, "check_fits", None)
-        if check is not None:
-            check(prompt, answer)
+        self.backend.check_fits(prompt, answer)
 
     def _identity(self, slot: SampleSlot, position: int | None) -> dict:
         return {

@@ -38,7 +38,7 @@ def test_csv_parses_with_pandas(summaries):
     assert row.score == 0.25 and row.n == 12
 
     wide = pd.read_csv(io.StringIO(export(summaries, "csv", pivot=True)))
-    assert list(wide.columns) == ["task", "protocol", "setting", "fingerprint", "metric", "length", "tiny-bam", "tiny-rope"]
+    assert list(wide.columns) == ["task", "protocol", "setting", "fingerprint", "dtype", "metric", "length", "tiny-bam", "tiny-rope"]
     assert wide.loc[(wide.task == "passkey") & (wide.length == 1024), "tiny-rope"].item() == 0.25
 
 

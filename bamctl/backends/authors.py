@@ -49,7 +49,7 @@ import torch
 
 from bamctl.backends.base import AuthorsOptions, ModelPeek
 from bamctl.backends.native import EngineBackend
-from bamctl.checkpoint import file_sha256
+from bamctl.checkpoint import file_sha256, model_identity
 from bamctl.errors import BamctlError, did_you_mean
 from bamctl.fingerprints import digest
 from bamctl.model import ModelConfig, Transformer
@@ -228,9 +228,11 @@ class AuthorsCheckpoint:
     family: str
     args: dict = field(default_factory=dict)
     model_args: dict = field(default_factory=dict)
+
     @property
     def model_hash(self) -> str:
-        return self.sha256[:16]
+        """Weights and the config read from args.json (prior form included), as a bamctl checkpoint's."""
+        return model_identity(self.sha256, self.model.config)
 
     @property
     def recipe(self) -> dict:
@@ -309,7 +311,10 @@ class AuthorsBackend(EngineBackend):
             )
         super().__init__(checkpoint, self.tokenizer, path.resolve().name, options)
         self.bos = options.bos
-        self.feeding = digest({"bos": options.bos, "prior_form": config.bam_prior_form})
+
+    @property
+    def feeding(self) -> str:
+        return digest({"bos": self.bos})  # the prior form is the model's: in its model_hash
 
     def bos_for(self, scoring: str) -> bool:
         """``auto``: as their evaluation, one BOS before a perplexity document (when the tokenizer

@@ -17,7 +17,8 @@ This module imports nothing of bamctl's but errors: every back-end may import it
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Protocol, Sequence, TypeVar
+from abc import ABC, abstractmethod
+from typing import Any, Sequence, TypeVar
 
 from bamctl.errors import BamctlError
 
@@ -50,26 +51,52 @@ class ContinuationScore:
     logprobs: list[float]  # log p(target_t | prefix)
 
 
-class Backend(Protocol):
-    info: ModelInfo
-    tokenizer: Any  # bamctl.tokenizer.Tokenizer
-    device: str
-    dtype: str
-    attention: str
-    feeding: str  # fingerprint of what the back-end puts around a prompt (BOS, chat template); "" for nothing
+class Backend(ABC):
+    """A model that answers the three request kinds.
 
+    Its identity in a row is stated, never guessed: ``info.model_hash`` (the model), the
+    tokenizer's ``fingerprint`` (planning refuses a tokenizer without one) and the two
+    abstract properties below, which go into every row's fingerprint. A back-end that leaves
+    one out cannot be built (a test opens every registered back-end)."""
+
+    info: ModelInfo
+    tokenizer: Any  # bamctl.tokenizer.Tokenizer, whose non-empty `fingerprint` identifies it
+    device: str  # what ran: "cpu", "cuda:0"
+    dtype: str  # what ran: "float32", "bfloat16"
+    attention: str  # the attention path that ran ("native", "flex", "sdpa"), never "auto"
+
+    @property
+    @abstractmethod
+    def feeding(self) -> str:
+        """Fingerprint of what the back-end puts around a prompt (BOS, chat template); non-empty,
+        also for a back-end that feeds prompts exactly as built."""
+
+    @property
+    @abstractmethod
+    def scored_tokens(self) -> str:
+        """Identity of the tokens this model can score (perplexity sums NLLs over them): a model
+        with rows for a subset of its tokenizer's ids scores only those."""
+
+    @abstractmethod
     def score_continuation(self, prompt_ids: Sequence[int], target_ids: Sequence[int]) -> ContinuationScore: ...
 
+    @abstractmethod
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]: ...
 
+    @abstractmethod
     def token_nll(self, ids: Sequence[int], score_from: int = 1): ...  # torch.Tensor (n,), float32, CPU; NaN: not scored (token 0 with no BOS in front)
 
+    @abstractmethod
     def bos_for(self, scoring: str) -> bool:
         """Whether one BOS goes before a prompt (or document) of this request kind."""
 
+    @abstractmethod
     def check_fits(self, n_prompt: int, n_answer: int) -> None:
         """Before any sample: refuse (one line) a request of prompts up to ``n_prompt`` tokens,
         plus ``n_answer`` fed or generated after them, that this back-end cannot run."""
+
+
+ALL_TOKENS = "all"  # scored_tokens of a model with a row for every id of its tokenizer
 
 
 # -- options ---------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from bamctl.backends.base import ContinuationScore, HFOptions, ModelInfo
 from bamctl.backends.hf_common import (
     LengthPolicy,
     RequestShaper,
+    ShapedBackend,
     estimate_bytes,
     import_transformers,
     locate,
@@ -64,7 +65,7 @@ def scaled_config(reference: str, kind: str, factor: float):
     return config
 
 
-class HFBackend:
+class HFBackend(ShapedBackend):
     def __init__(self, reference: str, options: HFOptions):
         from bamctl.backends.hf_tokenizer import model_tokenizer
 
@@ -92,8 +93,6 @@ class HFBackend:
         limit = max_positions(config)
         self.lengths = LengthPolicy(name, limit, options.beyond_max)
         self.shaper = RequestShaper(self.tokenizer, options.chat_template, options.bos)
-        self.feeding = self.shaper.fingerprint
-        self.bos_for = self.shaper.bos_for
         self.chunk_size = options.chunk_size
         self.stop_ids = self._stop_ids()
         parameters = inspect.signature(self.model.forward).parameters

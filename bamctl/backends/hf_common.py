@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from bamctl.backends.base import BEYOND_MAX
+from bamctl.backends.base import ALL_TOKENS, BEYOND_MAX, Backend
 from bamctl.errors import BamctlError
 
 INSTALL_HINT = "pip install 'bamctl[hf]'"
@@ -46,14 +46,19 @@ def locate(path: Path) -> tuple[Path, str | None]:
     raise BamctlError(f"hf: {path} is not a Hugging Face model folder ({what})")
 
 
+# Config files beside the weights that change what the model computes or emits (a GGUF holds its own).
+CONFIG_FILES = ("config.json", "generation_config.json")
+
+
 def model_fingerprint(folder: Path, gguf_file: str | None) -> str:
-    """SHA-256 over config and weights; past FULL_HASH_LIMIT bytes, over each weight
+    """SHA-256 over the config files and weights; past FULL_HASH_LIMIT bytes, over each weight
     file's name, size, head and tail (hashing 100+ GB per run would cost minutes)."""
     files = [folder / gguf_file] if gguf_file else sorted(p for p in folder.iterdir() if p.suffix in WEIGHT_SUFFIXES)
     digest = hashlib.sha256()
-    config = folder / "config.json"
-    if config.is_file():
-        digest.update(config.read_bytes())
+    for name in CONFIG_FILES:
+        config = folder / name
+        if config.is_file():
+            digest.update(f"{name}:".encode() + config.read_bytes())
     sample = sum(p.stat().st_size for p in files) > FULL_HASH_LIMIT
     for file in files:
         size = file.stat().st_size
@@ -202,6 +207,24 @@ class RequestShaper:
         """What is fed for a prompt: the prefix, then the prompt (in chat mode the task has
         already wrapped it in the template, RULER's way: see ``bamctl.tasks.ruler``)."""
         return self.prefix + list(prompt_ids)
+
+
+class ShapedBackend(Backend):
+    """``hf:`` and ``vllm:`` alike: a :class:`RequestShaper` says what goes around a prompt, and
+    the model has a row for every id of its tokenizer."""
+
+    shaper: RequestShaper
+
+    @property
+    def feeding(self) -> str:
+        return self.shaper.fingerprint
+
+    @property
+    def scored_tokens(self) -> str:
+        return ALL_TOKENS
+
+    def bos_for(self, scoring: str) -> bool:
+        return self.shaper.bos_for(scoring)
 
 
 def read_config(reference: str):

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from bamctl.backends.base import ContinuationScore, EngineOptions, ModelInfo, ModelPeek
+from bamctl.backends.base import ALL_TOKENS, Backend, ContinuationScore, EngineOptions, ModelInfo, ModelPeek
 from bamctl.errors import BamctlError
-from bamctl.fingerprints import scaled_hash
+from bamctl.fingerprints import digest, scaled_hash
 from bamctl.tokenizer import Tokenizer
 
 
-class EngineBackend:
+class EngineBackend(Backend):
     """A ``bamctl.model.Transformer`` run by the streaming engine, with a tokenizer.
 
     ``checkpoint`` is anything with ``.model`` and ``.model_hash`` (a bamctl checkpoint,
@@ -41,10 +41,19 @@ class EngineBackend:
         self.device = str(self.engine.device)
         self.dtype = str(self.engine.dtype).removeprefix("torch.")
         self.attention = self.engine.attention
-        self.feeding = ""  # prompts go in exactly as the task built them
+
+    @property
+    def feeding(self) -> str:
+        return "as-built"  # prompts go in exactly as the task built them: no BOS, no template
+
+    @property
+    def scored_tokens(self) -> str:
+        subset = self.checkpoint.model.config.token_subset
+        return ALL_TOKENS if subset is None else digest(subset)
 
     def bos_for(self, scoring: str) -> bool:
         return False  # bamctl's models are trained without one
+
     def score_continuation(self, prompt_ids, target_ids) -> ContinuationScore:
         predicted, logprobs = self.engine.score_continuation(prompt_ids, target_ids)
         return ContinuationScore(predicted_ids=predicted, logprobs=logprobs)

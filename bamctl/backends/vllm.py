@@ -32,6 +32,7 @@ from bamctl.backends.base import ContinuationScore, ModelInfo, VLLMOptions
 from bamctl.backends.hf_common import (
     LengthPolicy,
     RequestShaper,
+    ShapedBackend,
     locate,
     max_positions,
     model_fingerprint,
@@ -60,6 +61,15 @@ def _environment(**values: str | None):
                 os.environ[name] = old
 
 
+def ran_dtype(asked: str, config) -> str:
+    """The dtype vLLM computes in: ``auto`` resolved by vLLM's documented rule (FP16 for FP32 and
+    FP16 models, BF16 for BF16 models), so a row records what ran and resume never crosses dtypes."""
+    if asked != "auto":
+        return asked
+    stored = str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "float32")
+    return "bfloat16" if stored.removeprefix("torch.") == "bfloat16" else "float16"
+
+
 def import_vllm():
     try:
         import vllm
@@ -68,7 +78,7 @@ def import_vllm():
     return vllm
 
 
-class VLLMBackend:
+class VLLMBackend(ShapedBackend):
     def __init__(self, reference: str, options: VLLMOptions):
         from bamctl.backends.hf_tokenizer import model_tokenizer
 
@@ -89,8 +99,6 @@ class VLLMBackend:
         self.limit = max_positions(config)
         self.lengths = LengthPolicy(name, self.limit, options.beyond_max)
         self.shaper = RequestShaper(self.tokenizer, options.chat_template, options.bos)
-        self.feeding = self.shaper.fingerprint
-        self.bos_for = self.shaper.bos_for
         self.tensor_parallel = options.tensor_parallel
         self.vllm_dtype = DTYPES[options.dtype]
         generation_eos = getattr(config, "eos_token_id", None)
@@ -105,7 +113,7 @@ class VLLMBackend:
             train_length=trained_length(config, self.limit),
         )
         self.device = "cuda"
-        self.dtype = self.vllm_dtype
+        self.dtype = ran_dtype(self.vllm_dtype, config)
         self.attention = "vllm"
         self._llm = None
         self._capacity = 0

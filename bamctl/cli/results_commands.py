@@ -89,20 +89,40 @@ def show(
     threshold: ThresholdOption = 0.9,
     baseline: BaselineOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout instead of tables.")] = False,
+    show_engines: Annotated[bool, typer.Option("--engines", help="Under the tables, list what the rows ran on: dtype, device and attention path per model.")] = False,
 ) -> None:
     """Print the summary table of stored rows: rows = lengths, columns = models, cells = accuracy with
     a Wilson 95% interval (perplexity for ppl), best per length highlighted, then the effective length.
+    Rows of different dtypes are tables apart; device and attention path do not split them (--engines lists them).
 
     Example: bamctl results show --dir results --task passkey --where "depth <= 0.5"
     """
+    from bamctl.results.provenance import engines
     from bamctl.results.render import render_summaries, summaries_to_json
     from bamctl.results.summary import summarize
 
-    summaries = summarize(_load(directory, task, model, where), threshold=threshold, models=model, baseline=baseline)
+    frame = _load(directory, task, model, where)
+    summaries = summarize(frame, threshold=threshold, models=model, baseline=baseline)
     if as_json:
-        typer.echo(json.dumps(summaries_to_json(summaries), indent=2))
-    else:
-        _stdout().print(render_summaries(summaries))
+        document = summaries_to_json(summaries)
+        if show_engines:
+            document["engines"] = engines(frame).to_dict("records")
+        typer.echo(json.dumps(document, indent=2))
+        return
+    _stdout().print(render_summaries(summaries))
+    if show_engines:
+        _stdout().print(_engines_table(engines(frame)))
+
+
+def _engines_table(frame: "pd.DataFrame"):
+    from rich.table import Table
+
+    table = Table(title="ran on", title_justify="left")
+    for column in frame.columns:
+        table.add_column(column, justify="right" if column == "rows" else "left")
+    for row in frame.itertuples(index=False):
+        table.add_row(*(str(value) for value in row))
+    return table
 
 
 @results_app.command("compact")

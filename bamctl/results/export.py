@@ -27,10 +27,10 @@ from bamctl.results.summary import Summary
 
 FORMATS = ("csv", "markdown", "latex", "json")
 LONG_COLUMNS = (
-    "task", "protocol", "setting", "fingerprint", "metric", "model", "length", "train_length",
+    "task", "protocol", "setting", "fingerprint", "dtype", "metric", "model", "length", "train_length",
     "n", "score", "k", "lo", "hi", "ppl", "nll", "n_scored",
 )
-KEY = ["task", "protocol", "setting", "fingerprint", "metric", "length"]
+KEY = ["task", "protocol", "setting", "fingerprint", "dtype", "metric", "length"]
 
 
 def long_frame(summaries: Sequence[Summary]) -> pd.DataFrame:
@@ -41,8 +41,8 @@ def long_frame(summaries: Sequence[Summary]) -> pd.DataFrame:
             for model in s.models:
                 if pd.isna(s.table.at[length, ("n", model)]):
                     continue
-                row = {"task": s.task, "protocol": s.protocol, "setting": s.setting, "fingerprint": s.fingerprint, "metric": s.metric,
-                       "model": model, "length": length}
+                row = {"task": s.task, "protocol": s.protocol, "setting": s.setting, "fingerprint": s.fingerprint, "dtype": s.dtype,
+                       "metric": s.metric, "model": model, "length": length}
                 for field in dict.fromkeys(s.table.columns.get_level_values("field")):
                     row[field] = s.table.at[length, (field, model)]
                 rows.append(row)
@@ -53,7 +53,7 @@ def long_frame(summaries: Sequence[Summary]) -> pd.DataFrame:
 
 
 def pivot_frame(summaries: Sequence[Summary]) -> pd.DataFrame:
-    """Rows = (task, protocol, setting, fingerprint, metric, length), columns = models, value = score or perplexity."""
+    """Rows = (task, protocol, setting, fingerprint, dtype, metric, length), columns = models, value = score or perplexity."""
     frame = long_frame(summaries)
     frame["value"] = frame["score"].where(frame["metric"] == "accuracy", frame["ppl"])
     models = list(dict.fromkeys(m for s in summaries for m in s.models))
@@ -62,14 +62,14 @@ def pivot_frame(summaries: Sequence[Summary]) -> pd.DataFrame:
     return wide.reset_index()
 
 
-STATS_COLUMNS = ("task", "protocol", "setting", "fingerprint", "model", "baseline", "length", "n", "test",
+STATS_COLUMNS = ("task", "protocol", "setting", "fingerprint", "dtype", "model", "baseline", "length", "n", "test",
                  "difference", "lo", "hi", "p", "p_holm")
 
 
 def stats_frame(summaries: Sequence[Summary]) -> pd.DataFrame:
     """The paired tests of every summary, one row per (model, length) against its baseline."""
     rows = [
-        {"task": s.task, "protocol": s.protocol, "setting": s.setting, "fingerprint": s.fingerprint, **r.to_dict()}
+        {"task": s.task, "protocol": s.protocol, "setting": s.setting, "fingerprint": s.fingerprint, "dtype": s.dtype, **r.to_dict()}
         for s in summaries
         for r in s.paired
     ]

@@ -121,7 +121,7 @@ def plot_heatmap(frame: pd.DataFrame, path: str | Path, *, models: Sequence[str]
     fig = Figure(figsize=(4.5 * len(order) + 1, 4.0 * len(groups)), layout="constrained")
     axes = fig.subplots(len(groups), len(order), squeeze=False)
     image = None
-    for r, ((task, protocol, setting, _fingerprint), group) in enumerate(groups):
+    for r, ((task, protocol, setting, *_), group) in enumerate(groups):
         row_of, labels = depth_rows(group["depth"])
         group = group.assign(_row=row_of)
         lengths = sorted(group["length"].unique())

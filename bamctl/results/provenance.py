@@ -1,12 +1,19 @@
-"""The columns that say which software produced a row: bamctl version, git revision, torch version."""
+"""What produced a row: the software (bamctl version, git revision, torch version) and the engine
+(device and attention path, which never split a table, so ``results show --engines`` lists them)."""
 
 from __future__ import annotations
 
 import functools
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bamctl import __version__
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+ENGINE_COLUMNS = ("model", "dtype", "device", "attention")
 
 
 @functools.cache
@@ -41,3 +48,8 @@ def torch_version() -> str:
         return version("torch")
     except PackageNotFoundError:
         return "unknown"
+
+
+def engines(frame: "pd.DataFrame") -> "pd.DataFrame":
+    """Rows per (model, dtype, device, attention): what each model's numbers were computed on."""
+    return frame.groupby(list(ENGINE_COLUMNS), sort=True).size().rename("rows").reset_index()

@@ -140,6 +140,7 @@ def summary_to_dict(summary: Summary) -> dict[str, Any]:
         "protocol": summary.protocol,
         "setting": summary.setting,
         "fingerprint": summary.fingerprint,
+        "dtype": summary.dtype,
         "metric": summary.metric,
         "models": summary.models,
         "lengths": summary.lengths,

@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 VERSION_KEY = b"bamctl.schema_version"
 
 
@@ -33,9 +33,9 @@ COLUMNS: tuple[Column, ...] = (
     Column("protocol", pa.string(), False, "how the task was posed (`--protocol`): passkey authors, exact or landmark (`auto` resolved); ruler for RULER's tasks; ppl sliding or buckets"),
     Column("setting", pa.string(), False, "options that set the prompts apart from the protocol's defaults, as key=value words (e.g. stride=256, bucket=512, corpus=FILE); empty with the defaults"),
     Column("scoring", pa.string(), False, "the request kind the model answered: teacher_forced, generate or nll"),
-    Column("fingerprint", pa.string(), True, "hash of everything that made the prompt and its scoring: task spec and generator version, data file contents (texts, word lists, --corpus), tokenizer, resolved options, what the back-end puts around a prompt (BOS, chat template); null in rows written before version 3"),
+    Column("fingerprint", pa.string(), True, "hash of everything that made the prompt and its scoring: task spec and generator version, data file contents (texts, word lists, --corpus), tokenizer, resolved options, what the back-end puts around a prompt (BOS, chat template); null in rows written before version 3, and in rows of versions 3 and 4 read today (their `model_hash` covered the weights alone: never trusted)"),
     Column("model", pa.string(), False, "model name as the user gave it"),
-    Column("model_hash", pa.string(), False, "hash of the model weights and config (and of `rope_scaling` when RoPE is scaled at inference: another model); identifies the model"),
+    Column("model_hash", pa.string(), False, "hash of the model weights and every config field that changes its forward pass (bamctl checkpoints: config.json's `model` table; the authors' checkpoints: the config read from args.json, prior form included; hf:/vllm:: config.json and generation_config.json), and of `rope_scaling` when RoPE is scaled at inference (another model); a renamed folder keeps it; identifies the model"),
     Column("pe", pa.string(), False, "positional encoding (rope, alibi, nope, bam, ...)"),
     Column("ssmax", pa.bool_(), False, "whether scalable softmax is on"),
     Column("train_length", pa.int64(), False, "context length the model was trained at, tokens"),
@@ -57,9 +57,9 @@ COLUMNS: tuple[Column, ...] = (
     Column("seconds", pa.float64(), False, "wall time spent on the sample"),
     Column("tokens_per_s", pa.float64(), False, "n_tokens / seconds"),
     Column("peak_mem_bytes", pa.int64(), True, "peak memory during the sample (GPU if on one, else process RSS); null when unknown"),
-    Column("device", pa.string(), False, "torch device, e.g. cpu, cuda:0"),
-    Column("dtype", pa.string(), False, "compute dtype, e.g. float32, bfloat16"),
-    Column("attention", pa.string(), False, "attention code path used (e.g. flex, sdpa, chunked, eager)"),
+    Column("device", pa.string(), False, "torch device the sample ran on, e.g. cpu, cuda:0 (`auto` resolved); never splits a table"),
+    Column("dtype", pa.string(), False, "compute dtype the sample ran in, e.g. float32, bfloat16 (`auto` resolved); part of the resume key and of the summary group"),
+    Column("attention", pa.string(), False, "attention code path that ran (bamctl's engine: native, fused, blockwise, flex or dense, `auto` resolved; hf: transformers' sdpa or eager; vllm); never splits a table"),
     Column("bamctl_version", pa.string(), False, "bamctl version that wrote the row"),
     Column("git_revision", pa.string(), True, "git commit of bamctl (suffix +dirty with local changes); null outside a checkout"),
     Column("torch_version", pa.string(), False, "torch version"),
@@ -73,9 +73,10 @@ SCHEMA: pa.Schema = pa.schema(
 )
 
 # A sample is done when a row with the same key exists; reruns skip it.
-KEY_COLUMNS: tuple[str, ...] = ("model_hash", "fingerprint", "task", "protocol", "setting", "length", "depth", "seed", "sample", "position")
+# The dtype is in it: a run in another precision computes its own rows, never reuses these.
+KEY_COLUMNS: tuple[str, ...] = ("model_hash", "fingerprint", "dtype", "task", "protocol", "setting", "length", "depth", "seed", "sample", "position")
 
-ResumeKey = tuple[str, str | None, str, str, str, int, float | None, int, int, int | None]
+ResumeKey = tuple[str, str | None, str, str, str, str, int, float | None, int, int, int | None]
 
 
 def row_key(row: Mapping[str, Any]) -> ResumeKey:
@@ -91,6 +92,7 @@ def row_key(row: Mapping[str, Any]) -> ResumeKey:
     return (
         str(row["model_hash"]),
         fingerprint,
+        str(row["dtype"]),
         str(row["task"]),
         str(row["protocol"]),
         str(row["setting"]),
@@ -163,7 +165,14 @@ def upgrade(table: pa.Table, version: int) -> pa.Table:
     ``exact``; else the task's own name) and a
     ``protocol`` holding the scoring kind, or the perplexity plan (``sliding``,
     ``sliding:stride=N``, ``buckets:N``); its ``depth`` was where a RULER needle landed.
+
+    Before version 5, ``model_hash`` covered the weights alone, so two models differing only
+    in their config (nope and rope of one seed) shared it: those rows lose their fingerprint,
+    as rows from before fingerprints have none. Resume never matches them (today's rows are
+    computed afresh) and summaries keep them apart, labelled ``none``.
     """
+    if version < 5 and "fingerprint" in table.column_names:
+        table = table.set_column(table.column_names.index("fingerprint"), "fingerprint", pa.nulls(table.num_rows, pa.string()))
     if version >= 2:
         return table  # version 2 lacked `fingerprint`, version 3 `rope_scaling`: both read as null
     rows = table.to_pylist()

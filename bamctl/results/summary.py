@@ -17,9 +17,10 @@ import numpy as np
 import pandas as pd
 
 Z_95 = 1.959963984540054  # two-sided 95% normal quantile
-# Rows are pooled only within one (task, protocol, setting) and one fingerprint: rows made from
-# other prompts (another tokenizer, corpus, task version) are never averaged together.
-GROUP_COLUMNS = ("task", "protocol", "setting", "fingerprint")
+# Rows are pooled only within one (task, protocol, setting), one fingerprint and one dtype: rows
+# made from other prompts (another tokenizer, corpus, task version) or computed in another
+# precision are never averaged together. Device and attention path do not split a table.
+GROUP_COLUMNS = ("task", "protocol", "setting", "fingerprint", "dtype")
 NO_FINGERPRINT = "none"  # how rows written before fingerprints are labelled
 ACCURACY_FIELDS = ("score", "k", "n", "lo", "hi", "train_length")
 PERPLEXITY_FIELDS = ("ppl", "nll", "n_scored", "n", "train_length")
@@ -173,11 +174,14 @@ class Summary:
     distinct: bool = False
     baseline: str | None = None  # the model every other is tested against (bamctl.results.stats)
     paired: tuple = ()  # PairedResult per (model, length), when there is a baseline
+    dtype: str = ""  # the precision every row of the table ran in
+    dtype_distinct: bool = False  # another summary of this (task, protocol, setting) ran in another dtype
+
     @property
     def title(self) -> str:
         parts = [self.task] + [p for p in (self.protocol, self.setting) if p]
         suffix = f" (prompts {self.fingerprint})" if self.distinct else ""
-        return " / ".join(parts) + suffix
+        return " / ".join(parts) + suffix + (f" [{self.dtype}]" if self.dtype_distinct else "")
 
     @property
     def models(self) -> list[str]:
@@ -210,8 +214,10 @@ def summarize(
     summaries = []
     frame = with_fingerprint_labels(frame)
     groups = frame.groupby(list(GROUP_COLUMNS), sort=True)
-    shared = pd.Series([key[:3] for key, _ in groups]).value_counts()
-    for (task, protocol, setting, fingerprint), rows in groups:
+    keys = [key for key, _ in groups]
+    shared = pd.Series([key[:3] for key in {key[:4] for key in keys}]).value_counts()  # fingerprints per triple
+    dtypes = pd.Series([key[:3] for key in {key[:3] + key[4:] for key in keys}]).value_counts()
+    for (task, protocol, setting, fingerprint, dtype), rows in groups:
         if is_perplexity(rows):
             table, metric, effective = perplexity_table(rows, models), "perplexity", None
         else:
@@ -224,7 +230,7 @@ def summarize(
             paired = tuple(paired_tests(rows.assign(_label=model_labels(rows)), labels, baseline, metric))
         summaries.append(Summary(
             str(task), str(protocol), str(setting), metric, table, effective, threshold, str(fingerprint), distinct,
-            baseline if paired else None, paired,
+            baseline if paired else None, paired, str(dtype), bool(dtypes[(task, protocol, setting)] > 1),
         ))
     return summaries
 
@@ -240,7 +246,7 @@ def _require_one_group(frame: pd.DataFrame) -> None:
     groups = with_fingerprint_labels(frame)[list(GROUP_COLUMNS)].drop_duplicates()
     if len(groups) > 1:
         found = ", ".join("/".join(map(str, g)) for g in groups.itertuples(index=False))
-        raise ValueError(f"rows mix several (task, protocol, setting, fingerprint): {found}; split them with summarize()")
+        raise ValueError(f"rows mix several ({', '.join(GROUP_COLUMNS)}): {found}; split them with summarize()")
 
 
 def _widen(cells: pd.DataFrame, rows: pd.DataFrame, fields: Sequence[str], models: Sequence[str] | None) -> pd.DataFrame:

@@ -297,13 +297,16 @@ def plan_samples(
     *,
     protocol: str | None = None,
     check_tokenizer: bool = True,
+    scored_tokens: str | None = None,
     **options,
 ) -> TaskPlan:
     """The samples of every seed, length, depth and index, in that nesting order.
 
     Arguments are checked here, before anything is built; ``check_tokenizer=False`` leaves
     out what depends on the tokenizer (``auto``'s choice, a protocol the tokenizer cannot
-    run), for checks made before the model's tokenizer is known. ``options`` go to the
+    run), for checks made before the model's tokenizer is known. ``scored_tokens`` names the
+    tokens the model can score (``Backend.scored_tokens``), which perplexity's fingerprint
+    carries; None before a model is known. ``options`` go to the
     generator (``corpus_path``, ``stride`` … for ppl; None means its default). Each
     sample is a pure function of its slot and these options: asking for more or other
     lengths never changes it.
@@ -329,15 +332,23 @@ def plan_samples(
         for seed in seeds
         for slot in spec.functions.plan(spec=spec, lengths=lengths, depths=depths, n_samples=n_samples, seed=seed, **options)
     ]
-    return TaskPlan(spec, slots, tokenizer, options, setting, plan_fingerprint(spec, options, tokenizer))
+    return TaskPlan(spec, slots, tokenizer, options, setting, plan_fingerprint(spec, options, tokenizer, scored_tokens))
 
 
-def plan_fingerprint(spec: TaskSpec, options: dict, tokenizer: Tokenizer) -> str:
+# Scoring kinds whose number sums over the tokens a model scores: models scoring other token
+# sets (another vocabulary, a token subset) give numbers that are not comparable.
+SCORED_OVER_TOKENS = {"nll"}
+
+
+def plan_fingerprint(spec: TaskSpec, options: dict, tokenizer: Tokenizer, scored_tokens: str | None = None) -> str:
     """The fingerprint of what a task's prompts and scoring are made from: the protocol's
     spec (generator and its version, arguments, scoring, metric, answer budget), the
-    resolved options, the contents of every data file read, and the tokenizer."""
+    resolved options, the contents of every data file read, the tokenizer, and, for
+    perplexity, the tokens the model scores."""
     functions = spec.functions
-    return digest({
+    if not tokenizer.fingerprint:  # a tokenizer without identity would let other prompts match
+        raise ValueError(f"tokenizer {tokenizer.name!r} states no fingerprint")
+    identity = {
         "task": spec.task,
         "protocol": spec.protocol,
         "generator": [spec.generator, functions.version],
@@ -345,8 +356,11 @@ def plan_fingerprint(spec: TaskSpec, options: dict, tokenizer: Tokenizer) -> str
         "scoring": [spec.scoring, spec.metric, spec.max_new_tokens],
         "options": {key: str(value) for key, value in options.items() if key != "corpus_path"},
         "files": [file_digest(path) for path in functions.files(spec, options)],
-        "tokenizer": getattr(tokenizer, "fingerprint", "") or f"{tokenizer.name}:{tokenizer.vocab_size}",
-    })
+        "tokenizer": tokenizer.fingerprint,
+    }
+    if spec.scoring in SCORED_OVER_TOKENS:
+        identity["scored_tokens"] = scored_tokens
+    return digest(identity)
 
 
 def generate_samples(

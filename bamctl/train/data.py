@@ -31,7 +31,10 @@ from bamctl.train.recipe import Recipe
 from bamctl.vocab import VocabSubset
 
 IGNORE = -100  # target id the loss skips: tokens outside the model's subset
-TRAINING_PROTOCOL = "exact"  # passkey rows: bamctl's exact-length, digit-by-digit form (GPT-2's tokens)
+# Passkey rows: bamctl's exact-length, digit-by-digit form, named rather than left to `auto`
+# (which would pick the authors' form, of another length and without key positions, for a
+# tokenizer that writes one token per digit).
+TRAINING_PROTOCOL = "exact"
 LLMC_MAGIC = 20240520  # llm.c token shards: int32 header [magic, version, n_tokens, ...] of 256 ints
 LLMC_HEADER_INTS = 256
 
@@ -154,8 +157,9 @@ def is_passkey_row(global_row: int, fraction: float) -> bool:
 def passkey_row(tokenizer: Tokenizer, length: int, seed: int, depth: float) -> tuple[list[int], list[int]]:
     """A passkey prompt plus its answer digits: exactly ``length`` tokenizer ids, and the
     indices of every key digit in them (both copies in the needle, then the answer)."""
-    digits = get_task("passkey").args.get("key_digits", 5)  # one answer token per digit (tasks/passkey.py)
-    sample = next(generate_samples("passkey", [length - digits], 1, seed, tokenizer, depths=[depth]))
+    digits = get_task("passkey", TRAINING_PROTOCOL).args.get("key_digits", 5)
+    answer = len(key_tokens(tokenizer, "1" * digits))  # GPT-2: one token per digit; others may add a space token
+    sample = next(generate_samples("passkey", [length - answer], 1, seed, tokenizer, depths=[depth], protocol=TRAINING_PROTOCOL))
     ids = sample.input_ids + sample.target_ids
     if len(ids) != length:
         raise BamctlError(f"passkey training row has {len(ids)} tokens, expected {length}")
@@ -176,7 +180,7 @@ def passkey_corpus_row(
     """As :func:`passkey_row`, with the protocol's pieces around running text from ``filler``
     (the window at quantile ``u``) instead of its repeated sentences; the needle goes at
     ``depth`` of the filler, at token level."""
-    digits = get_task("passkey").args.get("key_digits", 5)
+    digits = get_task("passkey", TRAINING_PROTOCOL).args.get("key_digits", 5)
     key = str(sample_rng(seed, "train-passkey-corpus").randint(10 ** (digits - 1), 10**digits - 1))
     pieces = passkey_pieces(tokenizer, key, " ")
     answer = key_tokens(tokenizer, key)

@@ -1,0 +1,99 @@
+"""Every registered back-end states what goes into a row's identity; none is left to a fallback."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from bamctl.backends import BACKENDS, RunOptions, open_backend
+from bamctl.backends.base import Backend
+from bamctl.checkpoint import new_random_model, save_checkpoint
+from bamctl.model import ModelConfig
+from test_external_vllm import fake_vllm  # noqa: F401  (a fixture, used by name)
+
+
+def _native(tmp_path, request):
+    model = new_random_model(ModelConfig.from_preset("micro", "rope", train_length=128), 0)
+    return str(save_checkpoint(model, tmp_path / "native"))
+
+
+def _authors(tmp_path, request):
+    from test_external_authors import VOCAB, _word_tokenizer, build
+
+    folder, *_ = build(tmp_path, "bam_ssmax")
+    _word_tokenizer(folder / "tokenizer.json", VOCAB - 2)
+    return f"bam:{folder}"
+
+
+def _hf(tmp_path, request):
+    pytest.importorskip("transformers", reason="transformers not installed (pip install 'bamctl[hf]')")
+    from test_external_vllm import _save_tiny_llama
+
+    return f"hf:{_save_tiny_llama(tmp_path / 'hf')}"
+
+
+def _vllm(tmp_path, request):
+    folder, _ = request.getfixturevalue("fake_vllm")  # a stand-in vllm module and a tiny Llama
+    return f"vllm:{folder}"
+
+
+OPENERS = {"native": _native, "bam": _authors, "hf": _hf, "vllm": _vllm}
+OPTIONS = {"native": RunOptions(device="cpu"), "bam": RunOptions(device="cpu"), "hf": RunOptions(device="cpu"), "vllm": RunOptions()}
+
+
+def test_every_registered_back_end_is_covered_here():
+    assert set(OPENERS) == set(BACKENDS)
+
+
+@pytest.mark.parametrize("name", sorted(BACKENDS))
+def test_each_back_end_states_its_feeding_and_tokenizer(name, tmp_path, request):
+    cls = _class(BACKENDS[name].target)
+    assert issubclass(cls, Backend) and not inspect.isabstract(cls)
+    backend = open_backend(OPENERS[name](tmp_path, request), OPTIONS[name])
+    for stated in (backend.feeding, backend.tokenizer.fingerprint, backend.scored_tokens):
+        assert isinstance(stated, str) and stated
+
+
+def _class(target: str):
+    import importlib
+
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def test_a_back_end_without_its_feeding_cannot_be_built():
+    class Silent(Backend):
+        scored_tokens = "x"
+
+        def score_continuation(self, prompt_ids, target_ids): ...
+        def generate(self, prompt_ids, max_new_tokens): ...
+        def token_nll(self, ids, score_from=1): ...
+        def bos_for(self, scoring): ...
+        def check_fits(self, n_prompt, n_answer): ...
+
+    with pytest.raises(TypeError, match="feeding"):
+        Silent()
+
+
+def test_a_tokenizer_without_fingerprint_is_refused_not_guessed():
+    from dataclasses import replace
+
+    from bamctl.tasks import plan_samples
+    from bamctl.tokenizer import get_tokenizer
+
+    nameless = replace(get_tokenizer("gpt2"), fingerprint="")
+    with pytest.raises(ValueError, match="fingerprint"):
+        plan_samples("passkey", [256], 1, [0], nameless)
+
+
+@pytest.mark.parametrize("stored, ran", [("float32", "float16"), ("float16", "float16"), ("bfloat16", "bfloat16")])
+def test_vllm_auto_dtype_records_what_vllm_runs(fake_vllm, stored, ran):  # noqa: F811
+    import json
+
+    folder, _ = fake_vllm
+    config = json.loads((folder / "config.json").read_text())
+    config["torch_dtype"] = config["dtype"] = stored
+    (folder / "config.json").write_text(json.dumps(config))
+    assert open_backend(f"vllm:{folder}", RunOptions()).dtype == ran
+    assert open_backend(f"vllm:{folder}", RunOptions(dtype="float32")).dtype == "float32"
