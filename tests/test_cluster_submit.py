@@ -78,7 +78,7 @@ def _shard_killed_after_one_row(command, shard, sweep_id, threads):
     run_shard(command, shard, sweep_id, threads)
 
 
-@pytest.mark.slow  # five shard processes, each importing torch: about a minute on 2 cores
+@pytest.mark.slow  # five shard processes, each importing torch: 3-4 min on the shared 2-core machine
 def test_four_local_shards_give_exactly_the_rows_and_the_table_of_one_process(models, one_process, tmp_path, capsys):
     out = tmp_path / "results"
     assert run_cli("submit", "--shards", 4, "--executor", "local", "--", *_compare(models, out)) == 0
@@ -92,7 +92,7 @@ def test_four_local_shards_give_exactly_the_rows_and_the_table_of_one_process(mo
     assert (tmp_path / "results-shards").is_dir()  # logs beside the results, never inside
 
 
-@pytest.mark.slow  # five shard processes, each importing torch: about a minute on 2 cores
+@pytest.mark.slow  # five shard processes, each importing torch: 3-4 min on the shared 2-core machine
 def test_a_killed_shard_is_named_and_only_it_is_resubmitted(models, one_process, tmp_path, capsys):
     import cloudpickle
 
@@ -169,3 +169,17 @@ def test_submit_refuses_a_command_it_cannot_shard(models, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "compare" in err and "--shard" in err and "banana" in err
     assert not (tmp_path / "r").exists()  # refused before any work
+
+
+def test_a_failed_shard_is_named_by_its_error_line(tmp_path):
+    from types import SimpleNamespace
+
+    from bamctl.cluster.submit import ShardStatus
+
+    log = tmp_path / "123_0_log.err"
+    log.write_text("submitit INFO (x) - Starting\nTraceback (most recent call last):\n  File x\n"
+                   "bamctl.errors.BamctlError: --lengths reach 9,000 tokens, past m's maximum\n")
+    shard = ShardStatus(1, SimpleNamespace(paths=SimpleNamespace(stderr=log)))
+    assert shard.last_error() == "error: --lengths reach 9,000 tokens, past m's maximum"
+    log.write_text("submitit INFO (x) - Starting\n")  # killed: nothing of its own
+    assert "killed" in shard.last_error()

@@ -37,14 +37,11 @@ EXIT_SHARDS_FAILED = 1
 
 
 def _call(argv: list[str]) -> None:
-    """Run a bamctl command in this process; a non-zero exit becomes an exception (the job fails)."""
-    from bamctl.cli import main
-
-    try:
-        main(argv)
-    except SystemExit as end:
-        if end.code:
-            raise RuntimeError(f"bamctl {argv[0]} exited with code {end.code}; its error is the line above") from None
+    """Run a bamctl command in this job's process: its errors are the job's (the traceback's last
+    line in the log), and so is a non-zero exit."""
+    code = app(args=argv, standalone_mode=False, prog_name="bamctl")
+    if isinstance(code, int) and code:
+        raise RuntimeError(f"bamctl {argv[0]} exited with code {code}")
 
 
 def run_shard(command: list[str], shard: tuple[int, int], sweep_id: str, threads: int | None) -> None:

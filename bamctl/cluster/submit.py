@@ -20,6 +20,7 @@ from bamctl.cluster.sweep import SweepRecord
 from bamctl.errors import BamctlError
 
 EXECUTORS = ("auto", "slurm", "local")
+BAMCTL_ERROR = f"{BamctlError.__module__}.{BamctlError.__name__}: "  # how a job's traceback ends on bad input
 
 
 @dataclass(frozen=True)
@@ -80,13 +81,15 @@ class ShardStatus:
         return Path(self.job.paths.stderr)
 
     def last_error(self) -> str:
-        """The last line the shard wrote on stderr: bamctl's one-line error, or the traceback's end."""
+        """The last line of the shard's log: its error, as bamctl prints it where it is one of bamctl's."""
         try:
             lines = [line.strip() for line in self.log.read_text(encoding="utf-8", errors="replace").splitlines()]
         except OSError:
             return "no log"
         lines = [line for line in lines if line and not line.startswith("submitit ")]
-        return lines[-1] if lines else "no error written (killed?)"
+        if not lines:
+            return "no error written (killed?)"
+        return "error: " + lines[-1].removeprefix(BAMCTL_ERROR) if lines[-1].startswith(BAMCTL_ERROR) else lines[-1]
 
 
 def submit_shards(executor: Any, job: Callable, args_for: Callable[[int], tuple], indices: list[int]) -> list[ShardStatus]:
