@@ -6,6 +6,7 @@ submit are marked slow: `pytest -m slow`).
 """
 
 import os
+import shutil
 import sys
 
 import pytest
@@ -168,6 +169,9 @@ def test_submit_refuses_a_command_it_cannot_shard(models, tmp_path, capsys):
     assert run_cli("submit", "--executor", "local", "--", *_compare(models, tmp_path / "r"), "--lengths", "banana") == 2
     err = capsys.readouterr().err
     assert "compare" in err and "--shard" in err and "banana" in err
+    if shutil.which("sbatch") is None:
+        assert run_cli("submit", "--executor", "slurm", "--", *_compare(models, tmp_path / "r")) == 2
+        assert "no Slurm here" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()  # refused before any work
 
 

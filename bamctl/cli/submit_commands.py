@@ -89,8 +89,8 @@ def run_sweep(command: list[str], shards: int, settings, *, shard_job=run_shard,
     description, out = plan_sweep(command)
     if settings.logs is None:
         settings = dataclasses.replace(settings, logs=out.parent / f"{out.name}-shards")
-    record = sweep.claim(out, description)
     executor = submit.make_executor(settings, name=f"bamctl-{command[0]}")
+    record = sweep.claim(out, description)
     todo = sorted(set(range(shards)) - record.finished_shards(shards))
     if todo:
         stderr.print(f"sweep {record.id}: submitting {len(todo)} of {shards} shards ({'local' if submit.is_local(executor) else 'slurm'}; logs in {settings.logs})", soft_wrap=True)
