@@ -245,20 +245,6 @@ class Evaluation:
         ]
 
 
-def parse_shard(text: str | None) -> tuple[int, int]:
-    """``"I/N"`` -> (I, N): this process takes every N-th sample starting at I (0-based)."""
-    if text is None:
-        return (0, 1)
-    index, sep, count = text.partition("/")
-    try:
-        shard = (int(index), int(count))
-    except ValueError:
-        shard = None
-    if not sep or shard is None or not 0 <= shard[0] < shard[1]:
-        raise BamctlError(f"--shard takes I/N with 0 <= I < N, e.g. 0/4 (got {text!r})")
-    return shard
-
-
 def new_run_id() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:8]
 

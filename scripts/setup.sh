@@ -32,7 +32,7 @@ if ! "$PYTHON" -c "import torch" 2>/dev/null; then
     pip_install torch==2.13.0
   fi
 fi
-pip_install -e ".[dev,hf]"
+pip_install -e ".[dev,hf,cluster]"
 # Compile the C++ CPU attention kernel now rather than inside the first evaluation.
 # Where it cannot be built, bamctl falls back to torch's fused kernel; set-up goes on.
 "$PYTHON" -c "from bamctl.engine.native import native_available; ok, why = native_available(); print('CPU attention kernel: ' + ('ready' if ok else why + ' (using the fused path)'))"

@@ -27,6 +27,7 @@ from bamctl.cli import task_commands  # noqa: E402,F401
 from bamctl.cli import results_commands  # noqa: E402,F401
 from bamctl.cli import train_commands  # noqa: E402,F401
 from bamctl.cli import eval_commands  # noqa: E402,F401
+from bamctl.cli import submit_commands  # noqa: E402,F401
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130

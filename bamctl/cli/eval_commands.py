@@ -65,13 +65,16 @@ def run_models(
     longest request (memory, ``--beyond-max``) before its first sample.
     """
     import gc
+    import os
 
     from bamctl.backends import open_backend, peek_backend
-    from bamctl.evaluate import Evaluation, new_run_id, parse_shard
+    from bamctl.cluster import sweep
+    from bamctl.cluster.shards import shard_option
+    from bamctl.evaluate import Evaluation, new_run_id
     from bamctl.results.store import ResultStore
     from bamctl.tokenizer import get_tokenizer
 
-    shard_of = parse_shard(ev.shard)
+    shard_of = shard_option(ev.shard, os.environ, say=lambda line: stderr.print(line, soft_wrap=True))
     run = _run_options(ev, prompt)
     if run.device is not None:
         from bamctl.devices import resolve_device
@@ -85,6 +88,7 @@ def run_models(
         _refuse_beyond_max(request, models, peeks, run)
     if asked.lengths is None:
         _say_planned_lengths(requests, plans, peeks)
+    shard_run = sweep.enter(ev.out, sweep.describe(models, requests, plans, run.asked()), shard_of)
     store = ResultStore(ev.out)
     store.ensure_writable()
     if ev.quiet:
@@ -100,6 +104,7 @@ def run_models(
             covered |= _evaluate_model(evaluations, name, progress, ev, shard_of, prompts)
             del backend, evaluations  # one model in memory at a time
             gc.collect()
+    shard_run.finish()
     _report(store, covered, names_by_hash, names, json_output=ev.json, threshold=threshold, plot=plot, baseline=baseline)
 
 

@@ -153,7 +153,8 @@ EVALUATION: list[Param] = [
         rich_help_panel=OUTPUT_PANEL, help="Recompute samples already in the results directory instead of skipping them.")),
     Param("shard", Optional[str], None, typer.Option(
         rich_help_panel=OUTPUT_PANEL,
-        help="I/N: evaluate only every N-th sample starting at I (0-based), e.g. one process per GPU in a SLURM array writing one --out.")),
+        help="I/N: evaluate only every N-th sample starting at I (0-based), all shards writing one --out; auto: I and N "
+        "from a Slurm array, Slurm tasks or torchrun (one command line for every process; see `bamctl submit`).")),
     Param("quiet", bool, False, typer.Option("--quiet", "-q", rich_help_panel=OUTPUT_PANEL, help="No progress bar.")),
     Param("json", bool, False, typer.Option(
         "--json", rich_help_panel=OUTPUT_PANEL, help="Print the summary as one JSON document on stdout (for scripts).")),

@@ -1,0 +1,189 @@
+"""`bamctl submit` with submitit's local executor, and the sweep check every shard makes.
+
+Shards run as real processes on this machine, as they would on Slurm nodes; the models are
+micro, the sweep a dozen rows, so the cost is the processes' start (the two tests that
+submit are marked slow: `pytest -m slow`).
+"""
+
+import os
+import shutil
+import sys
+
+import pytest
+
+from bamctl.checkpoint import new_random_model, save_checkpoint
+from bamctl.cli import main
+from bamctl.cluster import sweep
+from bamctl.cluster.submit import JobSettings
+from bamctl.model import ModelConfig
+from bamctl.results.store import ResultStore
+
+pytest.importorskip("submitit", reason="bamctl submit needs the cluster extra (pip install 'bamctl[cluster]')")
+
+VOLATILE = ["run_id", "created_at", "seconds", "tokens_per_s", "peak_mem_bytes", "git_revision"]
+KEYS = ["model", "task", "protocol", "setting", "length", "depth", "seed", "sample", "position"]
+SWEEP = ["--task", "passkey", "--lengths", "128", "--samples", "2", "--depths", "0,0.5,1", "--device", "cpu"]
+ROWS = 2 * 3 * 2  # models x depths x samples
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    return [str(save_checkpoint(new_random_model(ModelConfig.from_preset("micro", pe, train_length=128), seed), root / pe))
+            for pe, seed in (("bam-ssmax", 0), ("rope", 1))]
+
+
+def run_cli(*args):
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(a) for a in args])
+    return exit_info.value.code
+
+
+def stable(frame):
+    return frame.drop(columns=VOLATILE).sort_values(KEYS).reset_index(drop=True)
+
+
+@pytest.fixture(scope="module")
+def one_process(models, tmp_path_factory):
+    """The sweep run the ordinary way: its rows and the table it printed."""
+    out = tmp_path_factory.mktemp("whole") / "results"
+    import io
+    from contextlib import redirect_stdout
+
+    printed = io.StringIO()
+    with redirect_stdout(printed):
+        assert run_cli("compare", *models, *SWEEP, "--quiet", "--out", out) == 0
+    return ResultStore(out).read(), printed.getvalue()
+
+
+def _compare(models, out):
+    return ["compare", *models, *SWEEP, "--out", str(out)]
+
+
+def _shard_killed_after_one_row(command, shard, sweep_id, threads):
+    """Shard 1 dies hard (no merge, no mark, no clean-up) as its second row is about to be written."""
+    if shard[0] == 1:
+        from bamctl.results.store import ResultStore as Store
+
+        append, written = Store.append, []
+
+        def append_then_die(self, rows):
+            if written:
+                os._exit(137)
+            written.append(rows)
+            return append(self, rows)
+
+        Store.append = append_then_die
+    from bamctl.cli.submit_commands import run_shard
+
+    run_shard(command, shard, sweep_id, threads)
+
+
+@pytest.mark.slow  # five shard processes, each importing torch: 3-4 min on the shared 2-core machine
+def test_four_local_shards_give_exactly_the_rows_and_the_table_of_one_process(models, one_process, tmp_path, capsys):
+    out = tmp_path / "results"
+    assert run_cli("submit", "--shards", 4, "--executor", "local", "--", *_compare(models, out)) == 0
+    captured = capsys.readouterr()
+    rows, table = one_process
+    stored = ResultStore(out).read_table(dedupe=False).to_pandas()
+    assert len(stored) == len(rows) == ROWS  # nothing doubled
+    assert stable(ResultStore(out).read()).equals(stable(rows))
+    assert captured.out == table
+    assert "shards: 4 done, 0 running, 0 waiting, 0 failed" in captured.err
+    assert (tmp_path / "results-shards").is_dir()  # logs beside the results, never inside
+
+
+@pytest.mark.slow  # five shard processes, each importing torch: 3-4 min on the shared 2-core machine
+def test_a_killed_shard_is_named_and_only_it_is_resubmitted(models, one_process, tmp_path, capsys):
+    import cloudpickle
+
+    from bamctl.cli.submit_commands import run_sweep
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the jobs cannot import this test module
+    out = tmp_path / "results"
+    settings = JobSettings(executor="local", logs=tmp_path / "logs", minutes=10)
+    assert run_sweep(_compare(models, out), 4, settings, shard_job=_shard_killed_after_one_row) == 1
+    err = capsys.readouterr().err
+    assert "shard 1/4 failed" in err and "1 failed" in err
+    log = err.split("shard 1/4 failed")[1].split("(log: ")[1].split(")")[0]
+    assert os.path.exists(log)
+    partial = ResultStore(out).read()
+    assert 0 < len(partial) < ROWS
+
+    assert run_cli("submit", "--shards", 4, "--executor", "local", "--logs", tmp_path / "logs", "--", *_compare(models, out)) == 0
+    captured = capsys.readouterr()
+    assert "submitting 1 of 4 shards" in captured.err
+    rows, table = one_process
+    assert len(ResultStore(out).read_table(dedupe=False)) == ROWS  # the killed shard's first row was not redone
+    assert stable(ResultStore(out).read()).equals(stable(rows))
+    assert captured.out == table
+
+
+def test_a_shard_with_other_task_options_is_refused_before_writing(models, tmp_path, capsys):
+    out = tmp_path / "results"
+    assert run_cli(*_compare(models, out), "--quiet", "--shard", "0/2") == 0
+    before = ResultStore(out).part_files()
+    # shard 1 of the same sweep, started with other depths: its slots would not be the other half
+    other = [*_compare(models, out), "--depths", "0.5", "--quiet", "--shard", "1/2"]
+    assert run_cli(*other) == 2
+    err = capsys.readouterr().err
+    assert "unfinished other sweep" in err and "depths" in err
+    assert ResultStore(out).part_files() == before
+
+
+def test_a_submitted_shard_refuses_a_sweep_other_than_the_one_submitted(models, tmp_path, capsys):
+    from bamctl.cli.submit_commands import plan_sweep
+
+    out = tmp_path / "results"
+    description, planned_out = plan_sweep(_compare(models, out))
+    record = sweep.claim(planned_out, description)
+    with sweep.expecting(record.id):  # what a job of `bamctl submit` runs under
+        assert run_cli(*_compare(models, out), "--samples", "1", "--quiet", "--shard", "0/2") == 2
+    assert "another sweep than the one submitted" in capsys.readouterr().err
+    assert ResultStore(out).part_files() == []
+
+
+def test_a_finished_sweep_may_be_extended_in_its_directory(models, tmp_path):
+    out = tmp_path / "results"
+    for i in range(2):
+        assert run_cli(*_compare(models, out), "--quiet", "--shard", f"{i}/2") == 0
+    longer = [*_compare(models, out), "--lengths", "128,256", "--quiet"]
+    assert run_cli(*longer, "--shard", "0/2") == 0
+    assert len(ResultStore(out).read()) == ROWS + ROWS // 2
+
+
+def test_shard_auto_takes_the_torchrun_rank(models, tmp_path, monkeypatch):
+    command = ["passkey", models[1], *SWEEP[2:], "--quiet"]
+    assert run_cli(*command, "--shard", "1/2", "--out", tmp_path / "explicit") == 0
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert run_cli(*command, "--shard", "auto", "--out", tmp_path / "auto") == 0
+    explicit, auto = ResultStore(tmp_path / "explicit").read(), ResultStore(tmp_path / "auto").read()
+    assert len(auto) == ROWS // 4
+    assert stable(auto).equals(stable(explicit))
+
+
+def test_submit_refuses_a_command_it_cannot_shard(models, tmp_path, capsys):
+    assert run_cli("submit", "--executor", "local", "--", "inspect", models[0]) == 2
+    assert run_cli("submit", "--executor", "local", "--", *_compare(models, tmp_path / "r"), "--shard", "0/2") == 2
+    assert run_cli("submit", "--executor", "local", "--", *_compare(models, tmp_path / "r"), "--lengths", "banana") == 2
+    err = capsys.readouterr().err
+    assert "compare" in err and "--shard" in err and "banana" in err
+    if shutil.which("sbatch") is None:
+        assert run_cli("submit", "--executor", "slurm", "--", *_compare(models, tmp_path / "r")) == 2
+        assert "no Slurm here" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()  # refused before any work
+
+
+def test_a_failed_shard_is_named_by_its_error_line(tmp_path):
+    from types import SimpleNamespace
+
+    from bamctl.cluster.submit import ShardStatus
+
+    log = tmp_path / "123_0_log.err"
+    log.write_text("submitit INFO (x) - Starting\nTraceback (most recent call last):\n  File x\n"
+                   "bamctl.errors.BamctlError: --lengths reach 9,000 tokens, past m's maximum\n")
+    shard = ShardStatus(1, SimpleNamespace(paths=SimpleNamespace(stderr=log)))
+    assert shard.last_error() == "error: --lengths reach 9,000 tokens, past m's maximum"
+    log.write_text("submitit INFO (x) - Starting\n")  # killed: nothing of its own
+    assert "killed" in shard.last_error()
