@@ -27,6 +27,7 @@ DEFAULT_SAMPLES = {"passkey": 4, "ppl": 1}  # passkey: x 5 default depths = 20 p
 RULER_DEFAULT_SAMPLES = 20
 RULER_PROTOCOL = "ruler"  # the protocol of every RULER task in bamctl/data/tasks/ruler.toml
 ALL_TASKS = "all"  # --task all: every RULER task
+PERPLEXITY_SCORING = "nll"  # the scoring kind of perplexity samples (bamctl.evaluate.ANSWERS)
 
 
 def _seeds(text: str) -> list[int]:
@@ -122,6 +123,8 @@ def run_models(
     plans = [request.plan(get_tokenizer("gpt2"), check_tokenizer=False) for request in requests]
     for request in requests:
         _refuse_beyond_max(request, models, peeks, run)
+    if any(plan.spec.scoring == PERPLEXITY_SCORING for plan in plans):
+        _refuse_mixed_vocabularies(_model_names(models), peeks)
     if not ev.lengths:
         _say_planned_lengths(requests, plans, peeks)
     store = ResultStore(ev.out)
@@ -180,6 +183,37 @@ def _refuse_beyond_max(request, models, peeks, run) -> None:
                 f"--lengths reach {longest:,} tokens, past {model}'s configured maximum of {peek.max_length:,} "
                 "positions (--beyond-max refuse); use shorter --lengths or --beyond-max warn"
             )
+
+
+def _refuse_mixed_vocabularies(names: list[str], peeks) -> None:
+    """Perplexities over different sets of scored token ids are not comparable (fewer ids make
+    every token easier): models of one tokenizer must score the same ids."""
+    by_tokenizer: dict[str, dict] = {}
+    for name, peek in zip(names, peeks):
+        if peek.tokenizer is not None:
+            by_tokenizer.setdefault(peek.tokenizer, {})[name] = peek.token_subset
+    for tokenizer, subsets in by_tokenizer.items():
+        if len(set(subsets.values())) > 1:
+            described = ", ".join(
+                f"{name} scores {'all' if ids is None else f'{len(ids):,}'} ids of {tokenizer}" for name, ids in subsets.items()
+            )
+            raise BamctlError(
+                f"perplexities over different vocabularies are not comparable: {described}; "
+                "compare models that score the same ids"
+            )
+
+
+def check_baseline(baseline: str, models: list[str]) -> None:
+    """``--baseline`` must name one of the models shown; a name several columns share (one name,
+    different weights: ``name@hash8``) must say which."""
+    from bamctl.errors import did_you_mean
+
+    if baseline in models:
+        return
+    shared = [m for m in models if m.startswith(f"{baseline}@")]
+    if len(shared) > 1:
+        raise BamctlError(f"--baseline {baseline} names {len(shared)} models with different weights; pass one of {', '.join(shared)}")
+    raise BamctlError(f"--baseline {baseline} is not one of the models compared{did_you_mean(baseline, models)}")
 
 
 def _say_planned_lengths(requests, plans, peeks) -> None:
@@ -419,8 +453,8 @@ def compare(
     from bamctl.tasks import get_task
 
     names = _model_names(models)
-    if baseline is not None and baseline not in names:
-        raise BamctlError(f"--baseline {baseline} is not one of the models compared ({', '.join(names)})")
+    if baseline is not None:
+        check_baseline(baseline, names)
 
     get_task(task, protocol)
     options = _task_options(task, evaluation, perplexity=perplexity, ruler=ruler)
