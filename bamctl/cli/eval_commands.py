@@ -443,10 +443,11 @@ def compare(
     """Run several models on identical samples and show them side by side, with an effective-length row.
 
     Cells are accuracy with a 95% Wilson interval (perplexity for ppl); the best model
-    per length is highlighted; "effective length" is the longest length at or above
-    --threshold, and its multiple of the model's training length; "certified" asks the
-    Wilson lower bound to reach it, at that length and every shorter one. Each model is
-    tested against --baseline at each length: ▲/▼ mark a significant difference.
+    per length is highlighted; "effective length" is the longest length up to which every
+    tested length reaches --threshold, and its multiple of the model's training length;
+    "certified" asks the same of the Wilson lower bound. Each model is tested against
+    --baseline at each length: ▲/▼ mark a significant difference. Perplexity is compared
+    only between models that score the same token ids.
 
     Example: bamctl compare rope alibi bam --task passkey --lengths 128..8k --seed 0,1 --baseline alibi
     """

@@ -30,11 +30,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from bamctl.results.summary import Z_95
-
 SEED = 0  # every resampling is seeded: the same rows give the same figures
 PERMUTATIONS = 10_000  # random sign flips (or all of them when there are fewer)
 BOOTSTRAPS = 2_000
+Z_95 = 1.959963984540054  # two-sided 95% normal quantile
 ALPHA = 0.05
 
 # Columns that name one sample: rows of two models with these equal were asked the same.

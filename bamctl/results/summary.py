@@ -16,7 +16,8 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-Z_95 = 1.959963984540054  # two-sided 95% normal quantile
+from bamctl.results.stats import Z_95, paired_tests, scored_alike
+
 # Rows are pooled only within one (task, protocol, setting) and one fingerprint: rows made from
 # other prompts (another tokenizer, corpus, task version) are never averaged together.
 GROUP_COLUMNS = ("task", "protocol", "setting", "fingerprint")
@@ -223,8 +224,6 @@ def summarize(
 ) -> list[Summary]:
     """One Summary per (task, protocol, setting, fingerprint) in the rows, in sorted order; with a
     ``baseline`` (a model label), each other model is tested against it on the samples both ran."""
-    from bamctl.results.stats import paired_tests, scored_alike
-
     summaries = []
     frame = with_fingerprint_labels(frame)
     groups = frame.groupby(list(GROUP_COLUMNS), sort=True)
