@@ -122,3 +122,35 @@ def test_compact_merges_part_files_and_the_summary_is_unchanged(store_dir, capsy
 def test_compact_of_an_empty_directory_is_one_clear_error(tmp_path, capsys):
     code, out, err = run(["results", "compact", "--dir", str(tmp_path / "none")], capsys)
     assert code == 2 and out == "" and err.strip().count("\n") == 0 and "no results in" in err
+
+
+def one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", [["results", "show"], ["results", "export", "--stats"], ["plot", "grid"]])
+def test_a_baseline_that_is_not_a_model_is_one_line_with_a_suggestion(store_dir, tmp_path, capsys, command):
+    argv = [*command, "--dir", str(store_dir), "--task", "passkey", "--baseline", "tiny-rpe"]
+    code, out, err = run(argv + (["--out", str(tmp_path / "g.png")] if command[0] == "plot" else []), capsys)
+    assert code == 2 and "did you mean tiny-rope" in one_line(err) and out == ""
+    assert not (tmp_path / "g.png").exists()
+
+
+def test_an_ambiguous_baseline_names_the_columns_it_could_mean(tmp_path, capsys):
+    from results_fakes import fake_row
+
+    store = ResultStore(tmp_path)
+    store.append([fake_row("tiny-rope", sample=i) for i in range(3)])
+    store.append([fake_row("tiny-rope", sample=i) | {"model_hash": "c3" * 16} for i in range(3)])
+    code, _, err = run(["results", "show", "--dir", str(tmp_path), "--baseline", "tiny-rope"], capsys)
+    assert code == 2 and "tiny-rope@a1a1a1a1" in one_line(err) and "tiny-rope@c3c3c3c3" in err
+    code, _, err = run(["results", "show", "--dir", str(tmp_path), "--baseline", "tiny-rope@c3c3c3c3"], capsys)
+    assert code == 0, err
+
+
+def test_export_stats_without_a_pair_to_test_exits_2(store_dir, capsys):
+    code, out, err = run(["results", "export", "--dir", str(store_dir), "--stats", "--baseline", "tiny-rope",
+                          "--model", "tiny-rope"], capsys)
+    assert code == 2 and "tiny-rope" in one_line(err) and out == ""

@@ -76,10 +76,19 @@ def test_effective_length_on_hand_made_tables():
     assert eff.loc["rope", "length"] == 1024 and eff.loc["rope", "ratio"] == 2.0
     assert eff.loc["bam", "length"] == 4096 and eff.loc["bam", "ratio"] == 16.0  # 0.90 counts: "at or above"
     assert pd.isna(eff.loc["dead", "length"]) and math.isnan(eff.loc["dead", "ratio"])
-    assert eff.loc["dip", "length"] == 2048
-    strict = effective_length(table, threshold=0.9, contiguous=True)
-    assert strict.loc["dip", "length"] == 512 and strict.loc["bam", "length"] == 4096
+    assert eff.loc["dip", "length"] == 512  # 1024 fails, so 2048's recovery does not count
     assert effective_length(table, threshold=0.95).loc["bam", "length"] == 1024
+
+
+def test_effective_length_stops_at_the_first_failing_length():
+    table = hand_table({"m": {1024: 1.0, 2048: 0.95, 4096: 0.88, 8192: 1.0}}, {"m": 1024})
+    row = effective_length(table, threshold=0.9).loc["m"]
+    assert row["length"] == 2048 and row["ratio"] == 2.0  # less than 4k: 0.88 there fails
+
+
+def test_effective_length_is_missing_when_the_shortest_length_fails():
+    table = hand_table({"m": {512: 0.5, 1024: 1.0}}, {"m": 512})
+    assert pd.isna(effective_length(table, threshold=0.9).loc["m", "length"])
 
 
 def test_accuracy_table_counts_and_intervals():
@@ -138,12 +147,12 @@ def test_render_and_json_carry_the_same_numbers():
     assert table.row_count == len(passkey.lengths) + 2  # + effective and certified effective length
     cells = [str(c) for c in table.columns[1]._cells]
     assert cells[1] == "0.92 [0.65, 0.99]" and cells[-2] == "2k (4×)"
-    assert cells[-1] == "< 512"  # certified: the Wilson lower bound at 512 (0.65) is under 0.9
+    assert cells[-1] == "needs ≥ 35 prompts per cell"  # 12 per cell: even 12/12 has a lower bound under 0.9
     doc = summaries_to_json([passkey])["summaries"][0]
     cell = next(c for c in doc["cells"] if c["model"] == "tiny-rope" and c["length"] == 1024)
     assert cell["score"] == 0.25 and cell["n"] == 12 and cell["best"] is False
     assert doc["effective_length"][0] == {"model": "tiny-bam", "length": 2048, "train_length": 512, "ratio": 4.0,
-                                          "certified_length": None, "certified_ratio": None}
+                                          "certified_length": None, "certified_ratio": None, "certified_needs_n": 35}
 
 
 @pytest.mark.parametrize(("tokens", "text"), [(512, "512"), (1000, "1000"), (1024, "1k"), (1536, "1.5k"),

@@ -18,7 +18,7 @@ from bamctl.results.stats import (
     sign_flip_p,
 )
 from bamctl.results.store import to_pandas
-from bamctl.results.summary import effective_length, summarize
+from bamctl.results.summary import effective_length, min_certifiable_n, summarize
 
 from results_fakes import fake_row
 
@@ -101,6 +101,38 @@ def test_perplexity_pairs_documents_not_windows():
     assert result.p == pytest.approx(np.mean(np.array(flips) >= abs(d.mean()) - 1e-12))
 
 
+def _documents(nll_per_token: dict[str, list[float]], tokens: dict[str, list[int]]):
+    rows = []
+    for model, values in nll_per_token.items():
+        for doc, (v, n) in enumerate(zip(values, tokens[model])):
+            rows.append(fake_row(model, task="ppl", protocol="sliding", scoring="nll", length=256, depth=None,
+                                 sample=doc, score=v, nll=v * n, n_scored=n))
+    return to_pandas(rows_to_table(rows))
+
+
+def test_perplexity_test_is_the_mean_of_per_document_mean_nll_differences():
+    nll = {"tiny-rope": [2.0, 2.2, 1.8, 2.4, 2.1], "tiny-bam": [1.5, 2.3, 1.4, 2.0, 2.2]}
+    lengths = [50, 400, 120, 900, 75]  # documents of different lengths: each still counts once
+    (summary,) = summarize(_documents(nll, {"tiny-rope": lengths, "tiny-bam": lengths}), baseline="tiny-rope")
+    (result,) = summary.paired
+    d = np.array(nll["tiny-bam"]) - np.array(nll["tiny-rope"])
+    expected = scipy_stats.permutation_test(
+        (d,), np.mean, permutation_type="samples", n_resamples=np.inf, alternative="two-sided"
+    ).pvalue
+    assert result.n == 5 and result.difference == pytest.approx(d.mean()) and result.p == pytest.approx(expected)
+
+
+def test_perplexity_over_two_vocabularies_is_never_tested_as_paired():
+    # tiny-bam scores 68 ids of each document, tiny-rope 11,000: not the same tokens
+    nll = {"tiny-rope": [2.0, 2.2, 1.8, 2.4], "tiny-bam": [1.5, 1.9, 1.4, 2.0]}
+    tokens = {"tiny-rope": [1000, 1000, 1000, 1000], "tiny-bam": [40, 38, 45, 41]}
+    (summary,) = summarize(_documents(nll, tokens), baseline="tiny-rope")
+    assert summary.paired == () and summary.baseline is None
+    from bamctl.results.render import caption
+
+    assert "different tokens" in caption(summary)
+
+
 def test_certified_effective_length_needs_the_wilson_lower_bound_at_every_length():
     table = pd.DataFrame(
         {("score", "m"): [1.0, 0.95, 0.92, 0.95], ("lo", "m"): [0.91, 0.83, 0.80, 0.91],
@@ -111,6 +143,42 @@ def test_certified_effective_length_needs_the_wilson_lower_bound_at_every_length
     row = effective_length(table, 0.9).loc["m"]
     assert row["length"] == 1024  # the mean passes everywhere
     assert row["certified"] == 128 and row["certified_ratio"] == 1.0  # the bound fails from 256 on
+
+
+@pytest.mark.parametrize("threshold", [0.5, 0.8, 0.9, 0.95, 0.99])
+def test_min_certifiable_n_is_the_first_n_whose_all_correct_wilson_bound_reaches_the_threshold(threshold):
+    def lower(n):
+        return scipy_stats.binomtest(n, n).proportion_ci(method="wilson").low
+
+    n = min_certifiable_n(threshold)
+    assert lower(n) >= threshold and (n == 1 or lower(n - 1) < threshold)
+
+
+def test_min_certifiable_n_at_0_9_is_35_and_none_at_1():
+    assert min_certifiable_n(0.9) == 35  # 10/10 gives 0.72, 34/34 0.898, 35/35 0.901
+    assert min_certifiable_n(1.0) is None  # the Wilson lower bound never reaches 1
+
+
+def _all_correct(per_cell: int, lengths=(128, 256, 512), misses_at_128: int = 0):
+    rows = []
+    for length in lengths:
+        for i in range(per_cell):
+            score = 0.0 if length == 128 and i < misses_at_128 else 1.0
+            rows.append(fake_row("tiny-bam", length=length, sample=i, score=score, depth=0.5))
+    return to_pandas(rows_to_table(rows))
+
+
+def test_the_certified_row_says_how_many_prompts_certification_needs():
+    from bamctl.results.render import effective_rows
+
+    (small,) = summarize(_all_correct(10))
+    assert pd.isna(small.effective.loc["tiny-bam", "certified"])
+    assert small.effective.loc["tiny-bam", "needs_n"] == 35
+    assert dict(effective_rows(small))["certified effective length"] == ["needs ≥ 35 prompts per cell"]
+    (large,) = summarize(_all_correct(40))
+    assert large.effective.loc["tiny-bam", "certified"] == 512 and pd.isna(large.effective.loc["tiny-bam", "needs_n"])
+    (failing,) = summarize(_all_correct(40, misses_at_128=10))
+    assert dict(effective_rows(failing))["certified effective length"] == ["< 128"]  # possible, and not reached
 
 
 def _cli(capsys, *args):

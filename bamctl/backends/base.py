@@ -41,6 +41,8 @@ class ModelPeek:
 
     train_length: int
     max_length: int | None = None  # configured maximum positions, for back-ends that have one
+    tokenizer: str | None = None  # the tokenizer's name, where the config names one
+    token_subset: frozenset[int] | None = None  # the only ids the model scores; None: all its tokenizer's
 
 
 @dataclass(frozen=True)

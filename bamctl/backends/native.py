@@ -94,8 +94,13 @@ class NativeBackend(EngineBackend):
 
 
 def peek(reference: str) -> ModelPeek:
-    """The checkpoint's training length, from its config.json alone."""
+    """The checkpoint's training length and vocabulary, from its config.json alone."""
     from bamctl.catalog import checkpoint_path
     from bamctl.checkpoint import read_config
 
-    return ModelPeek(train_length=int(read_config(checkpoint_path(reference))["model"]["train_length"]))
+    model = read_config(checkpoint_path(reference))["model"]
+    subset = model.get("token_subset")
+    return ModelPeek(
+        train_length=int(model["train_length"]), tokenizer=model.get("tokenizer"),
+        token_subset=None if subset is None else frozenset(subset),
+    )

@@ -25,6 +25,7 @@ from bamctl.errors import BamctlError
 stdout = Console(highlight=False, width=None if sys.stdout.isatty() else 1000)
 stderr = Console(stderr=True, highlight=False)
 
+PERPLEXITY_SCORING = "nll"  # the scoring kind of perplexity samples (bamctl.evaluate.ANSWERS)
 
 def _run_options(ev, prompt) -> "RunOptions":  # noqa: F821 - bamctl.backends, imported lazily
     from bamctl.backends import RunOptions
@@ -86,6 +87,8 @@ def run_models(
     plans = [request.plan(get_tokenizer("gpt2"), check_tokenizer=False) for request in requests]
     for request in requests:
         _refuse_beyond_max(request, models, peeks, run)
+    if any(plan.spec.scoring == PERPLEXITY_SCORING for plan in plans):
+        _refuse_mixed_vocabularies(_model_names(models), peeks)
     if asked.lengths is None:
         _say_planned_lengths(requests, plans, peeks)
     shard_run = sweep.enter(ev.out, sweep.describe(models, requests, plans, run.asked()), shard_of)
@@ -146,6 +149,37 @@ def _refuse_beyond_max(request, models, peeks, run) -> None:
                 f"--lengths reach {longest:,} tokens, past {model}'s configured maximum of {peek.max_length:,} "
                 "positions (--beyond-max refuse); use shorter --lengths or --beyond-max warn"
             )
+
+
+def _refuse_mixed_vocabularies(names: list[str], peeks) -> None:
+    """Perplexities over different sets of scored token ids are not comparable (fewer ids make
+    every token easier): models of one tokenizer must score the same ids."""
+    by_tokenizer: dict[str, dict] = {}
+    for name, peek in zip(names, peeks):
+        if peek.tokenizer is not None:
+            by_tokenizer.setdefault(peek.tokenizer, {})[name] = peek.token_subset
+    for tokenizer, subsets in by_tokenizer.items():
+        if len(set(subsets.values())) > 1:
+            described = ", ".join(
+                f"{name} scores {'all' if ids is None else f'{len(ids):,}'} ids of {tokenizer}" for name, ids in subsets.items()
+            )
+            raise BamctlError(
+                f"perplexities over different vocabularies are not comparable: {described}; "
+                "compare models that score the same ids"
+            )
+
+
+def check_baseline(baseline: str, models: list[str]) -> None:
+    """``--baseline`` must name one of the models shown; a name several columns share (one name,
+    different weights: ``name@hash8``) must say which."""
+    from bamctl.errors import did_you_mean
+
+    if baseline in models:
+        return
+    shared = [m for m in models if m.startswith(f"{baseline}@")]
+    if len(shared) > 1:
+        raise BamctlError(f"--baseline {baseline} names {len(shared)} models with different weights; pass one of {', '.join(shared)}")
+    raise BamctlError(f"--baseline {baseline} is not one of the models compared{did_you_mean(baseline, models)}")
 
 
 def _say_planned_lengths(requests, plans, peeks) -> None:
@@ -280,16 +314,17 @@ def compare(
     """Run several models on identical samples and show them side by side, with an effective-length row.
 
     Cells are accuracy with a 95% Wilson interval (perplexity for ppl); the best model
-    per length is highlighted; "effective length" is the longest length at or above
-    --threshold, and its multiple of the model's training length; "certified" asks the
-    Wilson lower bound to reach it, at that length and every shorter one. Each model is
-    tested against --baseline at each length: ▲/▼ mark a significant difference.
+    per length is highlighted; "effective length" is the longest length up to which every
+    tested length reaches --threshold, and its multiple of the model's training length;
+    "certified" asks the same of the Wilson lower bound. Each model is tested against
+    --baseline at each length: ▲/▼ mark a significant difference. Perplexity is compared
+    only between models that score the same token ids.
 
     Example: bamctl compare rope alibi bam --task passkey --lengths 128..8k --seed 0,1 --baseline alibi
     """
     names = _model_names(models)
-    if baseline is not None and baseline not in names:
-        raise BamctlError(f"--baseline {baseline} is not one of the models compared ({', '.join(names)})")
+    if baseline is not None:
+        check_baseline(baseline, names)
 
     run_models(
         models,

@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 
 from bamctl.cli.app import app
-from bamctl.cli.eval_commands import beside
+from bamctl.cli.eval_commands import beside, check_baseline
 from bamctl.errors import BamctlError
 
 if TYPE_CHECKING:
@@ -75,6 +75,16 @@ def _load(directory: Path, task: list[str] | None, model: list[str] | None, wher
     return frame
 
 
+def _summaries(frame: pd.DataFrame, threshold: float, model: list[str] | None, baseline: str | None) -> list:
+    """The summaries of the rows, with ``--baseline`` checked against the models they show."""
+    from bamctl.results.summary import summarize
+
+    summaries = summarize(frame, threshold=threshold, models=model, baseline=baseline)
+    if baseline is not None:
+        check_baseline(baseline, list(dict.fromkeys(m for s in summaries for m in s.models)))
+    return summaries
+
+
 def _stdout() -> Console:
     # Piped output is for files and scripts: never squeeze a table to 80 columns there.
     return Console(highlight=False, width=None if sys.stdout.isatty() else 1000)
@@ -99,10 +109,9 @@ def show(
     """
     from bamctl.results.provenance import engines
     from bamctl.results.render import render_summaries, summaries_to_json
-    from bamctl.results.summary import summarize
 
     frame = _load(directory, task, model, where)
-    summaries = summarize(frame, threshold=threshold, models=model, baseline=baseline)
+    summaries = _summaries(frame, threshold, model, baseline)
     if as_json:
         document = summaries_to_json(summaries)
         if show_engines:
@@ -163,11 +172,12 @@ def export(
     Example: bamctl results export --format latex --pivot --task passkey --out table.tex
     """
     from bamctl.results.export import export as export_text
-    from bamctl.results.summary import summarize
 
     if stats and baseline is None:
         raise BamctlError("--stats needs --baseline: the model the others are tested against")
-    summaries = summarize(_load(directory, task, model, where), threshold=threshold, models=model, baseline=baseline)
+    summaries = _summaries(_load(directory, task, model, where), threshold, model, baseline)
+    if stats and not any(s.paired for s in summaries):
+        raise BamctlError(f"--baseline {baseline} shares no samples of the same tokens with another model: no paired test to write")
     text = export_text(summaries, fmt.value, pivot=pivot, stats=stats)
     if out is None:
         typer.echo(text, nl=False)
@@ -218,6 +228,8 @@ def grid(
     from bamctl.results.plots import plot_grid
 
     frame = _load(directory, task, model, where)
+    if baseline is not None:
+        _summaries(frame, threshold, model, baseline)
     typer.echo(str(plot_grid(frame, beside(directory, out, "grid"), models=model, threshold=threshold, baseline=baseline)))
 
 

@@ -47,10 +47,13 @@ def format_cell(summary: Summary, length: int, model: str) -> str | None:
 
 def format_effective(summary: Summary, model: str, certified: bool = False) -> str:
     """"16k (32×)": effective length (or the certified one) and its multiple of the training length;
-    "< 512" if none passes."""
+    "< 512" if the shortest length fails; "needs ≥ 35 prompts per cell" where the cells are too small
+    for the Wilson lower bound to reach the threshold at all."""
     assert summary.effective is not None
     row = summary.effective.loc[model]
     length, ratio = (row["certified"], row["certified_ratio"]) if certified else (row["length"], row["ratio"])
+    if certified and _missing(length) and not _missing(row["needs_n"]):
+        return f"needs ≥ {int(row['needs_n'])} prompts per cell"
     if _missing(length):
         shortest = summary.table["score"][model].dropna().index.min()
         return f"< {format_length(shortest)}" if not _missing(shortest) else MISSING
@@ -81,10 +84,14 @@ def caption(summary: Summary) -> str:
         legend = (f"; ▲/▼ better/worse than {summary.baseline} on the same samples ({test} test, "
                   "Holm-adjusted over lengths, p < 0.05)")
     if summary.metric == "accuracy":
-        return (f"{samples}mean score [Wilson 95%]; best per length in bold; effective length: longest ≥ "
-                f"{summary.threshold:g}; certified: every length up to it has a Wilson lower bound ≥ {summary.threshold:g}{legend}")
+        return (f"{samples}mean score [Wilson 95%]; best per length in bold; effective length: longest length up to "
+                f"which every tested length has a mean ≥ {summary.threshold:g}; certified: the same with the Wilson "
+                f"lower bound{legend}")
+    warning = "" if summary.scored_alike else (
+        "; the models scored different tokens of the same documents (other vocabularies): their perplexities "
+        "are not comparable, and no paired test is made")
     return (f"{samples}perplexity = exp(Σ nll / Σ scored tokens; tokens outside a model's vocabulary are not "
-            f"scored); lowest per length in bold{legend}")
+            f"scored); lowest per length in bold{legend}{warning}")
 
 
 def render_summary(summary: Summary) -> Table:
@@ -160,6 +167,7 @@ def summary_to_dict(summary: Summary) -> dict[str, Any]:
                 "ratio": _json_float(row["ratio"]),
                 "certified_length": None if _missing(row["certified"]) else int(row["certified"]),
                 "certified_ratio": _json_float(row["certified_ratio"]),
+                "certified_needs_n": None if _missing(row["needs_n"]) else int(row["needs_n"]),
             }
             for model, row in summary.effective.iterrows()
         ]

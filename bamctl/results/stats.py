@@ -12,9 +12,10 @@ two separate intervals. For each model against a baseline, at each length:
 - fractional scores (RULER's string_match_all) and perplexity: a paired sign-flip
   permutation test (exact when 2^n <= PERMUTATIONS, else that many seeded random
   flips) and a seeded paired bootstrap percentile interval of the mean difference.
-  Perplexity pairs documents, not windows: each document's summed NLL over its
-  scored tokens, and the difference is in mean NLL per token (nats; negative: the
-  model is better).
+  Perplexity pairs documents, not windows: per document, the model's mean NLL per
+  scored token minus the baseline's over the same tokens, each document counting
+  once (nats; negative: the model is better). Models that scored different tokens
+  of a document (other vocabularies) are not paired at all.
 
 p-values are adjusted across the lengths of one comparison with Holm's step-down
 method. Everything is a pure function of the rows and ``SEED``.
@@ -32,7 +33,7 @@ import pandas as pd
 SEED = 0  # every resampling is seeded: the same rows give the same figures
 PERMUTATIONS = 10_000  # random sign flips (or all of them when there are fewer)
 BOOTSTRAPS = 2_000
-Z_95 = 1.959963984540054
+Z_95 = 1.959963984540054  # two-sided 95% normal quantile
 ALPHA = 0.05
 
 # Columns that name one sample: rows of two models with these equal were asked the same.
@@ -48,7 +49,7 @@ class PairedResult:
     length: int
     n: int  # pairs (samples, or documents for perplexity)
     test: str  # "mcnemar" or "permutation"
-    difference: float  # model - baseline: accuracy, or mean NLL per token
+    difference: float  # model - baseline: accuracy, or the mean over documents of their mean NLL per token
     lo: float  # 95% interval of the difference
     hi: float
     p: float
@@ -138,10 +139,17 @@ def _accuracy_values(rows: pd.DataFrame, keys: list[str]) -> pd.Series:
     return rows.set_index(keys)["score"].astype(float)
 
 
-def _document_nll(rows: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+def _document_nll(rows: pd.DataFrame) -> pd.DataFrame:
     """Per (length, seed, document): summed NLL and scored tokens over its windows or buckets."""
     grouped = rows.groupby(["length", "seed", "sample"])
     return pd.DataFrame({"nll": grouped["nll"].sum().astype(float), "n": grouped["n_scored"].sum().astype(float)})
+
+
+def scored_alike(rows: pd.DataFrame) -> bool:
+    """Whether every model (``_label``) scored as many tokens of each document as every other: false
+    when their vocabularies differ, and their perplexities are then not comparable."""
+    tokens = rows.groupby(["length", "seed", "sample", "_label"])["n_scored"].sum().unstack("_label")
+    return bool((tokens.nunique(axis=1, dropna=True) <= 1).all())
 
 
 def paired_tests(rows: pd.DataFrame, models: list[str], baseline: str, metric: str) -> list[PairedResult]:
@@ -180,18 +188,10 @@ def _accuracy_test(group: pd.DataFrame, model: str, baseline: str):
 
 
 def _perplexity_test(group: pd.DataFrame, model: str, baseline: str):
-    keys = ["length", "seed", "sample"]
-    sides = {}
-    for name, suffix in ((model, "m"), (baseline, "b")):
-        documents = _document_nll(group[group["_label"] == name], keys)
-        sides[suffix] = documents.add_suffix(f"_{suffix}")
-    pairs = pd.concat(sides.values(), axis=1, join="inner").dropna()
-    if pairs.empty:
+    sides = [_document_nll(group[group["_label"] == name]).add_suffix(f"_{suffix}") for name, suffix in ((model, "m"), (baseline, "b"))]
+    pairs = pd.concat(sides, axis=1, join="inner").dropna()
+    if pairs.empty or (pairs["n_m"] != pairs["n_b"]).any():  # not the same tokens: nothing to pair
         return None
-    n_tokens = pairs["n_b"].to_numpy()
-    # Per document, NLL per token of the model minus the baseline's, weighted by its tokens so
-    # that the mean over documents is the difference of corpus-level mean NLLs.
-    weights = n_tokens / n_tokens.sum() * len(pairs)
-    d = (pairs["nll_m"].to_numpy() / pairs["n_m"].to_numpy() - pairs["nll_b"].to_numpy() / n_tokens) * weights
+    d = ((pairs["nll_m"] - pairs["nll_b"]) / pairs["n_b"]).to_numpy()
     lo, hi = bootstrap_interval(d)
     return (len(pairs), "permutation", float(d.mean()), lo, hi, sign_flip_p(d))

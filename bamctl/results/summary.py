@@ -16,7 +16,8 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-Z_95 = 1.959963984540054  # two-sided 95% normal quantile
+from bamctl.results.stats import Z_95, paired_tests, scored_alike
+
 # Rows are pooled only within one (task, protocol, setting), one fingerprint and one dtype: rows
 # made from other prompts (another tokenizer, corpus, task version) or computed in another
 # precision are never averaged together. Device and attention path do not split a table.
@@ -94,32 +95,47 @@ def perplexity_table(frame: pd.DataFrame, models: Sequence[str] | None = None) -
     return _widen(cells, rows, PERPLEXITY_FIELDS, models)
 
 
-def effective_length(table: pd.DataFrame, threshold: float = 0.9, *, contiguous: bool = False) -> pd.DataFrame:
-    """Per model: the longest length whose score is at or above `threshold`, and that length ÷ train_length;
-    and the *certified* effective length: the longest length whose Wilson lower bound reaches the
-    threshold, every shorter length passing too (what the samples support at 95%, not just the mean).
+def min_certifiable_n(threshold: float, z: float = Z_95) -> int | None:
+    """The fewest samples per cell whose Wilson lower bound can reach ``threshold`` (all of them
+    correct: n/n has the bound n / (n + z²)); None when no n can (a threshold of 1)."""
+    if threshold >= 1:
+        return None
+    n = max(1, math.ceil(threshold * z * z / (1 - threshold)))
+    while wilson_interval(n, n, z)[0] < threshold:  # the closed form, checked against rounding
+        n += 1
+    return n
 
-    Returns index = model, columns `length` (nullable Int64; <NA> when no length passes),
-    `train_length`, `ratio` (NaN when no length passes), `certified` and `certified_ratio`. With
-    `contiguous`, `length` too requires every shorter length to pass (stricter when a curve dips
-    and recovers).
+
+def _passing_prefix(values: pd.Series, threshold: float):
+    """The longest length up to which every tested length reaches ``threshold``; None when the shortest fails."""
+    values = values.dropna().sort_index()
+    failing = values.index[(values < threshold).to_numpy()]
+    passing = values.index[values.index < failing.min()] if len(failing) else values.index
+    return passing.max() if len(passing) else None
+
+
+def effective_length(table: pd.DataFrame, threshold: float = 0.9) -> pd.DataFrame:
+    """Per model: the effective length, the longest length up to which every tested length has a mean
+    score at or above ``threshold`` (a dip stops it: a recovery beyond does not count), and that
+    length ÷ train_length; and the *certified* effective length, the same with the Wilson 95% lower
+    bound in place of the mean (what the samples support, not just the mean).
+
+    Returns index = model, columns `length` (nullable Int64; <NA> when the shortest length fails),
+    `train_length`, `ratio` (NaN when none passes), `certified`, `certified_ratio` and `needs_n`: the
+    samples per cell certification would need, where the shortest length's cell has too few for
+    any score to certify it (<NA> otherwise).
     """
     scores = table["score"]
     train = table["train_length"]
+    counts = table["n"] if "n" in table else None
+    needed = min_certifiable_n(threshold)
     out = []
     for model in scores.columns:
-        column = scores[model].dropna().sort_index()
-        passing = column >= threshold
-        if contiguous:
-            failing = column.index[~passing.to_numpy()]
-            passing = column.index < failing.min() if len(failing) else np.ones(len(column), dtype=bool)
-            passing = pd.Series(passing, index=column.index)
-        best = column.index[passing.to_numpy()].max() if passing.any() else None
+        best = _passing_prefix(scores[model], threshold)
+        certified = _passing_prefix(table["lo"][model], threshold) if "lo" in table else None
         train_length = train[model].dropna().max()
-        lower = table["lo"][model].dropna().sort_index() if "lo" in table else column.iloc[:0]
-        failing = lower.index[(lower < threshold).to_numpy()]
-        certified_lengths = lower.index[lower.index < failing.min()] if len(failing) else lower.index
-        certified = certified_lengths.max() if len(certified_lengths) else None
+        shortest_n = counts[model].dropna().sort_index().iloc[0] if counts is not None and counts[model].notna().any() else None
+        too_few = certified is None and shortest_n is not None and (needed is None or shortest_n < needed)
         out.append(
             {
                 "model": model,
@@ -128,14 +144,15 @@ def effective_length(table: pd.DataFrame, threshold: float = 0.9, *, contiguous:
                 "ratio": best / train_length if best is not None and train_length else math.nan,
                 "certified": certified,
                 "certified_ratio": certified / train_length if certified is not None and train_length else math.nan,
+                "needs_n": needed if too_few else None,
             }
         )
-    result = pd.DataFrame(out, columns=["model", "length", "train_length", "ratio", "certified", "certified_ratio"]).set_index("model")
-    result["length"] = result["length"].astype("Int64")
-    result["certified"] = result["certified"].astype("Int64")
-    result["certified_ratio"] = result["certified_ratio"].astype(float)
-    result["train_length"] = result["train_length"].astype("Int64")
-    result["ratio"] = result["ratio"].astype(float)
+    columns = ["model", "length", "train_length", "ratio", "certified", "certified_ratio", "needs_n"]
+    result = pd.DataFrame(out, columns=columns).set_index("model")
+    for column in ("length", "certified", "train_length", "needs_n"):
+        result[column] = result[column].astype("Int64")
+    for column in ("ratio", "certified_ratio"):
+        result[column] = result[column].astype(float)
     return result
 
 
@@ -176,6 +193,7 @@ class Summary:
     paired: tuple = ()  # PairedResult per (model, length), when there is a baseline
     dtype: str = ""  # the precision every row of the table ran in
     dtype_distinct: bool = False  # another summary of this (task, protocol, setting) ran in another dtype
+    scored_alike: bool = True  # perplexity: every model scored the same tokens (one vocabulary)
 
     @property
     def title(self) -> str:
@@ -209,8 +227,6 @@ def summarize(
 ) -> list[Summary]:
     """One Summary per (task, protocol, setting, fingerprint) in the rows, in sorted order; with a
     ``baseline`` (a model label), each other model is tested against it on the samples both ran."""
-    from bamctl.results.stats import paired_tests
-
     summaries = []
     frame = with_fingerprint_labels(frame)
     groups = frame.groupby(list(GROUP_COLUMNS), sort=True)
@@ -225,12 +241,14 @@ def summarize(
             effective = effective_length(table, threshold)
         distinct = bool(shared[(task, protocol, setting)] > 1)
         labels = list(table["n"].columns)
+        labelled = rows.assign(_label=model_labels(rows))
+        alike = metric != "perplexity" or scored_alike(labelled)
         paired = ()
-        if baseline is not None and baseline in labels and len(labels) > 1:
-            paired = tuple(paired_tests(rows.assign(_label=model_labels(rows)), labels, baseline, metric))
+        if baseline is not None and baseline in labels and len(labels) > 1 and alike:
+            paired = tuple(paired_tests(labelled, labels, baseline, metric))
         summaries.append(Summary(
             str(task), str(protocol), str(setting), metric, table, effective, threshold, str(fingerprint), distinct,
-            baseline if paired else None, paired, str(dtype), bool(dtypes[(task, protocol, setting)] > 1),
+            baseline if paired else None, paired, str(dtype), bool(dtypes[(task, protocol, setting)] > 1), alike,
         ))
     return summaries
 
