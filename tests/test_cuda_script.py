@@ -97,3 +97,22 @@ def test_run_script_times_each_phase_out_and_still_writes_the_summary(tmp_path):
     ]
     assert done.returncode == 1, done.stdout  # any phase short of ok fails the run
     assert all((tmp_path / f"{phase}.log").is_file() for phase in ("install", "cuda-tests", "attention", "passkey"))
+
+
+def test_gpu_check_prints_its_results_with_a_real_command(tmp_path, capsys):
+    import shlex
+
+    from bamctl.cli import main
+    from bamctl.results.store import ResultStore
+    from results_fakes import passkey_grid
+
+    ResultStore(tmp_path / "results").append(passkey_grid())
+    script = (REPO / "scripts" / "gpu_check.sh").read_text()
+    calls = [line.split("||")[0] for line in script.splitlines() if line.strip().startswith("bamctl results")]
+    assert calls, "gpu_check.sh prints no results table"
+    for call in calls:
+        argv = shlex.split(call.replace('"$OUT/results"', str(tmp_path / "results")))[1:]
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 0, f"{call.strip()}: {capsys.readouterr().err.strip()}"
+        assert "passkey" in capsys.readouterr().out
