@@ -87,7 +87,10 @@ def deps(args) -> int:
     import torch
 
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA"
+    import bamctl
+
     print(f"python {sys.version.split()[0]}, torch {torch.__version__} (cuda {torch.version.cuda}, {gpu})")
+    print(f"bamctl {bamctl.__version__} imported from {Path(bamctl.__file__).parent}")
     missing = missing_requirements()
     print(f"missing: {', '.join(missing)}" if missing else "every required package is installed")
     return 1 if missing else 0

@@ -34,7 +34,7 @@ else
   INSTALL=""
   ATTENTION=(--lengths 16k,64k --repeats 3)
   PASSKEY=(--preset l12 --lengths 32k,512k --chunk-size 8192 --repeats 1)
-  : "${TIMEOUT_INSTALL:=60}" "${TIMEOUT_TESTS:=150}" "${TIMEOUT_ATTENTION:=90}" "${TIMEOUT_PASSKEY:=180}"
+  : "${TIMEOUT_INSTALL:=60}" "${TIMEOUT_TESTS:=150}" "${TIMEOUT_ATTENTION:=90}" "${TIMEOUT_PASSKEY:=210}"  # 510 s at most
 fi
 
 FAILED=0

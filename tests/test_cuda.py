@@ -39,13 +39,11 @@ QK_SCALE = 0.5
 
 @pytest.fixture(autouse=True)
 def no_tf32():
-    """Full float32 matmuls (cuBLAS and FlexAttention's Triton dots follow these flags)."""
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision()
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    """Full float32 matmuls: cuBLAS and FlexAttention's Triton dots both follow this setting."""
+    saved = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")
     yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
-    torch.set_float32_matmul_precision(saved[2])
+    torch.set_float32_matmul_precision(saved)
 
 
 def steep_and_flat_prior(max_distance: int) -> torch.Tensor:
