@@ -243,7 +243,7 @@ def tests(args) -> int:
 
     table = Table(args.out, "cuda-tests", f"pytest -m cuda ({args.junit.name})", ["test", "outcome", "seconds", "message"])
     if not args.junit.is_file():
-        table.add(test="(no report)", outcome="not run", seconds=None, message="pytest wrote no JUnit XML")
+        table.add(test="(no report)", outcome="not run", seconds=None, message="pytest wrote no JUnit XML (cut by its timeout?): the log has a line per finished test")
         return 1
     for case in ET.parse(args.junit).iter("testcase"):
         outcome, message = "passed", ""
