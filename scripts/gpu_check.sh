@@ -48,5 +48,5 @@ timeout 900 bamctl passkey "hf:$MODEL" --lengths 1k,4k --samples 2 --depths 3 --
   | tee "$OUT/passkey-hf.json"
 
 step "results"
-bamctl results "$OUT/results" || true
+bamctl results show --dir "$OUT/results" || true
 echo "logs and results: $OUT"

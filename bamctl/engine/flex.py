@@ -58,8 +58,12 @@ def _compiled():
     return torch.compile(flex_attention, dynamic=False)
 
 
-def _causal_block_mask(q_start: int, n_query_blocks: int, n_kv_blocks: int, device):
-    """Query block r (absolute queries q_start + 128 r …) sees key blocks < its diagonal fully, the diagonal partly."""
+def _causal_block_mask(q_start: int, offset: torch.Tensor, n_query_blocks: int, n_kv_blocks: int, device):
+    """Query block r (absolute queries q_start + 128 r …) sees key blocks < its diagonal fully, the diagonal partly.
+
+    ``offset``: q_start as a tensor. The mask reads that, not the int: dynamo guards on an int a
+    closure holds, and would compile again for every chunk rather than once per key length.
+    """
     from torch.nn.attention.flex_attention import BlockMask
 
     first = q_start // BLOCK
@@ -70,7 +74,7 @@ def _causal_block_mask(q_start: int, n_query_blocks: int, n_kv_blocks: int, devi
     partial_indices[:, 0] = diagonal
 
     def mask_mod(b, h, q_idx, kv_idx):
-        return kv_idx <= q_idx + q_start
+        return kv_idx <= q_idx + offset
 
     return BlockMask.from_kv_blocks(
         kv_num_blocks=torch.ones(1, 1, n_query_blocks, device=device, dtype=torch.int32),
@@ -125,7 +129,7 @@ def flex_attention_kernel(
         def score_mod(score, b, h, q_idx, kv_idx):
             return score * (scale[h] * log_n[q_idx]) + table[h, (q_idx + offset - kv_idx).clamp(0, last)]
 
-    block_mask = _causal_block_mask(q_start, tq_pad // BLOCK, kv_len // BLOCK, device)
+    block_mask = _causal_block_mask(q_start, offset, tq_pad // BLOCK, kv_len // BLOCK, device)
     compute = torch.float32 if q.device.type == "cpu" else q.dtype
     if scale is not None:
         scale = scale.to(torch.float32)
