@@ -36,7 +36,7 @@ def _rss_bytes() -> int:
 
 
 def _run_one(path: str, length: int, heads: int, head_dim: int, repeats: int, scope: str) -> dict:
-    from bamctl.engine.attention import AttentionInputs
+    from bamctl.attention_math import AttentionInputs
     from bamctl.engine.stream import kernel_for
     from bamctl.positional import GGDPrior
 

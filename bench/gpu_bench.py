@@ -143,7 +143,7 @@ def attention(args) -> int:
     import torch
     import torch.nn.functional as F
 
-    from bamctl.engine.attention import AttentionInputs
+    from bamctl.attention_math import AttentionInputs
     from bamctl.engine.flex import FlexKernel
     from bamctl.lengths import parse_lengths
     from bamctl.positional import GGDPrior

@@ -14,7 +14,7 @@ import os
 import pytest
 import torch
 
-from bamctl.engine.attention import AttentionInputs
+from bamctl.attention_math import AttentionInputs
 from bamctl.engine.stream import StreamingEngine, kernel_for
 from bamctl.positional import GGDPrior
 
