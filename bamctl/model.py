@@ -53,6 +53,9 @@ class ModelConfig:
     # "flat" (theta = 0, the authors' latest), "alibi" (beta = 1, ALiBi slopes) or
     # "alibi-linear" (ALiBi slopes, beta spread 0..1 across heads: the authors' shape_init "linear")
     bam_init: str = "flat"
+    # Token embeddings are multiplied by this before anything is added to them. Vaswani et
+    # al. (2017, section 3.4) use sqrt(dim), so that absolute sinusoids do not swamp them.
+    embedding_scale: float = 1.0
     bam_train_mu: bool = False  # the prior's location stays at 0 unless asked
     # "released": -(|d - mu| + eps)^beta e^alpha (the authors' training and released code);
     # "scaled_distance": -(|(d - mu) e^alpha| + eps)^beta (their evaluation code of mid-2025)
@@ -70,6 +73,8 @@ class ModelConfig:
             raise BamctlError(f"dim {self.dim} must split into {self.n_heads} heads of even size")
         if self.sinusoidal_layout not in SINUSOIDAL_LAYOUTS:
             raise BamctlError(f"sinusoidal_layout must be one of {', '.join(SINUSOIDAL_LAYOUTS)}, not {self.sinusoidal_layout!r}")
+        if not self.embedding_scale > 0:
+            raise BamctlError(f"embedding_scale must be positive, not {self.embedding_scale!r}")
         if self.ssmax_scope not in ("logits", "content"):
             raise BamctlError(f"ssmax_scope must be 'logits' or 'content', not {self.ssmax_scope!r}")
         if self.token_subset is not None and self.vocab_size != len(self.token_subset) + 1:
@@ -270,7 +275,7 @@ class Transformer(nn.Module):
         5-token answer after a long prompt thus skips most of the last layer.
         """
         where = self.positions(start, tokens.shape[1])
-        h = self.tok_embeddings(tokens)  # (B, T, C)
+        h = self.tok_embeddings(tokens) * self.config.embedding_scale  # (B, T, C)
         if self.absolute_input:
             positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
             cfg = self.config

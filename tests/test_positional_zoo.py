@@ -240,3 +240,25 @@ def test_auto_runs_fire_on_the_native_kernel_else_blockwise(monkeypatch):
         StreamingEngine(model, device="cpu", attention="fused")
     monkeypatch.setattr(stream, "native_available", lambda: (False, "g++: command not found"))
     assert StreamingEngine(model, device="cpu", attention="auto").attention == "blockwise"
+
+
+def test_embedding_scale_multiplies_the_token_embeddings_before_the_sinusoids_are_added():
+    # Vaswani et al. (2017, section 3.4): embeddings times sqrt(d_model), then the sinusoids.
+    from bamctl.checkpoint import new_random_model
+    from bamctl.model import ModelConfig
+
+    plain = ModelConfig.from_preset("micro", "sinusoidal", vocab_size=50, train_length=32)
+    scaled = ModelConfig.from_preset("micro", "sinusoidal", vocab_size=50, train_length=32, embedding_scale=8.0)
+    model, reference = new_random_model(scaled, seed=0), new_random_model(plain, seed=0)
+    with torch.no_grad():
+        reference.tok_embeddings.weight.mul_(8.0)  # the same model, with the factor folded into the table
+    tokens = torch.randint(0, 50, (2, 20), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(model(tokens), reference(tokens), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(model(tokens), new_random_model(plain, seed=0)(tokens), atol=1e-3)
+
+
+def test_embedding_scale_must_be_positive():
+    from bamctl.model import ModelConfig
+
+    with pytest.raises(BamctlError, match="embedding_scale"):
+        ModelConfig.from_preset("micro", "sinusoidal", embedding_scale=0.0)
