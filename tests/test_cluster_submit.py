@@ -1,8 +1,8 @@
 """`bamctl submit` with submitit's local executor, and the sweep check every shard makes.
 
 Shards run as real processes on this machine, as they would on Slurm nodes; the models are
-micro, the sweep a dozen rows, so the cost is the processes' start (the two tests that
-submit are marked slow: `pytest -m slow`).
+micro, the sweep a dozen rows, so the cost is the processes' start: about 20 s for each
+test that submits, on an idle 2-core machine.
 """
 
 import os
@@ -79,7 +79,6 @@ def _shard_killed_after_one_row(command, shard, sweep_id, threads):
     run_shard(command, shard, sweep_id, threads)
 
 
-@pytest.mark.slow  # five shard processes, each importing torch: 3-4 min on the shared 2-core machine
 def test_four_local_shards_give_exactly_the_rows_and_the_table_of_one_process(models, one_process, tmp_path, capsys):
     out = tmp_path / "results"
     assert run_cli("submit", "--shards", 4, "--executor", "local", "--", *_compare(models, out)) == 0
@@ -93,7 +92,6 @@ def test_four_local_shards_give_exactly_the_rows_and_the_table_of_one_process(mo
     assert (tmp_path / "results-shards").is_dir()  # logs beside the results, never inside
 
 
-@pytest.mark.slow  # five shard processes, each importing torch: 3-4 min on the shared 2-core machine
 def test_a_killed_shard_is_named_and_only_it_is_resubmitted(models, one_process, tmp_path, capsys):
     import cloudpickle
 
