@@ -4,6 +4,10 @@ The reference is ``sentencepiece.SentencePieceProcessor`` on the ``.model`` file
 ``mistral-common`` ships; the three sources are a folder laid out as Mistral's repository
 (tokenizer.json beside tokenizer.model), a folder holding only tokenizer.model, and the
 ``.model`` file itself.
+
+For the ``.model`` file bamctl calls ``sentencepiece`` too (the file's own definition): that
+case holds only the conventions around it (no BOS per piece, the dummy prefix). The folder
+with tokenizer.json is the independent check: bamctl encodes it with ``tokenizers``.
 """
 
 from __future__ import annotations

@@ -25,7 +25,6 @@ from bamctl.errors import BamctlError
 stdout = Console(highlight=False, width=None if sys.stdout.isatty() else 1000)
 stderr = Console(stderr=True, highlight=False)
 
-PERPLEXITY_SCORING = "nll"  # the scoring kind of perplexity samples (bamctl.evaluate.ANSWERS)
 
 def _run_options(ev, prompt) -> "RunOptions":  # noqa: F821 - bamctl.backends, imported lazily
     from bamctl.backends import RunOptions
@@ -73,6 +72,7 @@ def run_models(
     from bamctl.cluster.shards import shard_option
     from bamctl.evaluate import Evaluation, new_run_id
     from bamctl.results.store import ResultStore
+    from bamctl.tasks.registry import SCORED_OVER_TOKENS
     from bamctl.tokenizer import get_tokenizer
 
     shard_of = shard_option(ev.shard, os.environ, say=lambda line: stderr.print(line, soft_wrap=True))
@@ -87,8 +87,9 @@ def run_models(
     plans = [request.plan(get_tokenizer("gpt2"), check_tokenizer=False) for request in requests]
     for request in requests:
         _refuse_beyond_max(request, models, peeks, run)
-    if any(plan.spec.scoring == PERPLEXITY_SCORING for plan in plans):
-        _refuse_mixed_vocabularies(_model_names(models), peeks)
+    names = _model_names(models)
+    if any(plan.spec.scoring in SCORED_OVER_TOKENS for plan in plans):
+        _refuse_mixed_vocabularies(names, peeks)
     if asked.lengths is None:
         _say_planned_lengths(requests, plans, peeks)
     shard_run = sweep.enter(ev.out, sweep.describe(models, requests, plans, run.asked()), shard_of)
@@ -96,7 +97,6 @@ def run_models(
     store.ensure_writable()
     if ev.quiet:
         _quiet_external_libraries()
-    names = _model_names(models)
     run_id = new_run_id()
     covered, names_by_hash, prompts = set(), {}, {}
     with _progress(ev.quiet) as progress:
