@@ -13,6 +13,8 @@ Shapes: B batch, T tokens in this chunk, H heads, Dh head dim, C model dim.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import asdict, dataclass, field, fields
 
 import torch
@@ -104,7 +106,12 @@ class ModelConfig:
         base, ssmax = parse_pe_name(pe)
         if preset not in PRESETS:
             raise BamctlError(f"unknown preset {preset!r}{did_you_mean(preset, PRESETS)}")
-        return cls(**{**PRESETS[preset], "pe": base, "ssmax": ssmax, **overrides})
+        # A new sinusoidal model scales its token embeddings by sqrt(dim), as the PE's paper
+        # defines it; the dataclass default stays 1.0 for checkpoints saved before the field.
+        config = {**PRESETS[preset], "pe": base, "ssmax": ssmax, **overrides}
+        if PE_REGISTRY[base].absolute_input and "embedding_scale" not in overrides:
+            config["embedding_scale"] = math.sqrt(config["dim"])
+        return cls(**config)
 
 
 # Named sizes. "tiny"/"small" train on a CPU in minutes; l6…l24 are the authors' sizes

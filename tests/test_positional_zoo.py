@@ -247,7 +247,7 @@ def test_embedding_scale_multiplies_the_token_embeddings_before_the_sinusoids_ar
     from bamctl.checkpoint import new_random_model
     from bamctl.model import ModelConfig
 
-    plain = ModelConfig.from_preset("micro", "sinusoidal", vocab_size=50, train_length=32)
+    plain = ModelConfig.from_preset("micro", "sinusoidal", vocab_size=50, train_length=32, embedding_scale=1.0)
     scaled = ModelConfig.from_preset("micro", "sinusoidal", vocab_size=50, train_length=32, embedding_scale=8.0)
     model, reference = new_random_model(scaled, seed=0), new_random_model(plain, seed=0)
     with torch.no_grad():
@@ -255,6 +255,22 @@ def test_embedding_scale_multiplies_the_token_embeddings_before_the_sinusoids_ar
     tokens = torch.randint(0, 50, (2, 20), generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(model(tokens), reference(tokens), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(model(tokens), new_random_model(plain, seed=0)(tokens), atol=1e-3)
+
+
+def test_a_new_sinusoidal_model_scales_its_embeddings_by_sqrt_dim_as_its_paper():
+    import math
+
+    from bamctl.model import ModelConfig
+
+    assert ModelConfig.from_preset("tiny", "sinusoidal").embedding_scale == math.sqrt(128)
+    assert ModelConfig.from_preset("micro", "sinusoidal", dim=32).embedding_scale == math.sqrt(32)
+    assert ModelConfig.from_preset("micro", "sinusoidal", embedding_scale=2.0).embedding_scale == 2.0
+    for pe in ("nope", "rope", "alibi", "bam-ssmax", "t5"):
+        assert ModelConfig.from_preset("tiny", pe).embedding_scale == 1.0
+    # a checkpoint saved before the field existed was trained without the factor
+    saved = ModelConfig.from_preset("tiny", "sinusoidal").to_dict()
+    del saved["embedding_scale"]
+    assert ModelConfig.from_dict(saved).embedding_scale == 1.0
 
 
 def test_embedding_scale_must_be_positive():

@@ -169,3 +169,44 @@ def test_filler_fraction_mixes_protocol_and_corpus_rows(tokenizer):
 def test_default_data_options_keep_todays_rows():
     recipe = recipe_from_dict(BASE)
     assert (recipe.data.passkey_filler, recipe.data.passkey_filler_fraction, recipe.data.passkey_min_length) == ("protocol", 1.0, 0)
+
+
+def test_passkey_max_prompt_puts_a_1x_prompt_and_its_answer_inside_the_training_rows(tokenizer):
+    # Without it a row's prompt + answer fit train_length + 1 tokens, so a 1x evaluation
+    # prompt (train_length tokens) has its answer at positions training never showed: an
+    # absolute PE (sinusoidal) then misses the later digits of a key at 1x.
+    train_length = BASE["model"]["train_length"]
+    setup = prepare(_retrieval_only(passkey_max_prompt=train_length))
+    prompts = []
+    for step in range(30):
+        for row in range(2):
+            ids, kind, scored = setup.batches.row(step, 0, row)
+            assert kind == "passkey" and len(ids) == train_length + 5  # the longest prompt + its 5 answer digits
+            prompts.append(scored[-1] + 1 - 5)  # the answer's 5 digits end the prompt + answer
+    assert max(prompts) <= train_length
+    assert max(prompts) > train_length + 1 - 5  # longer than today's rows allow
+    inputs, targets = setup.batches.batch(0)
+    assert inputs.shape == targets.shape == (2, train_length + 4)
+    today = prepare(_retrieval_only())
+    assert today.batches.batch(0)[0].shape == (2, train_length)
+    assert max(today.batches.row(s, 0, r)[2][-1] + 1 - 5 for s in range(30) for r in range(2)) <= train_length + 1 - 5
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"passkey_max_prompt": 10_000}, "passkey_max_prompt must be in"),
+        ({"passkey_max_prompt": -1}, "passkey_max_prompt must be in"),
+    ],
+)
+def test_passkey_max_prompt_is_checked(data, message):
+    with pytest.raises(BamctlError, match=message):
+        _retrieval_only(**data)
+
+
+def test_passkey_max_prompt_needs_a_retrieval_only_recipe():
+    recipe = copy.deepcopy(BASE)
+    recipe["data"] = {**recipe["data"], "passkey_max_prompt": 64}
+    assert recipe["data"]["passkey_fraction"] < 1.0
+    with pytest.raises(BamctlError, match="passkey_max_prompt needs passkey_fraction = 1"):
+        recipe_from_dict(recipe)

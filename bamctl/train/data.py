@@ -154,11 +154,16 @@ def is_passkey_row(global_row: int, fraction: float) -> bool:
     return int((global_row + 1) * fraction) > int(global_row * fraction)
 
 
+def passkey_answer_length(tokenizer: Tokenizer) -> int:
+    """Tokens of a training answer (GPT-2: one per digit; other tokenizers may add a space token)."""
+    digits = get_task("passkey", TRAINING_PROTOCOL).args.get("key_digits", 5)
+    return len(key_tokens(tokenizer, "1" * digits))
+
+
 def passkey_row(tokenizer: Tokenizer, length: int, seed: int, depth: float) -> tuple[list[int], list[int]]:
     """A passkey prompt plus its answer digits: exactly ``length`` tokenizer ids, and the
     indices of every key digit in them (both copies in the needle, then the answer)."""
-    digits = get_task("passkey", TRAINING_PROTOCOL).args.get("key_digits", 5)
-    answer = len(key_tokens(tokenizer, "1" * digits))  # GPT-2: one token per digit; others may add a space token
+    answer = passkey_answer_length(tokenizer)
     sample = next(generate_samples("passkey", [length - answer], 1, seed, tokenizer, depths=[depth], protocol=TRAINING_PROTOCOL))
     ids = sample.input_ids + sample.target_ids
     if len(ids) != length:
@@ -229,13 +234,21 @@ class BatchMaker:
     filler: TokenShards | None = None  # training passkey filler corpus; None: the protocol's
 
 
+    def row_tokens(self) -> int:
+        """Tokens of every row: inputs and the shifted targets (train_length + 1), or the longest
+        prompt plus its answer when the recipe sets ``passkey_max_prompt``."""
+        longest_prompt = self.recipe.data.passkey_max_prompt
+        if longest_prompt:
+            return max(self.recipe.model.train_length + 1, longest_prompt + passkey_answer_length(self.tokenizer))
+        return self.recipe.model.train_length + 1
+
     def row(self, step: int, micro: int, row: int) -> tuple[list[int] | np.ndarray, str, list[int] | None]:
         """(tokenizer ids, "passkey" or "text", indices of the ids the loss scores; None: all)."""
         t = self.recipe.train
         global_row = (step * t.grad_accum + micro) * t.batch_size + row
         rng = sample_rng(t.seed, "train-row", global_row)
-        n = self.recipe.model.train_length + 1  # inputs and the shifted targets
         d = self.recipe.data
+        n = self.row_tokens()
         if self.text is None or is_passkey_row(global_row, d.passkey_fraction):
             seed = d.passkey_seed_offset + global_row
             # Protocol filler for the rows outside the corpus-filler fraction, drawn per row.

@@ -5,7 +5,8 @@ Sections (every key is required unless it has a default below):
     name, description, expected_losses      # top level
     [model]     preset, pe, train_length, and any ModelConfig override (dim, n_layers, ...)
     [data]      text, passkey_fraction, vocab_size, passkey_seed_offset, passkey_loss,
-                passkey_filler, passkey_filler_fraction, passkey_min_length
+                passkey_filler, passkey_filler_fraction, passkey_min_length,
+                passkey_max_prompt
     [optim]     lr, betas, weight_decay, grad_clip, eps, positional_lr_scale, embedding_weight_decay,
                 embedding_lr_scale
     [schedule]  warmup_steps, min_lr_ratio   (linear warm-up, then cosine to min_lr_ratio * lr)
@@ -64,6 +65,11 @@ class DataSection:
     passkey_filler: str = "protocol"  # one of FILLER_SOURCES
     passkey_filler_fraction: float = 1.0  # share of passkey rows filled from passkey_filler (the rest: protocol)
     passkey_min_length: int = 0  # shortest prompt + answer of a training row; 0: the shortest possible
+    # Longest prompt of a training row, the answer not counted; 0: prompt + answer fit in
+    # train_length + 1 tokens. At train_length, a 1x evaluation prompt (train_length tokens,
+    # the answer after it) lies inside the positions training saw: an absolute PE never
+    # learns positions it is not shown. Rows then hold train_length + answer + 1 tokens.
+    passkey_max_prompt: int = 0
 
 
 @dataclass(frozen=True)
@@ -199,6 +205,7 @@ _TYPES = {
         "passkey_filler": str,
         "passkey_filler_fraction": float,
         "passkey_min_length": int,
+        "passkey_max_prompt": int,
     },
     OptimSection: {
         "lr": float,
@@ -278,6 +285,10 @@ def _check(recipe: Recipe, source: str) -> None:
         raise BamctlError(
             f"{source}: [data] passkey_min_length must be in [0, train_length + 1 = {m.train_length + 1}], not {d.passkey_min_length}"
         )
+    if not 0 <= d.passkey_max_prompt <= m.train_length:
+        raise BamctlError(f"{source}: [data] passkey_max_prompt must be in [0, train_length = {m.train_length}], not {d.passkey_max_prompt}")
+    if d.passkey_max_prompt and d.passkey_fraction < 1.0:
+        raise BamctlError(f"{source}: [data] passkey_max_prompt needs passkey_fraction = 1 (text rows keep train_length + 1 tokens)")
     if d.text == "none" and d.passkey_fraction < 1.0:
         raise BamctlError(f"{source}: [data] text = 'none' needs passkey_fraction = 1 (a retrieval-only recipe)")
     if d.vocab_size < 0:
