@@ -197,6 +197,7 @@ def test_passkey_max_prompt_puts_a_1x_prompt_and_its_answer_inside_the_training_
     [
         ({"passkey_max_prompt": 10_000}, "passkey_max_prompt must be in"),
         ({"passkey_max_prompt": -1}, "passkey_max_prompt must be in"),
+        ({"passkey_longest_fraction": 1.5}, "passkey_longest_fraction must be in"),
     ],
 )
 def test_passkey_max_prompt_is_checked(data, message):
@@ -210,3 +211,15 @@ def test_passkey_max_prompt_needs_a_retrieval_only_recipe():
     assert recipe["data"]["passkey_fraction"] < 1.0
     with pytest.raises(BamctlError, match="passkey_max_prompt needs passkey_fraction = 1"):
         recipe_from_dict(recipe)
+
+
+def test_longest_fraction_draws_that_share_of_rows_at_the_longest_length(tokenizer):
+    train_length = BASE["model"]["train_length"]
+    lengths = {}
+    for fraction in (0.0, 0.5):
+        setup = prepare(_retrieval_only(passkey_max_prompt=train_length, passkey_longest_fraction=fraction))
+        lengths[fraction] = [setup.batches.row(s, 0, r)[2][-1] + 1 for s in range(50) for r in range(2)]
+    longest = train_length + 5
+    assert max(lengths[0.5]) == longest and max(lengths[0.0]) <= longest
+    share = {f: sum(n == longest for n in v) / len(v) for f, v in lengths.items()}
+    assert share[0.0] < 0.1 and 0.35 <= share[0.5] <= 0.75  # 1 in ~30 lengths, against half plus that

@@ -201,7 +201,8 @@ def passkey_corpus_row(
 
 
 def passkey_padded_row(
-    tokenizer: Tokenizer, n: int, seed: int, rng, *, min_length: int = 0, filler: TokenShards | None = None
+    tokenizer: Tokenizer, n: int, seed: int, rng, *, min_length: int = 0, filler: TokenShards | None = None,
+    longest_fraction: float = 0.0,
 ) -> tuple[list[int], list[int], int]:
     """A row of ``n`` tokens: a passkey prompt + answer of random length in [shortest, n], then
     filler that no loss sees. Returns (ids, key digit indices, prompt + answer length).
@@ -213,6 +214,8 @@ def passkey_padded_row(
     """
     shortest = min(max(passkey_min_length(tokenizer), min_length), n)
     length = rng.randint(shortest, n)
+    if longest_fraction and rng.random() < longest_fraction:
+        length = n
     depth = rng.random()
     if filler is None:
         ids, key_at = passkey_row(tokenizer, length, seed, depth)
@@ -254,7 +257,8 @@ class BatchMaker:
             # Protocol filler for the rows outside the corpus-filler fraction, drawn per row.
             corpus = self.filler is not None and sample_rng(t.seed, "train-filler", global_row).random() < d.passkey_filler_fraction
             ids, key_at, used = passkey_padded_row(
-                self.tokenizer, n, seed, rng, min_length=d.passkey_min_length, filler=self.filler if corpus else None
+                self.tokenizer, n, seed, rng, min_length=d.passkey_min_length, filler=self.filler if corpus else None,
+                longest_fraction=d.passkey_longest_fraction,
             )
             if d.passkey_loss == "key":
                 return ids, "passkey", key_at

@@ -6,7 +6,7 @@ Sections (every key is required unless it has a default below):
     [model]     preset, pe, train_length, and any ModelConfig override (dim, n_layers, ...)
     [data]      text, passkey_fraction, vocab_size, passkey_seed_offset, passkey_loss,
                 passkey_filler, passkey_filler_fraction, passkey_min_length,
-                passkey_max_prompt
+                passkey_max_prompt, passkey_longest_fraction
     [optim]     lr, betas, weight_decay, grad_clip, eps, positional_lr_scale, embedding_weight_decay,
                 embedding_lr_scale
     [schedule]  warmup_steps, min_lr_ratio   (linear warm-up, then cosine to min_lr_ratio * lr)
@@ -70,6 +70,10 @@ class DataSection:
     # the answer after it) lies inside the positions training saw: an absolute PE never
     # learns positions it is not shown. Rows then hold train_length + answer + 1 tokens.
     passkey_max_prompt: int = 0
+    # Share of passkey rows drawn at the longest length (the rest: uniform lengths). An absolute
+    # PE learns each position apart: with uniform lengths the last few positions, where a 1x
+    # prompt's answer sits, are an answer position in 1 row of ~65.
+    passkey_longest_fraction: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -206,6 +210,7 @@ _TYPES = {
         "passkey_filler_fraction": float,
         "passkey_min_length": int,
         "passkey_max_prompt": int,
+        "passkey_longest_fraction": float,
     },
     OptimSection: {
         "lr": float,
@@ -287,6 +292,8 @@ def _check(recipe: Recipe, source: str) -> None:
         )
     if not 0 <= d.passkey_max_prompt <= m.train_length:
         raise BamctlError(f"{source}: [data] passkey_max_prompt must be in [0, train_length = {m.train_length}], not {d.passkey_max_prompt}")
+    if not 0.0 <= d.passkey_longest_fraction <= 1.0:
+        raise BamctlError(f"{source}: [data] passkey_longest_fraction must be in [0, 1], not {d.passkey_longest_fraction}")
     if d.passkey_max_prompt and d.passkey_fraction < 1.0:
         raise BamctlError(f"{source}: [data] passkey_max_prompt needs passkey_fraction = 1 (text rows keep train_length + 1 tokens)")
     if d.text == "none" and d.passkey_fraction < 1.0:
