@@ -25,12 +25,14 @@ def test_every_shipped_checkpoint_has_its_recipe():
 
 
 def test_shipped_checkpoints_stay_small():
-    # the wheel carries every checkpoint: each <= 10 MB (LM references in 16-bit weights), all of them
-    # <= 90 MB, under the 100 MB a package index takes per file
+    # the wheel carries every checkpoint: a passkey reference <= 1.5 MB (0.7 MB in float16, kerple
+    # float32), an LM reference <= 10 MB (float16), all of them <= 75 MB (the LM references are
+    # 64 MB of it; 40 MB is the goal once they are retrained with a smaller vocabulary)
     sizes = {d.name: sum(f.stat().st_size for f in d.iterdir()) for d in BASELINES.iterdir() if d.is_dir()}
     assert all(size <= 10 * 1000 * 1000 for size in sizes.values()), sizes
+    assert all(size <= 1500 * 1000 for name, size in sizes.items() if not name.startswith("lm-")), sizes
     total = sum(f.stat().st_size for f in BASELINES.rglob("*") if f.is_file())
-    assert total <= 90 * 1000 * 1000
+    assert total <= 75 * 1000 * 1000
 
 
 @pytest.mark.parametrize("recipe_path", RECIPES, ids=[p.stem for p in RECIPES])
@@ -45,7 +47,12 @@ def test_recipe_reproduces_its_expected_first_losses(recipe_path):
 def test_each_family_differs_only_in_the_positional_encoding(family):
     assert len(family) >= 6
     dicts = [load_recipe(p).to_dict() for p in family]
-    strip = lambda d: {k: v for k, v in d.items() if k not in ("name", "description", "expected_losses", "model")}  # noqa: E731
+    # save_dtype is how the finished weights are stored, not how they were trained
+    strip = lambda d: {  # noqa: E731
+        k: ({**v, "save_dtype": None} if k == "train" else v)
+        for k, v in d.items()
+        if k not in ("name", "description", "expected_losses", "model")
+    }
     assert all(strip(d) == strip(dicts[0]) for d in dicts)
     # embedding_scale belongs to the sinusoidal PE (Vaswani's sqrt(dim) on the embeddings)
     models = [{k: v for k, v in d["model"].items() if k not in ("pe", "bam_init", "ssmax_scope", "embedding_scale")} for d in dicts]
