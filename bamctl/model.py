@@ -14,7 +14,6 @@ Shapes: B batch, T tokens in this chunk, H heads, Dh head dim, C model dim.
 from __future__ import annotations
 
 import math
-
 from dataclasses import asdict, dataclass, field, fields
 
 import torch

@@ -8,7 +8,6 @@ dynamo's eager backend, which guards (and so recompiles) exactly as the compiled
 from __future__ import annotations
 
 import pytest
-import torch
 
 from bamctl.checkpoint import new_random_model
 from bamctl.engine import flex

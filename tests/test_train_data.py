@@ -192,6 +192,17 @@ def test_passkey_max_prompt_puts_a_1x_prompt_and_its_answer_inside_the_training_
     assert max(today.batches.row(s, 0, r)[2][-1] + 1 - 5 for s in range(30) for r in range(2)) <= train_length + 1 - 5
 
 
+def test_passkey_max_prompt_below_the_training_length_caps_the_prompts(tokenizer):
+    setup = prepare(_retrieval_only(passkey_max_prompt=80))
+    prompts = []
+    for step in range(30):
+        for row in range(2):
+            ids, _, scored = setup.batches.row(step, 0, row)
+            assert len(ids) == 80 + 5
+            prompts.append(scored[-1] + 1 - 5)
+    assert max(prompts) <= 80 and min(prompts) < 80
+
+
 @pytest.mark.parametrize(
     "data, message",
     [

@@ -154,6 +154,7 @@ def is_passkey_row(global_row: int, fraction: float) -> bool:
     return int((global_row + 1) * fraction) > int(global_row * fraction)
 
 
+@lru_cache(maxsize=4)
 def passkey_answer_length(tokenizer: Tokenizer) -> int:
     """Tokens of a training answer (GPT-2: one per digit; other tokenizers may add a space token)."""
     digits = get_task("passkey", TRAINING_PROTOCOL).args.get("key_digits", 5)
@@ -236,13 +237,12 @@ class BatchMaker:
     subset: VocabSubset | None
     filler: TokenShards | None = None  # training passkey filler corpus; None: the protocol's
 
-
     def row_tokens(self) -> int:
         """Tokens of every row: inputs and the shifted targets (train_length + 1), or the longest
         prompt plus its answer when the recipe sets ``passkey_max_prompt``."""
         longest_prompt = self.recipe.data.passkey_max_prompt
         if longest_prompt:
-            return max(self.recipe.model.train_length + 1, longest_prompt + passkey_answer_length(self.tokenizer))
+            return longest_prompt + passkey_answer_length(self.tokenizer)
         return self.recipe.model.train_length + 1
 
     def row(self, step: int, micro: int, row: int) -> tuple[list[int] | np.ndarray, str, list[int] | None]:

@@ -68,7 +68,7 @@ class DataSection:
     # Longest prompt of a training row, the answer not counted; 0: prompt + answer fit in
     # train_length + 1 tokens. At train_length, a 1x evaluation prompt (train_length tokens,
     # the answer after it) lies inside the positions training saw: an absolute PE never
-    # learns positions it is not shown. Rows then hold train_length + answer + 1 tokens.
+    # learns positions it is not shown. Rows then hold passkey_max_prompt + answer tokens.
     passkey_max_prompt: int = 0
     # Share of passkey rows drawn at the longest length (the rest: uniform lengths). An absolute
     # PE learns each position apart: with uniform lengths the last few positions, where a 1x
