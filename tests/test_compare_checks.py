@@ -37,7 +37,7 @@ def test_a_mistyped_baseline_gets_a_suggestion_before_any_work(no_loading, tmp_p
 def test_perplexity_over_two_vocabularies_is_refused_naming_them(no_loading, tmp_path, capsys):
     code, line = cli(capsys, "compare", "bam", "lm-bam", "--task", "ppl", "--lengths", "256", "--out", str(tmp_path / "r"), "--quiet")
     assert code == 2 and "would open" not in line
-    assert "bam scores 68 ids of gpt2" in line and "lm-bam scores 11,000 ids of gpt2" in line
+    assert "bam scores 68 ids of gpt2" in line and "lm-bam scores 4,000 ids of gpt2" in line
     assert not (tmp_path / "r").exists()
 
 
