@@ -53,6 +53,5 @@ def test_each_family_differs_only_in_the_positional_encoding(family):
         if k not in ("name", "description", "expected_losses", "model")
     }
     assert all(strip(d) == strip(dicts[0]) for d in dicts)
-    # embedding_scale belongs to the sinusoidal PE (Vaswani's sqrt(dim) on the embeddings)
-    models = [{k: v for k, v in d["model"].items() if k not in ("pe", "bam_init", "ssmax_scope", "embedding_scale")} for d in dicts]
+    models = [{k: v for k, v in d["model"].items() if k not in ("pe", "bam_init", "ssmax_scope")} for d in dicts]
     assert all(m == models[0] for m in models)
