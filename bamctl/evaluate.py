@@ -1,16 +1,16 @@
 """Evaluation runs: samples from a task, answers from a back-end, result rows into a store.
 
 Tasks and back-ends never see each other. A task plans ``SampleSlot``\\ s and builds each
-``Sample``; the sample's ``scoring`` picks one of three request kinds, the back-end
-answers it, and the sample's metric (``bamctl.tasks.metrics``) scores the answer:
-
-- ``teacher_forced``: argmax at the answer positions (passkey);
-- ``generate``: greedy continuation scored by a string metric (RULER, Landmark passkey);
-- ``nll``: per-token negative log-likelihood of the spans the sample says are scored
-  (perplexity), one row per span.
+``Sample``; the sample's ``scoring`` picks one of three request kinds (``bamctl.answers``),
+the back-end answers it, and the sample's metric scores the answer.
 
 Rows are appended to the result store as each sample finishes, so an interrupted run
-keeps everything finished and a rerun skips it (same resume key), before building it.
+keeps everything finished. A rerun reuses a stored row only for what was computed: the
+same resume key (model, back-end, prompt fingerprint, dtype, slot), the same request
+(``request_digest``: the very ids fed and scored) and the same compute version (the code
+and libraries that computed it; ``reuse=True`` takes rows of other versions too). A slot
+with no stored row is run without being built twice; one with a stored row is built and
+its request compared.
 """
 
 from __future__ import annotations
@@ -27,13 +27,15 @@ from typing import Callable
 
 import torch
 
+from bamctl.answers import ANSWER_TOKENS, ANSWERS, answer_length, request_digest
 from bamctl.backends import Backend
+from bamctl.code_version import compute_version
 from bamctl.errors import BamctlError
 from bamctl.fingerprints import digest
 from bamctl.results.provenance import provenance
 from bamctl.results.schema import row_key
 from bamctl.results.store import ResultStore
-from bamctl.tasks import Sample, SampleSlot, TaskPlan, plan_samples, score
+from bamctl.tasks import Sample, SampleSlot, TaskPlan, plan_samples
 
 
 @dataclass(frozen=True)
@@ -58,59 +60,19 @@ class TaskRequest:
 @dataclass
 class RunStats:
     written: int = 0
-    skipped: int = 0
+    skipped: int = 0  # rows reused: stored for the same request and compute version
+    reused_other_code: int = 0  # of those, rows of another compute version (``reuse=True``)
+    other_code: int = 0  # rows stored by another compute version, computed again
+    other_request: int = 0  # rows stored for another request under the same key (a prompt changed), computed again
+    dropped_tokens: int = 0  # prompt tokens the back-end left out to fit its maximum length, over the rows written
+    dropped_rows: int = 0
     rows: list[dict] = field(default_factory=list)
 
 
-# -- answering one sample: the request kinds ----------------------------------------------
-
-
-def _decode(backend: Backend, ids: list[int]) -> str:
-    return backend.tokenizer.decode([i for i in ids if i >= 0])  # -1: a token outside the model's vocabulary
-
-
-def answer_teacher_forced(backend: Backend, sample: Sample) -> list[dict]:
-    """Feed the prompt and the answer; read the argmax where each scored answer token is predicted."""
-    result = backend.score_continuation(sample.input_ids, sample.answer_ids)
-    predicted = result.predicted_ids[len(sample.answer_ids) - len(sample.target_ids):]
-    value = score(sample.metric, predicted, sample)
-    return [{
-        "expected": _decode(backend, sample.target_ids).strip(),
-        "predicted": _decode(backend, predicted).strip(),
-        "correct": value == 1.0,
-        "score": value,
-    }]
-
-
-def answer_generate(backend: Backend, sample: Sample) -> list[dict]:
-    text = _decode(backend, backend.generate(sample.input_ids, sample.max_new_tokens))
-    value = score(sample.metric, text, sample)
-    return [{"expected": " | ".join(sample.answers), "predicted": text, "correct": value == 1.0, "score": value}]
-
-
-def answer_nll(backend: Backend, sample: Sample) -> list[dict]:
-    """One pass from the first scored token on; a row per scored span. A token the model has no
-    vocabulary row for comes back as NaN and is left out of the sum and of ``n_scored``."""
-    first = min(span.start for span in sample.scored)
-    nll = backend.token_nll(sample.input_ids, first)  # nll[t - first] is the loss of token t
-    rows = []
-    for span in sample.scored:
-        values = nll[span.start - first : span.stop - first]
-        known = ~torch.isnan(values)
-        total, count = float(values[known].double().sum()), int(known.sum())
-        rows.append({"position": span.position, "nll": total, "n_scored": count,
-                     "score": score(sample.metric, (total, count), sample)})
-    return rows
-
-
-# Tokens a request kind feeds after the prompt, at most (a passkey key's digits, with room).
-ANSWER_TOKENS = {"teacher_forced": 16, "nll": 0}
-
-ANSWERS: dict[str, Callable[[Backend, Sample], list[dict]]] = {
-    "teacher_forced": answer_teacher_forced,
-    "generate": answer_generate,
-    "nll": answer_nll,
-}
+def run_compute_version(backend: Backend) -> str:
+    """The compute version of a row: the back-end's (its code, bamctl's below it, its libraries)
+    and the code that turns its answer into the row's number (``bamctl.answers``)."""
+    return digest([backend.compute_version, compute_version(["bamctl.answers"])])
 
 
 @contextmanager
@@ -142,10 +104,13 @@ class Evaluation:
         self.backend, self.request, self.store = backend, request, store
         self.plan = request.plan(backend.tokenizer, scored_tokens=backend.scored_tokens)
         info = backend.info
+        self.compute_version = run_compute_version(backend)
         self.common = {
             "run_id": run_id or new_run_id(),
             "model": model_name,
             "model_hash": info.model_hash,
+            "backend": backend.kind,
+            "compute_version": self.compute_version,
             "pe": info.pe,
             "ssmax": info.ssmax,
             "train_length": info.train_length,
@@ -172,32 +137,56 @@ class Evaluation:
         return self.plan.slots[index::count]
 
     def run(
-        self, *, force: bool = False, on_row: Callable[[dict], None] | None = None, shard: tuple[int, int] = (0, 1),
-        checked: bool = False,
+        self, *, force: bool = False, reuse: bool = False, on_row: Callable[[dict], None] | None = None,
+        shard: tuple[int, int] = (0, 1), checked: bool = False,
     ) -> RunStats:
-        """Evaluate every sample of this shard not yet in the store (``checked``: ``preflight`` already ran)."""
+        """Evaluate every sample of this shard not yet in the store (``checked``: ``preflight`` already ran).
+
+        ``force`` recomputes everything; ``reuse`` also takes stored rows of another compute
+        version (never of another request)."""
         if not checked:
             self.preflight()
-        done = set() if force else self.store.done_keys()
+        stored = {} if force else self.store.done_requests()
         stats = RunStats()
         parts = []  # one per row while running, so a kill loses at most the sample in flight
         try:
             for slot in self._mine(shard):
                 rows = [self._identity(slot, position) for position in slot.rows]
-                todo = [row for row in rows if row_key(row) not in done]
-                stats.skipped += len(rows) - len(todo)
+                todo, sample = self._still_to_do(slot, rows, stored, reuse, stats)
                 if not todo:
                     continue
-                for row in self._answer(self.plan.build(slot), todo):
+                for row in self._answer(sample or self.plan.build(slot), todo):
                     with _interrupts_deferred():  # a Ctrl-C here would leave a written part unrecorded
                         parts.append(self.store.append([row]))
                     stats.written += 1
+                    stats.dropped_tokens += row["dropped_tokens"]
+                    stats.dropped_rows += row["dropped_tokens"] > 0
                     stats.rows.append(row)
                     if on_row:
                         on_row(row)
         finally:  # also on Ctrl-C: one file per run keeps later reads fast
             self.store.merge(parts)
         return stats
+
+    def _still_to_do(self, slot: SampleSlot, rows: list[dict], stored: dict, reuse: bool, stats: RunStats):
+        """The rows of a slot that must be computed, and the slot's sample if building it was needed to tell."""
+        found = [stored.get(row_key(row)) for row in rows]
+        current = [s is not None and s.compute_version == self.compute_version for s in found]
+        stats.other_code += sum(s is not None and not ok and not reuse for s, ok in zip(found, current))
+        candidates = [s if s is not None and (ok or reuse) else None for s, ok in zip(found, current)]
+        if not any(candidates):
+            return rows, None
+        sample = self.plan.build(slot)
+        asked = request_digest(sample, self.backend.feeding, self.backend.stop_ids)
+        todo = []
+        for row, candidate, ok in zip(rows, candidates, current):
+            if candidate is not None and candidate.request_digest == asked:
+                stats.skipped += 1
+                stats.reused_other_code += not ok
+            else:
+                stats.other_request += candidate is not None
+                todo.append(row)
+        return todo, sample
 
     def preflight(self) -> None:
         """Let the back-end refuse the longest request now, before any sample, rather than after hours of work."""
@@ -229,13 +218,19 @@ class Evaluation:
         results = {result.get("position"): result for result in ANSWERS[sample.scoring](self.backend, sample)}
         seconds = (time.perf_counter() - start) / len(results)
         finished = datetime.now(timezone.utc)
+        fitting = self.backend.fitting(sample.scoring, sample.n_tokens, answer_length(sample))
+        request = request_digest(sample, self.backend.feeding, self.backend.stop_ids)
         return [
             {
                 **row,
                 **results[row["position"]],
+                "request_digest": request,
+                "draw": sample.draw,
+                "document_start": sample.meta.get("start") if sample.scoring == "nll" else None,
                 "n_tokens": sample.n_tokens,
+                "dropped_tokens": fitting.dropped,
                 "needle_depth": sample.needle_depth,
-                "bos": self.backend.bos_for(sample.scoring),
+                "bos": fitting.bos,
                 "seconds": seconds,
                 "tokens_per_s": sample.n_tokens / (seconds * len(results)) if seconds > 0 else 0.0,
                 "peak_mem_bytes": _peak_memory_bytes(self.backend.device),

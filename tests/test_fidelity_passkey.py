@@ -98,7 +98,7 @@ def test_teacher_forcing_scores_the_answer_tokens_but_the_first(paths):
     from bamctl.backends.base import EngineOptions
     from bamctl.backends.native import EngineBackend
     from bamctl.checkpoint import new_random_model
-    from bamctl.evaluate import answer_teacher_forced
+    from bamctl.answers import answer_teacher_forced
     from bamctl.model import ModelConfig
 
     tokenizer = load_hf_tokenizer(paths["model-folder"])

@@ -40,7 +40,8 @@ def test_buckets_are_the_authors_windows(tmp_path, bos):
     length, width = 20, 8
     rows = _bucket_rows(backend, tmp_path, length, width, corpus)
 
-    text = backend.tokenizer.encode(corpus.read_text())[:length]
+    start = rows[0]["document_start"]  # the document the seed picked
+    text = backend.tokenizer.encode(corpus.read_text())[start : start + length]
     fed = [BOS, *text] if bos == "auto" else text
     logits = reference_logits(family, {k: v.double() for k, v in state.items()}, model_args, torch.tensor(fed))
     nll = F.cross_entropy(logits[:-1], torch.tensor(fed[1:]), reduction="none")  # nll[i]: loss of fed[i + 1]

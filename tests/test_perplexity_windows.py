@@ -72,11 +72,44 @@ def test_ppl_documents_have_exact_length_and_record_repetition():
     assert len(corpus) > 300_000
     first, second = generate_samples("ppl", [4096], 2, 0, tok)
     assert first.n_tokens == second.n_tokens == 4096
-    assert first.input_ids == corpus[:4096] and second.input_ids == corpus[4096:8192]
+    for sample in (first, second):  # a corpus slice at a multiple of the document length, as its row records
+        start = sample.meta["start"]
+        assert start % 4096 == 0 and sample.input_ids == corpus[start : start + 4096] and sample.draw == f"doc@{start}"
+    assert first.meta["start"] != second.meta["start"]
     assert first.meta["corpus_repeats"] == 1 and first.scoring == "nll"
+    assert first.meta["documents"] == len(corpus) // 4096
     assert tok.decode(first.input_ids) == first.prompt
     (long,) = generate_samples("ppl", [524288], 1, 0, tok)
-    assert long.n_tokens == 524288 and long.meta["corpus_repeats"] == 2
+    assert long.n_tokens == 524288 and long.meta["corpus_repeats"] == 2 and long.meta["start"] == 0
+
+
+def test_the_seed_picks_the_documents():
+    """Finding: the seed was never read, so every seed scored the same documents. Now each seed
+    draws its own (distinct within the seed), and the first k do not depend on how many are asked."""
+    tok = get_tokenizer("gpt2")
+    starts = {seed: [s.meta["start"] for s in generate_samples("ppl", [16384], 4, seed, tok)] for seed in (0, 230039, 414707)}
+    for seed, chosen in starts.items():
+        assert len(set(chosen)) == 4, seed  # one seed never reads a passage twice
+    assert starts[0] != starts[230039] and set(starts[230039]) != set(starts[414707])
+    more = [s.meta["start"] for s in generate_samples("ppl", [16384], 6, 230039, tok)]
+    assert more[:4] == starts[230039]
+    places = len(ppl_corpus_tokens(tok)) // 16384
+    everything = [s.meta["start"] for s in generate_samples("ppl", [16384], places, 230039, tok)]
+    assert sorted(everything) == [i * 16384 for i in range(places)]  # a shuffle of every place
+
+
+def test_a_request_for_more_documents_than_the_corpus_holds_is_told(tmp_path):
+    from bamctl.tasks import plan_samples
+
+    tok = get_tokenizer("gpt2")
+    path = tmp_path / "short.txt"
+    path.write_text("one two three four five six seven eight nine ten " * 20)  # 200 tokens
+    plan = plan_samples("ppl", [64], 5, [0], tok, corpus_path=path)
+    (note,) = plan.notes
+    assert "3 distinct document(s) of 64 tokens" in note and "--samples 5" in note
+    samples = list(plan.samples())
+    assert len({s.draw for s in samples}) == 3  # the two past the corpus repeat earlier ones, and say so in their draw
+    assert plan_samples("ppl", [64], 3, [0], tok, corpus_path=path).notes == ()
 
 
 def test_ppl_user_corpus(tmp_path):

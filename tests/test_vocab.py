@@ -39,7 +39,7 @@ def test_tokens_outside_the_subset_are_not_scored():
     from bamctl.tasks.sample import ScoredSpan
     from types import SimpleNamespace
 
-    from bamctl.evaluate import answer_nll
+    from bamctl.answers import answer_nll
 
     tokenizer = get_tokenizer("gpt2")
     known = sorted(set(tokenizer.encode("The grass is green. The sky is blue.")))

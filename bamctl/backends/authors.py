@@ -297,6 +297,8 @@ class AuthorsBackend(EngineBackend):
     their own code recomputes for longer inputs).
     """
 
+    kind = "authors"
+
     def __init__(self, reference: str, options: AuthorsOptions):
         path = Path(reference).expanduser()
         if not is_authors_checkpoint(path):

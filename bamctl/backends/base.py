@@ -11,7 +11,8 @@ Options: the command line gathers what the user asked for in one :class:`RunOpti
 honour; building it from a ``RunOptions`` refuses any other option by name, so nothing
 the user asked for is ever silently ignored.
 
-This module imports nothing of bamctl's but errors: every back-end may import it.
+This module imports nothing of bamctl's but errors and the compute-version leaf: every
+back-end may import it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import asdict, dataclass, fields
 from abc import ABC, abstractmethod
 from typing import Any, Sequence, TypeVar
 
+from bamctl.code_version import compute_version
 from bamctl.errors import BamctlError
 
 
@@ -46,6 +48,16 @@ class ModelPeek:
 
 
 @dataclass(frozen=True)
+class Fitting:
+    """How a request of some shape is fed to a model with a maximum length: whether the prefix
+    (a BOS) goes in front, and how many prompt tokens are left out from the prompt's start so
+    that what is fed fits. Almost always ``bos`` as asked and ``dropped = 0``; a row records both."""
+
+    bos: bool
+    dropped: int = 0
+
+
+@dataclass(frozen=True)
 class ContinuationScore:
     """The answer to ``score_continuation``: one entry per target token."""
 
@@ -61,11 +73,14 @@ class Backend(ABC):
     abstract properties below, which go into every row's fingerprint. A back-end that leaves
     one out cannot be built (a test opens every registered back-end)."""
 
+    kind: str  # which back-end computes: "native", "authors", "hf", "vllm" (part of a row's identity)
+    compute_libraries: tuple[str, ...] = ("torch",)  # distributions whose versions change its numbers
     info: ModelInfo
     tokenizer: Any  # bamctl.tokenizer.Tokenizer, whose non-empty `fingerprint` identifies it
     device: str  # what ran: "cpu", "cuda:0"
     dtype: str  # what ran: "float32", "bfloat16"
     attention: str  # the attention path that ran ("native", "flex", "sdpa"), never "auto"
+    stop_ids: set[int]  # token ids that end a greedy generation (EOS), part of a generation's request digest
 
     @property
     @abstractmethod
@@ -78,6 +93,18 @@ class Backend(ABC):
     def scored_tokens(self) -> str:
         """Identity of the tokens this model can score (perplexity sums NLLs over them): a model
         with rows for a subset of its tokenizer's ids scores only those."""
+
+    @property
+    def compute_version(self) -> str:
+        """Fingerprint of the code that turns a request into a number here (this back-end's module
+        and every bamctl module it reaches) and of ``compute_libraries``' versions: a row computed
+        under another one is not reused (``bamctl.code_version``)."""
+        return compute_version([type(self).__module__], self.compute_libraries)
+
+    def fitting(self, scoring: str, n_prompt: int, n_answer: int) -> Fitting:
+        """How a request of this kind, with a prompt of ``n_prompt`` tokens and ``n_answer`` fed or
+        generated after it, is fed. A back-end without a maximum length feeds it whole."""
+        return Fitting(self.bos_for(scoring), 0)
 
     @abstractmethod
     def score_continuation(self, prompt_ids: Sequence[int], target_ids: Sequence[int]) -> ContinuationScore: ...

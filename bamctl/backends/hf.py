@@ -5,9 +5,14 @@ Answers the three request kinds with the model's own forward:
 - long inputs are prefilled in chunks of ``--chunk-size`` tokens into the model's KV cache
   (``DynamicCache``), and the output head runs only on the rows a request needs
   (``logits_to_keep``), so memory is the cache plus one chunk's activations;
-- lengths are the model's tokenizer's; nothing is ever truncated. Past the configured
+- lengths are the model's tokenizer's. Past the configured
   ``max_position_embeddings`` the model runs anyway (extrapolation is the point) after
   one warning line on stderr, or the request is refused with ``--beyond-max refuse``;
+- at exactly that maximum, what a request adds to its prompt may not fit: teacher forcing
+  then leaves out the prompt's first tokens (as many as the BOS and the answer tokens fed
+  before the last take past the maximum), and a generation or a perplexity document the
+  BOS. Nothing else is ever cut. The row records both (``dropped_tokens``, ``bos``), and a
+  run that drops any token says so in one line per model (``Backend.fitting``);
 - base mode by default: prompts go in as the task tokenised them. One BOS is put in
   front of each request when the tokenizer's own plain call adds one (Llama, Mistral),
   since that is what the model saw in training; it is never added per piece, never
@@ -66,6 +71,9 @@ def scaled_config(reference: str, kind: str, factor: float):
 
 
 class HFBackend(ShapedBackend):
+    kind = "hf"
+    compute_libraries = ("torch", "transformers", "tokenizers")
+
     def __init__(self, reference: str, options: HFOptions):
         from bamctl.backends.hf_tokenizer import model_tokenizer
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from bamctl.backends.base import ALL_TOKENS, BEYOND_MAX, Backend
+from bamctl.backends.base import ALL_TOKENS, BEYOND_MAX, Backend, Fitting
 from bamctl.errors import BamctlError
 
 INSTALL_HINT = "pip install 'bamctl[hf]'"
@@ -130,29 +130,41 @@ class LengthPolicy:
             )
 
 
-    def fit(self, prefix: list[int], prompt: list[int], targets: list[int]) -> list[int]:
-        """What to feed to score ``targets`` after ``prefix + prompt`` by teacher forcing.
+    def continuation_fitting(self, n_prefix: int, n_prompt: int, n_targets: int) -> Fitting:
+        """How ``n_targets`` tokens after a prefix and a prompt are scored by teacher forcing.
 
         The last target is only predicted, never fed. When the prompt itself fits the limit
         and only the prefix (a BOS) and the answer tokens before the last would take it past
         (a length equal to the model's own limit), that many tokens are left out from the
-        prompt's start, after the prefix, so what is fed fits; otherwise the ``--beyond-max``
-        policy applies.
+        prompt's start, after the prefix, so what is fed fits (the row records how many);
+        otherwise everything is fed and the ``--beyond-max`` policy applies.
         """
-        fed = prefix + prompt + targets[:-1]
-        if self.limit is not None and len(fed) > self.limit >= len(prompt):
-            return prefix + prompt[len(fed) - self.limit :] + targets[:-1]
+        fed = n_prefix + n_prompt + max(n_targets - 1, 0)
+        if self.limit is not None and fed > self.limit >= n_prompt:
+            return Fitting(bos=n_prefix > 0, dropped=fed - self.limit)
+        return Fitting(bos=n_prefix > 0)
+
+    def prefix_fitting(self, n_prefix: int, n_ids: int, after: int = 0) -> Fitting:
+        """The prefix then ``n_ids`` tokens; or the tokens alone when only the prefix (a BOS) would
+        take them past the limit with ``after`` tokens still to come: a length equal to the
+        model's limit then fits, without its BOS (the row's ``bos`` says so)."""
+        if self.limit is not None and n_prefix + n_ids + after > self.limit >= n_ids + after:
+            return Fitting(bos=False)
+        return Fitting(bos=n_prefix > 0)
+
+    def fit(self, prefix: list[int], prompt: list[int], targets: list[int]) -> list[int]:
+        """What to feed to score ``targets`` after ``prefix + prompt`` (``continuation_fitting``)."""
+        fitting = self.continuation_fitting(len(prefix), len(prompt), len(targets))
+        fed = prefix + prompt[fitting.dropped :] + targets[:-1]
         self.check(len(fed))
         return fed
 
     def fit_prefix(self, prefix: list[int], ids: list[int], after: int = 0) -> list[int]:
-        """``prefix + ids``; or ``ids`` alone when only the prefix (a BOS) would take it past the
-        limit with ``after`` tokens still to come: a length equal to the model's limit then
-        fits. Beyond that the ``--beyond-max`` policy applies."""
-        if self.limit is not None and len(prefix) + len(ids) + after > self.limit >= len(ids) + after:
-            return list(ids)
-        self.check(len(prefix) + len(ids) + after)
-        return prefix + list(ids)
+        """What to feed for ``ids`` with ``after`` tokens to come (``prefix_fitting``); beyond the
+        limit the ``--beyond-max`` policy applies."""
+        fed = (prefix if self.prefix_fitting(len(prefix), len(ids), after).bos else []) + list(ids)
+        self.check(len(fed) + after)
+        return fed
 
 
 def estimate_bytes(model, n_tokens: int, chunk_size: int) -> int:
@@ -225,6 +237,14 @@ class ShapedBackend(Backend):
 
     def bos_for(self, scoring: str) -> bool:
         return self.shaper.bos_for(scoring)
+
+    def fitting(self, scoring: str, n_prompt: int, n_answer: int) -> Fitting:
+        """At the model's maximum length, the answer's tokens or the BOS may not all fit: what
+        ``score_continuation``, ``generate`` and ``token_nll`` then feed, stated for the row."""
+        n_prefix = len(self.shaper.prefix)
+        if scoring == "teacher_forced":
+            return self.lengths.continuation_fitting(n_prefix, n_prompt, n_answer)
+        return self.lengths.prefix_fitting(n_prefix, n_prompt, n_answer if scoring == "generate" else 0)
 
 
 def read_config(reference: str):

@@ -15,6 +15,10 @@ class EngineBackend(Backend):
     an authors' checkpoint mapped onto our model).
     """
 
+    kind = "native"
+
+    kind = "native"
+
     def __init__(self, checkpoint, tokenizer: Tokenizer, name: str, options: EngineOptions):
         from bamctl.engine.stream import StreamingEngine
 
@@ -38,6 +42,7 @@ class EngineBackend(Backend):
             train_length=config.train_length,
             rope_scaling=None if self.rope_scaling is None else self.rope_scaling.label,
         )
+        self.stop_ids = set() if tokenizer.eos_id is None else {tokenizer.eos_id}
         self.device = str(self.engine.device)
         self.dtype = str(self.engine.dtype).removeprefix("torch.")
         self.attention = self.engine.attention
@@ -59,8 +64,7 @@ class EngineBackend(Backend):
         return ContinuationScore(predicted_ids=predicted, logprobs=logprobs)
 
     def generate(self, prompt_ids, max_new_tokens):
-        eos = () if self.tokenizer.eos_id is None else (self.tokenizer.eos_id,)
-        return self.engine.generate(prompt_ids, max_new_tokens, stop_ids=eos)
+        return self.engine.generate(prompt_ids, max_new_tokens, stop_ids=tuple(sorted(self.stop_ids)))
 
     def token_nll(self, ids, score_from=1):
         return self.engine.token_nll(ids, score_from)

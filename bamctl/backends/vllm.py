@@ -79,6 +79,9 @@ def import_vllm():
 
 
 class VLLMBackend(ShapedBackend):
+    kind = "vllm"
+    compute_libraries = ("torch", "vllm", "transformers", "tokenizers")
+
     def __init__(self, reference: str, options: VLLMOptions):
         from bamctl.backends.hf_tokenizer import model_tokenizer
 

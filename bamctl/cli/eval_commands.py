@@ -98,24 +98,37 @@ def run_models(
     if ev.quiet:
         _quiet_external_libraries()
     run_id = new_run_id()
-    covered, names_by_hash, prompts = set(), {}, {}
+    covered, names_by_identity, prompts, notes, versions = set(), {}, {}, set(), set()
     with _progress(ev.quiet) as progress:
         for model, name in zip(models, names):
             backend = open_backend(model, run)
-            names_by_hash[backend.info.model_hash] = name
+            identity = (backend.info.model_hash, backend.kind)
+            same = names_by_identity.setdefault(identity, [])
+            same.append(name)
+            if len(same) > 1:  # its rows are the first one's: computed once, shown under both names
+                stderr.print(f"note: {name} is the same model as {same[0]} (model hash {identity[0]}, back-end "
+                             f"{identity[1]}): its column shows the same rows", soft_wrap=True)
+                del backend
+                continue
             evaluations = [Evaluation(backend, request, store, model_name=name, run_id=run_id) for request in requests]
-            covered |= _evaluate_model(evaluations, name, progress, ev, shard_of, prompts)
+            versions.update(evaluation.compute_version for evaluation in evaluations)
+            covered |= _evaluate_model(evaluations, name, progress, ev, shard_of, prompts, notes)
             del backend, evaluations  # one model in memory at a time
             gc.collect()
     shard_run.finish()
-    _report(store, covered, names_by_hash, names, json_output=ev.json, threshold=threshold, plot=plot, baseline=baseline)
+    _report(store, covered, names_by_identity, names, json_output=ev.json, threshold=threshold, plot=plot,
+            baseline=baseline, current_versions=versions)
 
 
-def _evaluate_model(evaluations, name: str, progress, ev, shard_of, prompts: dict) -> set:
+def _evaluate_model(evaluations, name: str, progress, ev, shard_of, prompts: dict, notes: set) -> set:
     """Check every request of one model before its first sample, then run them; the keys they cover."""
     for evaluation in evaluations:
         evaluation.preflight()
         _note_other_prompts(prompts, evaluation, name)
+        for note in evaluation.plan.notes:
+            if note not in notes:
+                notes.add(note)
+                stderr.print(f"note: {note}", soft_wrap=True)
     covered = set()
     for evaluation in evaluations:
         covered |= evaluation.keys()
@@ -132,10 +145,30 @@ def _run_one(evaluation, name: str, progress, ev, shard_of) -> None:
         tokens, seconds = tokens + row["n_tokens"], seconds + row["seconds"]
         progress.update(bar, advance=1, rate=f"{tokens / max(seconds, 1e-9):,.0f} tok/s")
 
-    stats = evaluation.run(force=ev.force, on_row=advance, shard=shard_of, checked=True)
+    stats = evaluation.run(force=ev.force, reuse=ev.reuse, on_row=advance, shard=shard_of, checked=True)
     progress.update(bar, completed=progress.tasks[bar].total)
+    for line in _run_notes(stats, name, ev.out, evaluation.backend):
+        stderr.print(line, soft_wrap=True)
+
+
+def _run_notes(stats, name: str, out: Path, backend) -> list[str]:
+    """What a user should know of a model's run: rows reused, rows computed again, tokens dropped."""
+    lines = []
     if stats.skipped:
-        stderr.print(f"{name}: {stats.skipped} samples already in {ev.out}, skipped (--force recomputes)", soft_wrap=True)
+        reused = f", {stats.reused_other_code} of them computed by another compute version (--reuse)" if stats.reused_other_code else ""
+        lines.append(f"{name}: {stats.skipped} samples already in {out}, skipped{reused} (--force recomputes)")
+    if stats.other_code:
+        lines.append(f"{name}: {stats.other_code} samples stored in {out} by another compute version (other bamctl "
+                     "code or library versions) computed again (--reuse takes them)")
+    if stats.other_request:
+        lines.append(f"{name}: {stats.other_request} samples stored in {out} for other prompts under the same key "
+                     "computed again")
+    if stats.dropped_tokens:
+        limit = getattr(getattr(backend, "lengths", None), "limit", None)
+        at = f" to fit its maximum of {limit:,} positions" if limit else " to fit its maximum length"
+        lines.append(f"{name}: {stats.dropped_tokens} prompt tokens left out from the start of {stats.dropped_rows} "
+                     f"prompts{at} (their rows record it: bamctl results show --dropped)")
+    return lines
 
 
 def _refuse_beyond_max(request, models, peeks, run) -> None:
@@ -227,24 +260,30 @@ def _model_names(models: list[str]) -> list[str]:
     return [m if names.count(n) > 1 else n for n, m in zip(names, models)]
 
 
-def _report(store, covered: set, names_by_hash: dict[str, str], names: list[str], *, json_output: bool, threshold: float,
-            plot: Path | None, baseline: str | None = None) -> None:
+def _report(store, covered: set, names_by_identity: dict[tuple, list[str]], names: list[str], *, json_output: bool,
+            threshold: float, plot: Path | None, baseline: str | None = None, current_versions: set | None = None) -> None:
     """Summaries of exactly the stored rows this invocation asked for, as one table set or JSON document.
 
-    Rows are found by weights (model hash) and prompt, and shown under this invocation's names: a
-    checkpoint folder renamed since its rows were stored still finds them.
+    Rows are found by model identity (model hash and back-end) and prompt, and shown under this
+    invocation's names: a checkpoint folder renamed since its rows were stored still finds them,
+    and two references to one model show the same rows, each under its own name.
     """
     import json
+
+    import pandas as pd
 
     from bamctl.results.render import render_summaries, summaries_to_json
     from bamctl.results.schema import row_key
     from bamctl.results.summary import summarize
 
     frame = store.read()
-    mine = [row_key(row) in covered and row["model_hash"] in names_by_hash for row in frame.to_dict("records")]
-    frame = frame[mine].copy() if len(frame) else frame
     if len(frame):
-        frame["model"] = frame["model_hash"].map(names_by_hash)
+        frame = frame[[row_key(row) in covered for row in frame.to_dict("records")]]
+        identity = list(zip(frame["model_hash"], frame["backend"]))
+        frame = pd.concat(
+            [frame[[i == key for i in identity]].assign(model=name) for key, same in names_by_identity.items() for name in same],
+            ignore_index=True,
+        ) if len(frame) else frame
     if frame.empty:  # e.g. a shard that drew no sample
         stderr.print("no result rows for this request yet")
         return

@@ -151,6 +151,10 @@ EVALUATION: list[Param] = [
         "--out", "-o", rich_help_panel=OUTPUT_PANEL, help="Results directory (Parquet part files, one row per sample).")),
     Param("force", bool, False, typer.Option(
         rich_help_panel=OUTPUT_PANEL, help="Recompute samples already in the results directory instead of skipping them.")),
+    Param("reuse", bool, False, typer.Option(
+        rich_help_panel=OUTPUT_PANEL,
+        help="Also reuse stored rows that another compute version (other bamctl code, kernel or library versions) "
+        "computed for the very same request; tables then say they hold them. Default: such rows are computed again.")),
     Param("shard", Optional[str], None, typer.Option(
         rich_help_panel=OUTPUT_PANEL,
         help="I/N: evaluate only every N-th sample starting at I (0-based), all shards writing one --out; auto: I and N "

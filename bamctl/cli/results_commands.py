@@ -100,6 +100,7 @@ def show(
     baseline: BaselineOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout instead of tables.")] = False,
     show_engines: Annotated[bool, typer.Option("--engines", help="Under the tables, list what the rows ran on: dtype, device and attention path per model.")] = False,
+    show_dropped: Annotated[bool, typer.Option("--dropped", help="Under the tables, list the samples whose prompt the back-end cut to fit the model's maximum length (hf:/vllm: at exactly that length), with how many tokens it left out.")] = False,
 ) -> None:
     """Print the summary table of stored rows: rows = lengths, columns = models, cells = accuracy with
     a Wilson 95% interval (perplexity for ppl), best per length highlighted, then the effective length.
@@ -107,7 +108,7 @@ def show(
 
     Example: bamctl results show --dir results --task passkey --where "depth <= 0.5"
     """
-    from bamctl.results.provenance import engines
+    from bamctl.results.provenance import dropped, engines
     from bamctl.results.render import render_summaries, summaries_to_json
 
     frame = _load(directory, task, model, where)
@@ -116,19 +117,24 @@ def show(
         document = summaries_to_json(summaries)
         if show_engines:
             document["engines"] = engines(frame).to_dict("records")
+        if show_dropped:
+            document["dropped"] = dropped(frame).to_dict("records")
         typer.echo(json.dumps(document, indent=2))
         return
     _stdout().print(render_summaries(summaries))
     if show_engines:
-        _stdout().print(_engines_table(engines(frame)))
+        _stdout().print(_listing("ran on", engines(frame)))
+    if show_dropped:
+        cut = dropped(frame)
+        _stdout().print(_listing("prompts cut to fit", cut) if len(cut) else "no prompt was cut to fit a model's maximum length")
 
 
-def _engines_table(frame: "pd.DataFrame"):
+def _listing(title: str, frame: "pd.DataFrame"):
     from rich.table import Table
 
-    table = Table(title="ran on", title_justify="left")
+    table = Table(title=title, title_justify="left")
     for column in frame.columns:
-        table.add_column(column, justify="right" if column == "rows" else "left")
+        table.add_column(column, justify="left" if frame[column].dtype == object else "right")
     for row in frame.itertuples(index=False):
         table.add_row(*(str(value) for value in row))
     return table

@@ -50,6 +50,15 @@ def torch_version() -> str:
         return "unknown"
 
 
+DROPPED_COLUMNS = ("model", "task", "protocol", "length", "depth", "seed", "sample", "n_tokens", "dropped_tokens")
+
+
+def dropped(frame: "pd.DataFrame") -> "pd.DataFrame":
+    """The rows whose prompt the back-end cut to fit the model's maximum length, and by how much."""
+    cut = frame[frame["dropped_tokens"].fillna(0) > 0] if "dropped_tokens" in frame else frame.iloc[0:0]
+    return cut[list(DROPPED_COLUMNS)].reset_index(drop=True)
+
+
 def engines(frame: "pd.DataFrame") -> "pd.DataFrame":
     """Rows per (model, dtype, device, attention): what each model's numbers were computed on."""
     return frame.groupby(list(ENGINE_COLUMNS), sort=True).size().rename("rows").reset_index()

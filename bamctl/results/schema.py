@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 VERSION_KEY = b"bamctl.schema_version"
 
 
@@ -35,18 +35,24 @@ COLUMNS: tuple[Column, ...] = (
     Column("scoring", pa.string(), False, "the request kind the model answered: teacher_forced, generate or nll"),
     Column("fingerprint", pa.string(), True, "hash of everything that made the prompt and its scoring: task spec and generator version, data file contents (texts, word lists, --corpus), tokenizer, resolved options, what the back-end puts around a prompt (BOS, chat template); null in rows written before version 3, and in rows of versions 3 and 4 read today (their `model_hash` covered the weights alone: never trusted)"),
     Column("model", pa.string(), False, "model name as the user gave it"),
+    Column("request_digest", pa.string(), True, "digest of exactly what the sample asked of the model: the ids fed, the answer fed after them and its scored targets (or the scored spans), the generation budget, the request kind and metric, what the back-end put around the prompt (BOS, chat template); a row is reused only for the same digest; null before version 6 (such rows are recomputed)"),
     Column("model_hash", pa.string(), False, "hash of the model weights and every config field that changes its forward pass (bamctl checkpoints: config.json's `model` table; the authors' checkpoints: the config read from args.json, prior form included; hf:/vllm:: config.json and generation_config.json), and of `rope_scaling` when RoPE is scaled at inference (another model); a renamed folder keeps it; identifies the model"),
+    Column("backend", pa.string(), True, "the back-end that computed the row: native (bamctl's engine), authors (bam:), hf, vllm; part of the model's identity (an hf and a vLLM run of one checkpoint are two models); null before version 6"),
+    Column("compute_version", pa.string(), True, "digest of the code and library versions that turned the request into the row's number (the back-end's module and every bamctl module it reaches, its C++ kernel, the scoring code; torch, transformers, vLLM versions); a docstring or comment edit does not move it; a rerun under another one recomputes unless `--reuse`; null before version 6"),
     Column("pe", pa.string(), False, "positional encoding (rope, alibi, nope, bam, ...)"),
     Column("ssmax", pa.bool_(), False, "whether scalable softmax is on"),
     Column("train_length", pa.int64(), False, "context length the model was trained at, tokens"),
     Column("rope_scaling", pa.string(), True, "RoPE scaled at inference (`--rope-scaling`, `--rope-factor`, or a `@KIND:FACTOR` model suffix), e.g. yarn:8; null when not"),
     Column("length", pa.int64(), False, "target context length of the sample, tokens"),
     Column("n_tokens", pa.int64(), False, "actual length of the prompt (the passkey `authors` protocol's achieved length, usually a little under `length`), tokens"),
+    Column("dropped_tokens", pa.int64(), True, "prompt tokens the back-end left out from the prompt's start to fit the model's maximum length (hf:/vllm: at exactly that length, teacher forcing: BOS + answer tokens before the last); 0 almost always; null before version 6"),
     Column("bos", pa.bool_(), True, "whether the back-end put one BOS token before the prompt or document (`--bos`; never counted in `n_tokens`, never scored)"),
     Column("depth", pa.float64(), True, "needle depth asked for (`--depths`), a fraction of the haystack (0 = start, 1 = end); null when the task places its needles itself (RULER's default) or has none"),
     Column("needle_depth", pa.float64(), True, "where the (first) needle landed, a fraction of the haystack (passkey: snapped to a sentence end; RULER: its random placement); null without a needle"),
     Column("sample", pa.int64(), False, "index of the sample (Sample.index) within (task, protocol, length, depth, seed)"),
     Column("seed", pa.int64(), False, "seed the sample was generated from"),
+    Column("draw", pa.string(), True, "the independent draw the sample belongs to, the unit statistics count: `SEED/SAMPLE` for passkey and RULER (one key or set of needles at every depth), `doc@START` for perplexity (a document two seeds picked is one draw); null before version 6 (read as SEED/SAMPLE)"),
+    Column("document_start", pa.int64(), True, "perplexity only: the document's first token in the corpus (the seed picks the document); null otherwise and before version 6"),
     Column("expected", pa.string(), True, "reference answer; null for perplexity"),
     Column("predicted", pa.string(), True, "model answer; null for perplexity"),
     Column("correct", pa.bool_(), True, "whether the answer counts as right; null for perplexity"),
@@ -72,11 +78,17 @@ SCHEMA: pa.Schema = pa.schema(
     metadata={VERSION_KEY: str(SCHEMA_VERSION).encode()},
 )
 
-# A sample is done when a row with the same key exists; reruns skip it.
-# The dtype is in it: a run in another precision computes its own rows, never reuses these.
-KEY_COLUMNS: tuple[str, ...] = ("model_hash", "fingerprint", "dtype", "task", "protocol", "setting", "length", "depth", "seed", "sample", "position")
+# The identity of a row: one slot of one request to one model on one back-end, in one dtype.
+# Readers keep the newest row per key. A rerun reuses the stored row of a key only when its
+# `request_digest` and `compute_version` match too (REUSE_COLUMNS): what was computed, by
+# what code, not only a label for it.
+KEY_COLUMNS: tuple[str, ...] = (
+    "model_hash", "backend", "fingerprint", "dtype", "task", "protocol", "setting", "length", "depth", "seed", "sample",
+    "position",
+)
+REUSE_COLUMNS: tuple[str, ...] = ("request_digest", "compute_version")
 
-ResumeKey = tuple[str, str | None, str, str, str, str, int, float | None, int, int, int | None]
+ResumeKey = tuple[str, str | None, str | None, str, str, str, str, int, float | None, int, int, int | None]
 
 
 def row_key(row: Mapping[str, Any]) -> ResumeKey:
@@ -86,12 +98,10 @@ def row_key(row: Mapping[str, Any]) -> ResumeKey:
         depth = float(depth)
         if math.isnan(depth):  # pandas spells null as NaN; NaN != NaN would break set lookups
             depth = None
-    fingerprint = row.get("fingerprint")
-    if not isinstance(fingerprint, str):  # null, NaN or pandas' NA: a row from before fingerprints
-        fingerprint = None
     return (
         str(row["model_hash"]),
-        fingerprint,
+        _optional_str(row.get("backend")),
+        _optional_str(row.get("fingerprint")),
         str(row["dtype"]),
         str(row["task"]),
         str(row["protocol"]),
@@ -102,6 +112,10 @@ def row_key(row: Mapping[str, Any]) -> ResumeKey:
         int(row["sample"]),
         _optional_int(row.get("position")),
     )
+
+
+def _optional_str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None  # null, NaN or pandas' NA: a row from before the column
 
 
 def _optional_int(value: Any) -> int | None:
@@ -170,9 +184,15 @@ def upgrade(table: pa.Table, version: int) -> pa.Table:
     in their config (nope and rope of one seed) shared it: those rows lose their fingerprint,
     as rows from before fingerprints have none. Resume never matches them (today's rows are
     computed afresh) and summaries keep them apart, labelled ``none``.
+
+    Before version 6 no row said which request and code computed it (``request_digest``,
+    ``compute_version``, ``backend``, ``draw`` read as null): such rows are shown, never reused.
     """
     if version < 5 and "fingerprint" in table.column_names:
         table = table.set_column(table.column_names.index("fingerprint"), "fingerprint", pa.nulls(table.num_rows, pa.string()))
+    for name in ("request_digest", "compute_version"):  # before version 6 nothing said what computed a row
+        if version < 6 and name in table.column_names:
+            table = table.set_column(table.column_names.index(name), name, pa.nulls(table.num_rows, pa.string()))
     if version >= 2:
         return table  # version 2 lacked `fingerprint`, version 3 `rope_scaling`: both read as null
     rows = table.to_pylist()

@@ -10,7 +10,8 @@ its own parts into one when it ends, so a directory keeps about one file per run
 Hidden (`.`/`_`) files are ignored by bamctl and by pyarrow/polars/duckdb globbing alike.
 
 Duplicates: the same resume key (`schema.KEY_COLUMNS`) can be written twice, by two runs
-racing on one directory or by `--force`. Files are never rewritten in place; readers keep the
+racing on one directory, by `--force`, or by a rerun that found the stored row computed from
+another request or by other code. Files are never rewritten in place; readers keep the
 row with the newest `created_at` per key (ties: the later part file, by name) and drop the rest.
 """
 
@@ -21,6 +22,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,7 @@ from bamctl.errors import BamctlError
 from bamctl.results.schema import (
     COLUMNS,
     KEY_COLUMNS,
+    REUSE_COLUMNS,
     SCHEMA,
     SCHEMA_VERSION,
     ResumeKey,
@@ -49,6 +52,15 @@ STALE_TEMP_SECONDS = 3600  # no append holds its temp file this long; older ones
 SORT_COLUMNS: tuple[str, ...] = ("task", "protocol", "setting", "model", "model_hash", "length", "depth", "seed", "sample", "position")
 
 Warn = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class StoredRequest:
+    """What the newest stored row of a resume key was computed from (None: not recorded, as in
+    rows written before schema version 6, which are therefore never reused)."""
+
+    request_digest: str | None
+    compute_version: str | None
 
 
 def _warn_stderr(message: str) -> None:
@@ -162,13 +174,19 @@ class ResultStore:
         )
 
     def done_keys(self) -> set[ResumeKey]:
-        """Resume keys of every stored row: a rerun skips samples whose `row_key` is in this set."""
-        _, tables = self._load(columns=list(KEY_COLUMNS))
-        keys: set[ResumeKey] = set()
-        for table in tables:
-            for row in table.to_pylist():
-                keys.add(row_key(row))
-        return keys
+        """Resume keys of every stored row."""
+        return set(self.done_requests())
+
+    def done_requests(self) -> dict[ResumeKey, StoredRequest]:
+        """Per resume key, the request and compute version of its newest row: a rerun reuses that
+        row only when both match what it would compute (``bamctl.evaluate``)."""
+        _, tables = self._load(columns=[*KEY_COLUMNS, *REUSE_COLUMNS, "created_at"])
+        if not tables:
+            return {}
+        table = _dedupe(pa.concat_tables(tables))
+        return {
+            row_key(row): StoredRequest(row["request_digest"], row["compute_version"]) for row in table.to_pylist()
+        }
 
     def read_table(self, *, dedupe: bool = True) -> pa.Table:
         """All rows as one Arrow table with `schema.SCHEMA`, sorted by key; newest row per key if dedupe."""

@@ -16,6 +16,14 @@ Two protocols:
   of ``bucket`` tokens: bucket k scores tokens k*W .. (k+1)*W-1, token 0 predicted
   from the BOS the back-end puts in front. Without a BOS nothing predicts token 0,
   and bucket 0 scores W-1 tokens.
+
+Documents are chosen by the seed: the corpus is cut into ``len(corpus) // n`` places of
+``n`` tokens (n: the document's length), and a seeded shuffle of those places gives
+document ``index`` its place. One seed never reads a passage twice; two seeds may pick the
+same place, and then read the same document, which its ``draw`` (``doc@START``) says, so
+statistics count it once. A request for more documents than the corpus holds at that
+length is told so when it is planned (``ppl_shortfall``): documents past the distinct ones
+repeat earlier ones.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from pathlib import Path
 
 from bamctl.errors import BamctlError
 from bamctl.fingerprints import file_digest
-from bamctl.tasks.sample import Sample, SampleSlot, ScoredSpan
+from bamctl.tasks.sample import Sample, SampleSlot, ScoredSpan, sample_rng
 from bamctl.tasks.texts import Corpus, file_corpus, shipped_corpus
 from bamctl.tokenizer import Tokenizer
 
@@ -116,28 +124,69 @@ def ppl_corpus_tokens(tokenizer: Tokenizer, corpus_path: Path | str | None = Non
     return list(_corpus_tokens(tokenizer, str(corpus_path) if corpus_path else None))
 
 
-def ppl_document(tokenizer: Tokenizer, corpus_path: Path | str | None, n_tokens: int, index: int) -> tuple[list[int], dict]:
-    """Document ``index`` of ``n_tokens`` tokens: consecutive, non-overlapping corpus slices.
+@lru_cache(maxsize=256)
+def document_places(seed: int, n_tokens: int, places: int, count: int) -> tuple[int, ...]:
+    """The places (multiples of ``n_tokens`` in the corpus, numbered 0 .. ``places`` - 1) of the
+    first ``count`` documents of ``seed``: distinct, in a seeded shuffle drawn one by one
+    (Fisher-Yates, the swaps kept in a dict), so the first k never depend on how many are asked."""
+    rng = sample_rng(seed, "ppl documents", n_tokens, places)
+    swapped: dict[int, int] = {}
+    chosen = []
+    for i in range(min(count, places)):
+        j = rng.randrange(i, places)
+        chosen.append(swapped.get(j, j))
+        swapped[j] = swapped.get(i, i)
+    return tuple(chosen)
 
-    The corpus repeats from its start when it is shorter than ``(index + 1) * n_tokens``
-    tokens; ``meta["corpus_repeats"]`` says how often (1 = no repetition), because a
-    model can copy a repeated passage and its perplexity then means little.
+
+def ppl_document(
+    tokenizer: Tokenizer, corpus_path: Path | str | None, n_tokens: int, index: int, seed: int = 0,
+) -> tuple[list[int], dict]:
+    """Document ``index`` of seed ``seed``: ``n_tokens`` consecutive corpus tokens at the place
+    the seed's shuffle gives it (see the module docstring); ``meta["start"]`` is its first token.
+
+    Past the corpus's distinct places, a seed's documents repeat its first ones. A corpus
+    shorter than one document repeats from its start; ``meta["corpus_repeats"]`` says how
+    often (1 = no repetition), because a model can copy a repeated passage and its
+    perplexity then means little.
     """
     corpus = _corpus_tokens(tokenizer, str(corpus_path) if corpus_path else None)
     size = len(corpus)
-    start = (index * n_tokens) % size
+    places = size // n_tokens
+    start = 0
+    if places:
+        order = document_places(seed, n_tokens, places, min(index + 1, places))
+        start = order[index % places] * n_tokens
     ids: list[int] = []
     while len(ids) < n_tokens:
-        take = min(n_tokens - len(ids), size - (start + len(ids)) % size)
         offset = (start + len(ids)) % size
-        ids.extend(corpus[offset : offset + take])
+        ids.extend(corpus[offset : offset + min(n_tokens - len(ids), size - offset)])
     meta = {
         "corpus": "ppl" if corpus_path is None else str(corpus_path),
         "corpus_tokens": size,
         "start": start,
-        "corpus_repeats": -(-(index * n_tokens + n_tokens) // size),
+        "documents": max(places, 1),  # distinct documents of this length the corpus holds
+        "corpus_repeats": 1 if places else -(-n_tokens // size),
     }
     return ids, meta
+
+
+def document_length(spec, length: int, options: dict) -> int:
+    """The tokens of one document: the sliding protocol's ``doc_tokens``, a bucket document's length."""
+    return options["doc_tokens"] if spec.protocol == "sliding" else length
+
+
+def ppl_shortfall(spec, lengths: list[int], n_samples: int, tokenizer: Tokenizer, options: dict) -> str | None:
+    """One line when the corpus holds fewer distinct documents of some length than ``n_samples``."""
+    corpus_path = options.get("corpus_path")
+    size = len(_corpus_tokens(tokenizer, str(corpus_path) if corpus_path else None))
+    for n in sorted({document_length(spec, length, options) for length in lengths}, reverse=True):
+        if size // n < n_samples:
+            name = "the perplexity corpus" if corpus_path is None else str(corpus_path)
+            return (f"{name} holds {max(size // n, 1)} distinct document(s) of {n:,} tokens ({size:,} tokens with "
+                    f"{tokenizer.name}); --samples {n_samples} asks for more, so documents repeat and each "
+                    "counts once in the statistics")
+    return None
 
 
 def ppl_options(spec, lengths: list[int], options: dict) -> dict:
@@ -197,12 +246,12 @@ def ppl_sample(
     """sliding: the window of ``slot.length`` tokens of document ``slot.index`` that scores from
     ``slot.position`` on; buckets: the whole document, its buckets scored separately."""
     if slot.protocol == "sliding":
-        document, meta = ppl_document(tokenizer, corpus_path, doc_tokens, slot.index)
+        document, meta = ppl_document(tokenizer, corpus_path, doc_tokens, slot.index, slot.seed)
         windows = sliding_windows(doc_tokens, slot.length, slot.length if stride is None else stride)
         window = next(w for w in windows if w.score_from == slot.position)
         ids = document[window.begin : window.end]
         scored = [ScoredSpan(window.score_from - window.begin, window.end - window.begin, window.score_from)]
     else:
-        ids, meta = ppl_document(tokenizer, corpus_path, slot.length, slot.index)
+        ids, meta = ppl_document(tokenizer, corpus_path, slot.length, slot.index, slot.seed)
         scored = [ScoredSpan(b.start, b.end, b.start) for b in position_buckets(len(ids), bucket)]
-    return slot.sample(input_ids=ids, prompt=tokenizer.decode(ids), scored=scored, meta=meta)
+    return slot.sample(input_ids=ids, prompt=tokenizer.decode(ids), scored=scored, meta=meta, draw=f"doc@{meta['start']}")

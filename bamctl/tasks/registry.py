@@ -25,7 +25,7 @@ from bamctl.tasks.common_words import cwe_sample
 from bamctl.tasks.frequent_words import fwe_sample
 from bamctl.tasks.metrics import METRICS
 from bamctl.tasks.passkey import authors_scoring, passkey_sample
-from bamctl.tasks.perplexity import ppl_options, ppl_plan, ppl_sample, ppl_setting
+from bamctl.tasks.perplexity import ppl_options, ppl_plan, ppl_sample, ppl_setting, ppl_shortfall
 from bamctl.tasks.ruler import niah_sample, niah_takes_depths
 from bamctl.tasks.sample import SCORING_KINDS, Sample, SampleSlot
 from bamctl.tasks.texts import common_word_files, corpus_files, read_toml, tasks_dir, word_files
@@ -75,6 +75,10 @@ def no_files(spec: "TaskSpec", options: dict) -> list[Path]:
     return []
 
 
+def no_shortfall(spec: "TaskSpec", lengths: list[int], n_samples: int, tokenizer: Tokenizer, options: dict) -> str | None:
+    return None
+
+
 def any_tokenizer(spec: "TaskSpec", tokenizer: Tokenizer) -> str | None:
     return None
 
@@ -117,7 +121,8 @@ class Generator:
     ``resolve`` fills in the options whose default depends on the request (e.g. its lengths);
     ``setting`` names the options that depart from the protocol's defaults (``stride=256``);
     ``files`` lists the data files its samples are made from (their contents are part of
-    the fingerprint). ``version`` counts changes to what ``build`` makes: raise it whenever
+    the fingerprint); ``shortfall`` says in one line when the data cannot give as many distinct
+    samples as asked. ``version`` counts changes to what ``build`` makes: raise it whenever
     the same slot would give another sample (``tests/test_fingerprints.py`` pins them)."""
 
     build: Callable[..., Sample]
@@ -127,6 +132,7 @@ class Generator:
     setting: Callable[..., str] = no_setting
     files: Callable[..., list[Path]] = no_files
     supports: Callable[..., str | None] = any_tokenizer
+    shortfall: Callable[..., str | None] = no_shortfall
     takes_depths: Callable[[dict], bool] = always  # given the task's TOML args: does --depths apply?
 
 
@@ -137,7 +143,10 @@ GENERATORS: dict[str, Generator] = {
     "vt": Generator(vt_sample, version=1, setting=ruler_setting, takes_depths=never),
     "cwe": Generator(cwe_sample, version=1, setting=ruler_setting, files=cwe_files, takes_depths=never),
     "fwe": Generator(fwe_sample, version=1, setting=ruler_setting, takes_depths=never),
-    "ppl": Generator(ppl_sample, version=2, plan=ppl_plan, resolve=ppl_options, setting=ppl_setting, files=ppl_files, takes_depths=never),
+    "ppl": Generator(
+        ppl_sample, version=3, plan=ppl_plan, resolve=ppl_options, setting=ppl_setting, files=ppl_files,
+        shortfall=ppl_shortfall, takes_depths=never,
+    ),
 }
 
 
@@ -275,6 +284,7 @@ class TaskPlan:
     options: dict  # resolved: every default that depends on the request filled in
     setting: str = ""  # the options that depart from the protocol's defaults, as key=value words
     fingerprint: str = ""  # of everything the prompts and their scoring are made from (see plan_fingerprint)
+    notes: tuple[str, ...] = ()  # what a user should read before the run starts (too few distinct documents)
 
     def build(self, slot: SampleSlot) -> Sample:
         return self.spec.functions.build(slot=slot, tokenizer=self.tokenizer, **self.spec.args, **self.options)
@@ -332,7 +342,11 @@ def plan_samples(
         for seed in seeds
         for slot in spec.functions.plan(spec=spec, lengths=lengths, depths=depths, n_samples=n_samples, seed=seed, **options)
     ]
-    return TaskPlan(spec, slots, tokenizer, options, setting, plan_fingerprint(spec, options, tokenizer, scored_tokens))
+    shortfall = spec.functions.shortfall(spec, lengths, n_samples, tokenizer, options) if check_tokenizer else None
+    return TaskPlan(
+        spec, slots, tokenizer, options, setting, plan_fingerprint(spec, options, tokenizer, scored_tokens),
+        notes=(shortfall,) if shortfall else (),
+    )
 
 
 # Scoring kinds whose number sums over the tokens a model scores: models scoring other token

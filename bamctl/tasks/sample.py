@@ -55,6 +55,10 @@ class Sample:
     max_new_tokens: int = 0  # generate: the budget counted inside `length`
     metric: str = ""  # name in bamctl.tasks.metrics.METRICS
     scored: list[ScoredSpan] = field(default_factory=list)  # nll: the spans scored, one row each
+    # The independent draw the sample belongs to: samples of one cell sharing it share their random
+    # content (a passkey's key and a RULER sample's needles at every depth; a perplexity document
+    # picked by two seeds), so statistics count draws, not samples.
+    draw: str = ""
     meta: dict = field(default_factory=dict)  # key, answer_prefix, haystack size, repetitions, ...
 
     def to_json(self) -> dict:
@@ -94,8 +98,14 @@ class SampleSlot:
             scoring=self.scoring,
             max_new_tokens=self.max_new_tokens,
             metric=self.metric,
-            **{"answers": [], "needle_positions": [], **fields},
+            **{"answers": [], "needle_positions": [], "draw": self.draw, **fields},
         )
+
+    @property
+    def draw(self) -> str:
+        """The draw of a sample whose generator seeds its randomness by (seed, length, index), as
+        every generator but perplexity's does: ``seed/index`` (one per cell, whatever the depth)."""
+        return f"{self.seed}/{self.index}"
 
 
 def sample_rng(seed: int, *identity: object) -> random.Random:

@@ -1,0 +1,99 @@
+"""Asking a back-end about one sample: the three request kinds, what a request is, and its digest.
+
+A sample's ``scoring`` picks one entry of ``ANSWERS``; the back-end answers it, and the
+sample's metric (``bamctl.tasks.metrics``) scores the answer:
+
+- ``teacher_forced``: argmax at the answer positions (passkey);
+- ``generate``: greedy continuation scored by a string metric (RULER, Landmark passkey);
+- ``nll``: per-token negative log-likelihood of the spans the sample says are scored
+  (perplexity), one row per span.
+
+No entry knows which task it serves. The code here and what it imports is part of every
+row's compute version (``bamctl.code_version``): it turns a back-end's answer into the
+row's number.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from typing import Callable, Iterable
+
+import torch
+
+from bamctl.backends.base import Backend
+from bamctl.tasks.metrics import score
+from bamctl.tasks.sample import Sample
+
+# Tokens a request kind feeds after the prompt, at most (a passkey key's digits, with room).
+ANSWER_TOKENS = {"teacher_forced": 16, "nll": 0}
+DIGEST_LENGTH = 16  # hex digits, as every fingerprint
+
+
+def request_digest(sample: Sample, feeding: str, stop_ids: Iterable[int] = ()) -> str:
+    """The digest of what a sample asks of a model: the ids fed, what is scored (the answer fed
+    after the prompt and its scored targets, or the scored spans), the generation settings (the
+    budget and, for a generation, the ids that stop it), the request kind and metric, and what
+    the back-end puts around it (``feeding``: BOS, chat template). Two samples with one digest
+    ask exactly the same; any change to a prompt gives another, whatever made it (a generator,
+    a depth grid, a corpus)."""
+    stops = sorted(stop_ids) if sample.scoring == "generate" else []
+    sha = hashlib.sha256()
+    for part in (feeding, sample.scoring, sample.metric, str(sample.max_new_tokens), ",".join(map(str, stops))):
+        sha.update(part.encode() + b"\x1f")
+    for ids in (sample.input_ids, sample.answer_ids, sample.target_ids):  # each prefixed by its length
+        sha.update(len(ids).to_bytes(8, "little") + array("q", ids).tobytes())
+    for span in sample.scored:
+        sha.update(f"{span.start}:{span.stop}:{span.position}".encode() + b"\x1f")
+    sha.update("\x1f".join(sample.answers).encode())
+    return sha.hexdigest()[:DIGEST_LENGTH]
+
+
+def answer_length(sample: Sample) -> int:
+    """Tokens fed (teacher forcing) or generated after the prompt."""
+    return len(sample.answer_ids) if sample.scoring == "teacher_forced" else sample.max_new_tokens if sample.scoring == "generate" else 0
+
+
+def _decode(backend: Backend, ids: list[int]) -> str:
+    return backend.tokenizer.decode([i for i in ids if i >= 0])  # -1: a token outside the model's vocabulary
+
+
+def answer_teacher_forced(backend: Backend, sample: Sample) -> list[dict]:
+    """Feed the prompt and the answer; read the argmax where each scored answer token is predicted."""
+    result = backend.score_continuation(sample.input_ids, sample.answer_ids)
+    predicted = result.predicted_ids[len(sample.answer_ids) - len(sample.target_ids):]
+    value = score(sample.metric, predicted, sample)
+    return [{
+        "expected": _decode(backend, sample.target_ids).strip(),
+        "predicted": _decode(backend, predicted).strip(),
+        "correct": value == 1.0,
+        "score": value,
+    }]
+
+
+def answer_generate(backend: Backend, sample: Sample) -> list[dict]:
+    text = _decode(backend, backend.generate(sample.input_ids, sample.max_new_tokens))
+    value = score(sample.metric, text, sample)
+    return [{"expected": " | ".join(sample.answers), "predicted": text, "correct": value == 1.0, "score": value}]
+
+
+def answer_nll(backend: Backend, sample: Sample) -> list[dict]:
+    """One pass from the first scored token on; a row per scored span. A token the model has no
+    vocabulary row for comes back as NaN and is left out of the sum and of ``n_scored``."""
+    first = min(span.start for span in sample.scored)
+    nll = backend.token_nll(sample.input_ids, first)  # nll[t - first] is the loss of token t
+    rows = []
+    for span in sample.scored:
+        values = nll[span.start - first : span.stop - first]
+        known = ~torch.isnan(values)
+        total, count = float(values[known].double().sum()), int(known.sum())
+        rows.append({"position": span.position, "nll": total, "n_scored": count,
+                     "score": score(sample.metric, (total, count), sample)})
+    return rows
+
+
+ANSWERS: dict[str, Callable[[Backend, Sample], list[dict]]] = {
+    "teacher_forced": answer_teacher_forced,
+    "generate": answer_generate,
+    "nll": answer_nll,
+}
