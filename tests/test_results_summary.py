@@ -9,8 +9,6 @@ import pandas as pd
 import pytest
 
 from bamctl.results.render import format_length, format_ratio, render_summary, summaries_to_json
-from bamctl.results.schema import rows_to_table
-from bamctl.results.store import to_pandas
 from bamctl.results.summary import (
     accuracy_table,
     best_models,
@@ -20,11 +18,7 @@ from bamctl.results.summary import (
     wilson_interval,
 )
 
-from results_fakes import fake_row, passkey_grid, perplexity_rows
-
-
-def frame_of(rows) -> pd.DataFrame:
-    return to_pandas(rows_to_table(rows))
+from results_fakes import fake_row, frame_of, passkey_grid, perplexity_rows
 
 
 @pytest.mark.parametrize(
@@ -146,13 +140,17 @@ def test_render_and_json_carry_the_same_numbers():
     assert [str(c.header) for c in table.columns] == ["length", "tiny-bam", "tiny-rope"]
     assert table.row_count == len(passkey.lengths) + 2  # + effective and certified effective length
     cells = [str(c) for c in table.columns[1]._cells]
-    assert cells[1] == "0.92 [0.65, 0.99]" and cells[-2] == "2k (4×)"
-    assert cells[-1] == "needs ≥ 35 prompts per cell"  # 12 per cell: even 12/12 has a lower bound under 0.9
+    # tiny-bam at 1k: 12 prompts, 4 keys (3 depths each), one miss, so per-key means 1, 2/3, 1, 1:
+    # Wilson with k = 11/3, n = 4: p = 0.9167, z² = 3.8415, centre = (p + z²/8) / (1 + z²/4) = 0.7126,
+    # half = z·sqrt(p(1-p)/4 + z²/64) / (1 + z²/4) = 0.2812, so [0.43, 0.99] (not 11/12's [0.65, 0.99])
+    assert cells[1] == "0.92 [0.43, 0.99]" and cells[-2] == "2k (4×)"
+    assert cells[-1] == "needs ≥ 35 keys per cell"  # 4 keys per cell: even 4/4 has a lower bound under 0.9
     doc = summaries_to_json([passkey])["summaries"][0]
     cell = next(c for c in doc["cells"] if c["model"] == "tiny-rope" and c["length"] == 1024)
-    assert cell["score"] == 0.25 and cell["n"] == 12 and cell["best"] is False
+    assert cell["score"] == 0.25 and (cell["n"], cell["n_draws"]) == (12, 4) and cell["best"] is False
+    assert doc["draw_unit"] == "keys"
     assert doc["effective_length"][0] == {"model": "tiny-bam", "length": 2048, "train_length": 512, "ratio": 4.0,
-                                          "certified_length": None, "certified_ratio": None, "certified_needs_n": 35}
+                                          "certified_length": None, "certified_ratio": None, "certified_needs_draws": 35}
 
 
 @pytest.mark.parametrize(("tokens", "text"), [(512, "512"), (1000, "1000"), (1024, "1k"), (1536, "1.5k"),
@@ -163,3 +161,4 @@ def test_format_length(tokens, text):
 
 def test_format_ratio():
     assert [format_ratio(x) for x in (32.0, 1.5, 0.25)] == ["32×", "1.5×", "0.25×"]
+

@@ -102,7 +102,8 @@ def show(
     show_engines: Annotated[bool, typer.Option("--engines", help="Under the tables, list what the rows ran on: dtype, device and attention path per model.")] = False,
 ) -> None:
     """Print the summary table of stored rows: rows = lengths, columns = models, cells = accuracy with
-    a Wilson 95% interval (perplexity for ppl), best per length highlighted, then the effective length.
+    a Wilson 95% interval over the cell's independent draws (keys for passkey; perplexity for ppl),
+    best per length highlighted, then the effective length.
     Rows of different dtypes are tables apart; device and attention path do not split them (--engines lists them).
 
     Example: bamctl results show --dir results --task passkey --where "depth <= 0.5"
