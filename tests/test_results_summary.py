@@ -162,3 +162,31 @@ def test_format_length(tokens, text):
 def test_format_ratio():
     assert [format_ratio(x) for x in (32.0, 1.5, 0.25)] == ["32×", "1.5×", "0.25×"]
 
+
+def test_one_checkpoint_on_two_backends_is_two_columns():
+    rows = [fake_row("tiny-rope", sample=i, backend="hf", score=1.0) for i in range(3)]
+    rows += [fake_row("tiny-rope", sample=i, backend="vllm", score=float(i == 0)) for i in range(3)]
+    (summary,) = summarize(frame_of(rows), baseline="tiny-rope[hf]")
+    assert summary.models == ["tiny-rope[hf]", "tiny-rope[vllm]"]
+    assert summary.table.loc[1024, ("score", "tiny-rope[vllm]")] == pytest.approx(1 / 3)
+    (result,) = summary.paired  # the two runs are paired prompt by prompt, never pooled
+    assert (result.model, result.baseline, result.n, result.difference) == ("tiny-rope[vllm]", "tiny-rope[hf]", 3, pytest.approx(-2 / 3))
+    other_weights = [fake_row("tiny-rope", sample=i, backend="hf") | {"model_hash": "c3" * 16} for i in range(3)]
+    table = accuracy_table(frame_of(rows + other_weights))
+    assert list(table["score"].columns) == ["tiny-rope@a1a1a1a1[hf]", "tiny-rope@a1a1a1a1[vllm]", "tiny-rope@c3c3c3c3"]
+
+
+def test_rows_that_do_not_name_their_backend_are_one_backend():
+    assert list(accuracy_table(frame_of([fake_row("tiny-rope", sample=i) for i in range(3)]))["score"].columns) == ["tiny-rope"]
+    unnamed = [fake_row("tiny-rope", sample=0, backend=None), fake_row("tiny-rope", sample=0, backend="native")]
+    assert list(accuracy_table(frame_of(unnamed))["score"].columns) == ["tiny-rope[?]", "tiny-rope[native]"]
+
+
+def test_an_ambiguous_baseline_names_every_backend_it_could_mean():
+    from bamctl.cli.eval_commands import check_baseline
+    from bamctl.errors import BamctlError
+
+    with pytest.raises(BamctlError, match=r"tiny-rope\[hf\], tiny-rope\[vllm\]"):
+        check_baseline("tiny-rope", ["tiny-rope[hf]", "tiny-rope[vllm]"])
+    check_baseline("tiny-rope[vllm]", ["tiny-rope[hf]", "tiny-rope[vllm]"])
+

@@ -171,14 +171,14 @@ def _refuse_mixed_vocabularies(names: list[str], peeks) -> None:
 
 def check_baseline(baseline: str, models: list[str]) -> None:
     """``--baseline`` must name one of the models shown; a name several columns share (one name,
-    different weights: ``name@hash8``) must say which."""
+    different weights or back-ends: ``name@hash8``, ``name[vllm]``) must say which."""
     from bamctl.errors import did_you_mean
 
     if baseline in models:
         return
-    shared = [m for m in models if m.startswith(f"{baseline}@")]
+    shared = [m for m in models if m.startswith((f"{baseline}@", f"{baseline}["))]
     if len(shared) > 1:
-        raise BamctlError(f"--baseline {baseline} names {len(shared)} models with different weights; pass one of {', '.join(shared)}")
+        raise BamctlError(f"--baseline {baseline} names {len(shared)} models with different weights or back-ends; pass one of {', '.join(shared)}")
     raise BamctlError(f"--baseline {baseline} is not one of the models compared{did_you_mean(baseline, models)}")
 
 

@@ -16,6 +16,9 @@ per draw it is the usual Wilson interval on the prompts. The cell's `score` stay
 its prompts, which is the mean of the per-draw means whenever every draw has as many prompts
 (as every plan gives: depths × one draw). The certified effective length uses the interval's
 lower bound, and `min_certifiable_n` counts draws.
+
+A column is one model identity, (model_hash, backend) (`model_labels`): an hf and a vLLM run
+of one checkpoint are two models.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ GROUP_COLUMNS = ("task", "protocol", "setting", "fingerprint", "dtype")
 NO_FINGERPRINT = "none"  # how rows written before fingerprints are labelled
 ACCURACY_FIELDS = ("score", "k", "n", "n_draws", "lo", "hi", "train_length")
 PERPLEXITY_FIELDS = ("ppl", "nll", "n_scored", "n", "n_draws", "train_length")
+NO_BACKEND = ""  # rows that do not say which back-end computed them: one back-end
 
 
 def wilson_interval(k: float, n: float, z: float = Z_95) -> tuple[float, float]:
@@ -59,15 +63,28 @@ def wilson_interval(k: float, n: float, z: float = Z_95) -> tuple[float, float]:
     return (lo, hi)
 
 
+def backends(frame: pd.DataFrame) -> pd.Series:
+    """The back-end of each row (native, authors, hf, vllm); NO_BACKEND where rows do not say."""
+    if "backend" not in frame:
+        return pd.Series(NO_BACKEND, index=frame.index, dtype=object)
+    column = frame["backend"].astype(object)
+    return column.where(column.notna(), NO_BACKEND)
+
+
 def model_labels(frame: pd.DataFrame) -> pd.Series:
-    """Column label per row: the model name, or `name@hash8` when one name covers several hashes."""
-    hashes_per_name = frame.groupby("model")["model_hash"].nunique()
-    ambiguous = set(hashes_per_name[hashes_per_name > 1].index)
-    return pd.Series(
-        [f"{m}@{h[:8]}" if m in ambiguous else m for m, h in zip(frame["model"], frame["model_hash"])],
-        index=frame.index,
-        dtype=object,
-    )
+    """Column label per row, one per model identity (model_hash, backend): the model name;
+    `name@hash8` when one name covers several hashes; `name[backend]` (`name@hash8[backend]`)
+    when one name and hash ran on several back-ends, as an hf and a vLLM run of one checkpoint
+    (`[?]` for rows that do not say)."""
+    ids = pd.DataFrame({"model": frame["model"], "hash": frame["model_hash"], "backend": backends(frame)})
+    hashes_per_name = ids.groupby("model")["hash"].nunique()
+    backends_per_hash = ids.groupby(["model", "hash"])["backend"].nunique()
+
+    def label(model: str, model_hash: str, backend: str) -> str:
+        text = f"{model}@{model_hash[:8]}" if hashes_per_name[model] > 1 else model
+        return f"{text}[{backend or '?'}]" if backends_per_hash[(model, model_hash)] > 1 else text
+
+    return pd.Series([label(*row) for row in ids.itertuples(index=False)], index=frame.index, dtype=object)
 
 
 def is_perplexity(frame: pd.DataFrame) -> bool:
