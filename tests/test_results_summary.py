@@ -190,3 +190,34 @@ def test_an_ambiguous_baseline_names_every_backend_it_could_mean():
         check_baseline("tiny-rope", ["tiny-rope[hf]", "tiny-rope[vllm]"])
     check_baseline("tiny-rope[vllm]", ["tiny-rope[hf]", "tiny-rope[vllm]"])
 
+
+def test_a_table_of_two_compute_versions_says_so_and_names_the_reused_one():
+    from bamctl.results.render import caption
+
+    old, new = "d4e5f6a7b8c9d0e1", "a1b2c3d4e5f6a7b8"
+    rows = [fake_row(sample=i, compute_version=old) for i in range(3)]
+    rows += [fake_row(sample=i, length=2048, compute_version=new) for i in range(3)]
+    (summary,) = summarize(frame_of(rows))
+    assert summary.compute_versions == (new, old) and summary.reused_versions is None
+    assert "rows of 2 compute versions: a1b2c3d4…, d4e5f6a7…" in caption(summary) and "reused" not in caption(summary)
+    doc = summaries_to_json([summary])["summaries"][0]
+    assert doc["compute_versions"] == [new, old] and doc["reused_compute_versions"] is None
+    (summary,) = summarize(frame_of(rows), current_versions={new})
+    assert "includes rows of compute version d4e5f6a7… reused (--reuse)" in caption(summary)
+    assert summaries_to_json([summary])["summaries"][0]["reused_compute_versions"] == [old]
+    from bamctl.results.export import export
+
+    assert "_includes rows of compute version d4e5f6a7… reused (--reuse)_" in export([summary], "markdown", pivot=True)
+    (one,) = summarize(frame_of(rows[3:]), current_versions={new})
+    assert "compute version" not in caption(one) and one.reused_versions == ()
+
+
+def test_rows_without_a_compute_version_are_named_so():
+    from bamctl.results.render import caption
+
+    rows = [fake_row(sample=0, compute_version=None), fake_row(sample=1, compute_version="a1b2c3d4e5f6a7b8")]
+    (summary,) = summarize(frame_of(rows))
+    assert summary.compute_versions == ("a1b2c3d4e5f6a7b8", None)
+    assert "rows of 2 compute versions: a1b2c3d4…, unrecorded" in caption(summary)
+    (old,) = summarize(frame_of([fake_row(sample=0)]))  # files from before the column
+    assert old.compute_versions == () and "compute version" not in caption(old)

@@ -6,8 +6,8 @@ Pivot form (`pivot=True`): rows = lengths, columns = models. CSV and JSON pivots
 numbers (score, or perplexity) for scripts; Markdown and LaTeX pivots hold the formatted
 cells of `bamctl results show` ("0.95 [0.83, 0.99]"), best per length in bold, an
 effective-length row and a line under the table with what its caption must not lose: the
-prompts and draws per cell, whether a difference could be significant at all: one table per
-(task, protocol, setting).
+prompts and draws per cell, whether a difference could be significant at all, the compute
+versions of its rows: one table per (task, protocol, setting).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from bamctl.results.render import (
     reach_lines,
     summaries_to_json,
     uniform_counts,
+    version_lines,
 )
 from bamctl.results.summary import Summary
 
@@ -182,10 +183,10 @@ def latex_escape(text: str) -> str:
 
 def table_notes(s: Summary) -> list[str]:
     """The lines under a pivot table: its cells' counts (when they are all alike: else each cell
-    gives its own), and the caption's note on reach."""
+    gives its own), and the caption's notes on reach and compute versions."""
     counts = uniform_counts(s)
     head = [f"{counts_text(s, *counts)} per cell"] if counts is not None else []
-    return head + reach_lines(s)
+    return head + reach_lines(s) + version_lines(s)
 
 
 def _pivot_text(s: Summary) -> tuple[list[str], list[list[str]], list[list[bool]]]:

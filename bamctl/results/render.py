@@ -3,7 +3,7 @@
 Every table says how many prompts and how many independent draws (keys, draws, documents:
 `Summary.unit`) its cells hold: in the caption when every cell holds the same, else in each
 cell; which paired test it ran, and when its cells are too few for any difference to be
-significant.
+significant; and when its rows come from more than one compute version.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from rich.text import Text
 
 from bamctl.results.schema import SCHEMA_VERSION
 from bamctl.results.stats import ALPHA, MCNEMAR, PERMUTATIONS, SIGN_FLIP, SIGN_FLIP_RANDOM, smallest_p
-from bamctl.results.summary import Summary
+from bamctl.results.summary import UNRECORDED, Summary
 
 BEST_STYLE = "bold green"
 MISSING = "—"
@@ -110,6 +110,23 @@ def reach_lines(summary: Summary) -> list[str]:
     return lines
 
 
+def version_name(version: str | None) -> str:
+    return UNRECORDED if version is None else (f"{version[:8]}…" if len(version) > 8 else version)
+
+
+def version_lines(summary: Summary) -> list[str]:
+    """"rows of 2 compute versions: a1b2c3d4…, d4e5f6a7…"; "includes rows of compute version X reused (--reuse)"."""
+    lines = []
+    if len(summary.compute_versions) > 1:
+        names = ", ".join(version_name(v) for v in summary.compute_versions)
+        lines.append(f"rows of {len(summary.compute_versions)} compute versions: {names}")
+    if summary.reused_versions:
+        names = ", ".join(version_name(v) for v in summary.reused_versions)
+        plural = "s" if len(summary.reused_versions) > 1 else ""
+        lines.append(f"includes rows of compute version{plural} {names} reused (--reuse)")
+    return lines
+
+
 def format_effective(summary: Summary, model: str, certified: bool = False) -> str:
     """"16k (32×)": effective length (or the certified one) and its multiple of the training length;
     "< 512" if the shortest length fails; "needs ≥ 35 keys per cell" where the cells hold too few
@@ -149,7 +166,7 @@ def caption(summary: Summary) -> str:
     if summary.baseline is not None:
         legend = (f"; ▲/▼ better/worse than {summary.baseline} on the same {unit} ({paired_test_name(summary)}, "
                   f"Holm-adjusted over lengths, p < {ALPHA:g})")
-    notes = "".join(f"; {line}" for line in reach_lines(summary))
+    notes = "".join(f"; {line}" for line in reach_lines(summary) + version_lines(summary))
     if summary.metric == "accuracy":
         return (f"{cells}mean score [95% Wilson interval over the {unit}: each {unit[:-1]}'s mean score, n = {unit}]; best per "
                 f"length in bold; effective length: longest length up to which every tested length has a mean ≥ "
@@ -217,6 +234,8 @@ def summary_to_dict(summary: Summary) -> dict[str, Any]:
         "dtype": summary.dtype,
         "metric": summary.metric,
         "draw_unit": summary.unit,
+        "compute_versions": list(summary.compute_versions),
+        "reused_compute_versions": None if summary.reused_versions is None else list(summary.reused_versions),
         "models": summary.models,
         "lengths": summary.lengths,
         "train_length": {m: int(table[("train_length", m)].iloc[0]) for m in summary.models},

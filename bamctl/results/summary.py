@@ -18,13 +18,14 @@ its prompts, which is the mean of the per-draw means whenever every draw has as 
 lower bound, and `min_certifiable_n` counts draws.
 
 A column is one model identity, (model_hash, backend) (`model_labels`): an hf and a vLLM run
-of one checkpoint are two models.
+of one checkpoint are two models. A summary records the `compute_version`s of its rows, so
+rows computed by other code are never pooled without its caption saying so.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -41,6 +42,7 @@ NO_FINGERPRINT = "none"  # how rows written before fingerprints are labelled
 ACCURACY_FIELDS = ("score", "k", "n", "n_draws", "lo", "hi", "train_length")
 PERPLEXITY_FIELDS = ("ppl", "nll", "n_scored", "n", "n_draws", "train_length")
 NO_BACKEND = ""  # rows that do not say which back-end computed them: one back-end
+UNRECORDED = "unrecorded"  # how a null compute_version is named in captions
 
 
 def wilson_interval(k: float, n: float, z: float = Z_95) -> tuple[float, float]:
@@ -227,6 +229,8 @@ class Summary:
     dtype: str = ""  # the precision every row of the table ran in
     dtype_distinct: bool = False  # another summary of this (task, protocol, setting) ran in another dtype
     scored_alike: bool = True  # perplexity: every model scored the same tokens (one vocabulary)
+    compute_versions: tuple = ()  # distinct compute_version of the rows, sorted; None: rows that do not say
+    reused_versions: tuple | None = None  # of those, the ones the current run did not compute with (None: not asked)
 
     @property
     def unit(self) -> str:
@@ -273,11 +277,23 @@ def draw_unit(task: str, metric: str) -> str:
     return "keys" if task == "passkey" else "draws"
 
 
+def compute_versions(rows: pd.DataFrame) -> tuple:
+    """The distinct `compute_version`s of the rows, sorted, None (rows that do not say) last."""
+    if "compute_version" not in rows:
+        return ()
+    values = set(rows["compute_version"].astype(object).where(rows["compute_version"].notna(), None))
+    return tuple(sorted(v for v in values if v is not None)) + ((None,) if None in values else ())
+
+
 def summarize(
-    frame: pd.DataFrame, threshold: float = 0.9, models: Sequence[str] | None = None, baseline: str | None = None
+    frame: pd.DataFrame, threshold: float = 0.9, models: Sequence[str] | None = None, baseline: str | None = None,
+    current_versions: Iterable[str] | None = None,
 ) -> list[Summary]:
     """One Summary per (task, protocol, setting, fingerprint) in the rows, in sorted order; with a
-    ``baseline`` (a model label), each other model is tested against it on the samples both ran."""
+    ``baseline`` (a model label), each other model is tested against it on the samples both ran.
+    ``current_versions``: the compute versions this run computed with; a summary then names the
+    versions of its rows that are not among them (rows reused from earlier runs)."""
+    current = None if current_versions is None else set(current_versions)
     summaries = []
     frame = with_fingerprint_labels(frame)
     groups = frame.groupby(list(GROUP_COLUMNS), sort=True)
@@ -299,9 +315,12 @@ def summarize(
         paired = ()
         if baseline is not None and baseline in labels and len(labels) > 1 and alike:
             paired = tuple(paired_tests(labelled, labels, baseline, metric))
+        versions = compute_versions(rows)
         summaries.append(Summary(
             str(task), str(protocol), str(setting), metric, table, effective, threshold, str(fingerprint), distinct,
             baseline if paired else None, paired, str(dtype), bool(dtypes[(task, protocol, setting)] > 1), alike,
+            compute_versions=versions,
+            reused_versions=None if current is None else tuple(v for v in versions if v not in current),
         ))
     return summaries
 
