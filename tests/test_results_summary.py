@@ -221,3 +221,14 @@ def test_rows_without_a_compute_version_are_named_so():
     assert "rows of 2 compute versions: a1b2c3d4…, unrecorded" in caption(summary)
     (old,) = summarize(frame_of([fake_row(sample=0)]))  # files from before the column
     assert old.compute_versions == () and "compute version" not in caption(old)
+
+
+def test_engines_lists_the_backend_where_rows_name_it():
+    from bamctl.results.provenance import engines
+
+    rows = [fake_row("tiny-rope", sample=0, backend="hf"), fake_row("tiny-rope", sample=1, backend="vllm"),
+            fake_row("tiny-rope", sample=2, backend=None)]
+    listed = engines(frame_of(rows))
+    assert list(listed.columns) == ["model", "backend", "dtype", "device", "attention", "rows"]
+    assert len(listed) == 3 and listed["rows"].sum() == 3  # a row that does not say is listed, not dropped
+    assert "backend" not in engines(frame_of([fake_row("tiny-rope")])).columns
