@@ -36,7 +36,7 @@ def test_show_prints_models_and_lengths(store_dir, capsys):
     code, out, err = run(["results", "show", "--dir", str(store_dir)], capsys)
     assert code == 0 and err == ""
     for text in ("tiny-rope", "tiny-bam", "512", "1k", "2k", "4k", "effective length", "2k (4×)",
-                 "0.25 [0.09, 0.53]", "passkey", "perplexity", "7.39"):
+                 "0.25 [0.05, 0.70]", "passkey", "perplexity", "7.39", "12 prompts, 4 keys per cell"):
         assert text in out
 
 

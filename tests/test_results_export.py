@@ -35,7 +35,7 @@ def test_csv_parses_with_pandas(summaries):
     assert {"model", "length", "score", "lo", "hi", "ppl", "n"} <= set(long.columns)
     assert len(long) == 2 * 4 + 2 * 2
     row = long[(long.model == "tiny-rope") & (long.length == 1024) & (long.task == "passkey")].iloc[0]
-    assert row.score == 0.25 and row.n == 12
+    assert row.score == 0.25 and (row.n, row.n_draws) == (12, 4)
 
     wide = pd.read_csv(io.StringIO(export(summaries, "csv", pivot=True)))
     assert list(wide.columns) == ["task", "protocol", "setting", "fingerprint", "dtype", "metric", "length", "tiny-bam", "tiny-rope"]
@@ -54,7 +54,8 @@ def test_latex_is_a_tabular_environment(summaries):
     text = export(summaries, "latex", pivot=True)
     assert text.count("\\begin{tabular}{lrr}") == 2 and text.count("\\end{tabular}") == 2
     assert "effective length & 2k (4$\\times$) & 512 (1$\\times$) \\\\" in text
-    assert "\\textbf{0.92 [0.65, 0.99]}" in text
+    assert "\\textbf{0.92 [0.43, 0.99]}" in text  # the key-level Wilson interval (test_results_summary)
+    assert "% 12 prompts, 4 keys per cell" in text
     long = export(summaries, "latex")
     assert long.startswith("\\begin{tabular}") and "ppl & sliding &  & tiny-rope" in long
     assert latex_escape("a_b & 50% #1") == "a\\_b \\& 50\\% \\#1"
@@ -65,7 +66,9 @@ def test_markdown_is_a_pipe_table(summaries):
     lines = text.splitlines()
     assert "| length | tiny-bam | tiny-rope |" in lines
     assert "|:---|---:|---:|" in lines
-    assert "| 1k | **0.92 [0.65, 0.99]** | 0.25 [0.09, 0.53] |" in lines
+    # tiny-rope at 1k: key 0 right at every depth, keys 1-3 wrong: Wilson on 1 of 4 keys
+    assert "| 1k | **0.92 [0.43, 0.99]** | 0.25 [0.05, 0.70] |" in lines
+    assert "_12 prompts, 4 keys per cell_" in lines and "_2 windows, 2 documents per cell_" in lines
     assert "| effective length | 2k (4×) | 512 (1×) |" in lines
     table_lines = [l for l in export(summaries, "markdown").splitlines() if l]
     assert all(l.startswith("|") and l.endswith("|") for l in table_lines)

@@ -9,8 +9,6 @@ import pandas as pd
 import pytest
 
 from bamctl.results.render import format_length, format_ratio, render_summary, summaries_to_json
-from bamctl.results.schema import rows_to_table
-from bamctl.results.store import to_pandas
 from bamctl.results.summary import (
     accuracy_table,
     best_models,
@@ -20,11 +18,7 @@ from bamctl.results.summary import (
     wilson_interval,
 )
 
-from results_fakes import fake_row, passkey_grid, perplexity_rows
-
-
-def frame_of(rows) -> pd.DataFrame:
-    return to_pandas(rows_to_table(rows))
+from results_fakes import fake_row, frame_of, passkey_grid, perplexity_rows
 
 
 @pytest.mark.parametrize(
@@ -146,13 +140,17 @@ def test_render_and_json_carry_the_same_numbers():
     assert [str(c.header) for c in table.columns] == ["length", "tiny-bam", "tiny-rope"]
     assert table.row_count == len(passkey.lengths) + 2  # + effective and certified effective length
     cells = [str(c) for c in table.columns[1]._cells]
-    assert cells[1] == "0.92 [0.65, 0.99]" and cells[-2] == "2k (4×)"
-    assert cells[-1] == "needs ≥ 35 prompts per cell"  # 12 per cell: even 12/12 has a lower bound under 0.9
+    # tiny-bam at 1k: 12 prompts, 4 keys (3 depths each), one miss, so per-key means 1, 2/3, 1, 1:
+    # Wilson with k = 11/3, n = 4: p = 0.9167, z² = 3.8415, centre = (p + z²/8) / (1 + z²/4) = 0.7126,
+    # half = z·sqrt(p(1-p)/4 + z²/64) / (1 + z²/4) = 0.2812, so [0.43, 0.99] (not 11/12's [0.65, 0.99])
+    assert cells[1] == "0.92 [0.43, 0.99]" and cells[-2] == "2k (4×)"
+    assert cells[-1] == "needs ≥ 35 keys per cell"  # 4 keys per cell: even 4/4 has a lower bound under 0.9
     doc = summaries_to_json([passkey])["summaries"][0]
     cell = next(c for c in doc["cells"] if c["model"] == "tiny-rope" and c["length"] == 1024)
-    assert cell["score"] == 0.25 and cell["n"] == 12 and cell["best"] is False
+    assert cell["score"] == 0.25 and (cell["n"], cell["n_draws"]) == (12, 4) and cell["best"] is False
+    assert doc["draw_unit"] == "keys"
     assert doc["effective_length"][0] == {"model": "tiny-bam", "length": 2048, "train_length": 512, "ratio": 4.0,
-                                          "certified_length": None, "certified_ratio": None, "certified_needs_n": 35}
+                                          "certified_length": None, "certified_ratio": None, "certified_needs_draws": 35}
 
 
 @pytest.mark.parametrize(("tokens", "text"), [(512, "512"), (1000, "1000"), (1024, "1k"), (1536, "1.5k"),
@@ -163,3 +161,74 @@ def test_format_length(tokens, text):
 
 def test_format_ratio():
     assert [format_ratio(x) for x in (32.0, 1.5, 0.25)] == ["32×", "1.5×", "0.25×"]
+
+
+def test_one_checkpoint_on_two_backends_is_two_columns():
+    rows = [fake_row("tiny-rope", sample=i, backend="hf", score=1.0) for i in range(3)]
+    rows += [fake_row("tiny-rope", sample=i, backend="vllm", score=float(i == 0)) for i in range(3)]
+    (summary,) = summarize(frame_of(rows), baseline="tiny-rope[hf]")
+    assert summary.models == ["tiny-rope[hf]", "tiny-rope[vllm]"]
+    assert summary.table.loc[1024, ("score", "tiny-rope[vllm]")] == pytest.approx(1 / 3)
+    (result,) = summary.paired  # the two runs are paired prompt by prompt, never pooled
+    assert (result.model, result.baseline, result.n, result.difference) == ("tiny-rope[vllm]", "tiny-rope[hf]", 3, pytest.approx(-2 / 3))
+    other_weights = [fake_row("tiny-rope", sample=i, backend="hf") | {"model_hash": "c3" * 16} for i in range(3)]
+    table = accuracy_table(frame_of(rows + other_weights))
+    assert list(table["score"].columns) == ["tiny-rope@a1a1a1a1[hf]", "tiny-rope@a1a1a1a1[vllm]", "tiny-rope@c3c3c3c3"]
+
+
+def test_rows_that_do_not_name_their_backend_are_one_backend():
+    assert list(accuracy_table(frame_of([fake_row("tiny-rope", sample=i) for i in range(3)]))["score"].columns) == ["tiny-rope"]
+    unnamed = [fake_row("tiny-rope", sample=0, backend=None), fake_row("tiny-rope", sample=0, backend="native")]
+    assert list(accuracy_table(frame_of(unnamed))["score"].columns) == ["tiny-rope[?]", "tiny-rope[native]"]
+
+
+def test_an_ambiguous_baseline_names_every_backend_it_could_mean():
+    from bamctl.cli.eval_commands import check_baseline
+    from bamctl.errors import BamctlError
+
+    with pytest.raises(BamctlError, match=r"tiny-rope\[hf\], tiny-rope\[vllm\]"):
+        check_baseline("tiny-rope", ["tiny-rope[hf]", "tiny-rope[vllm]"])
+    check_baseline("tiny-rope[vllm]", ["tiny-rope[hf]", "tiny-rope[vllm]"])
+
+
+def test_a_table_of_two_compute_versions_says_so_and_names_the_reused_one():
+    from bamctl.results.render import caption
+
+    old, new = "d4e5f6a7b8c9d0e1", "a1b2c3d4e5f6a7b8"
+    rows = [fake_row(sample=i, compute_version=old) for i in range(3)]
+    rows += [fake_row(sample=i, length=2048, compute_version=new) for i in range(3)]
+    (summary,) = summarize(frame_of(rows))
+    assert summary.compute_versions == (new, old) and summary.reused_versions is None
+    assert "rows of 2 compute versions: a1b2c3d4…, d4e5f6a7…" in caption(summary) and "reused" not in caption(summary)
+    doc = summaries_to_json([summary])["summaries"][0]
+    assert doc["compute_versions"] == [new, old] and doc["reused_compute_versions"] is None
+    (summary,) = summarize(frame_of(rows), current_versions={new})
+    assert "includes rows of compute version d4e5f6a7… reused (--reuse)" in caption(summary)
+    assert summaries_to_json([summary])["summaries"][0]["reused_compute_versions"] == [old]
+    from bamctl.results.export import export
+
+    assert "_includes rows of compute version d4e5f6a7… reused (--reuse)_" in export([summary], "markdown", pivot=True)
+    (one,) = summarize(frame_of(rows[3:]), current_versions={new})
+    assert "compute version" not in caption(one) and one.reused_versions == ()
+
+
+def test_rows_without_a_compute_version_are_named_so():
+    from bamctl.results.render import caption
+
+    rows = [fake_row(sample=0, compute_version=None), fake_row(sample=1, compute_version="a1b2c3d4e5f6a7b8")]
+    (summary,) = summarize(frame_of(rows))
+    assert summary.compute_versions == ("a1b2c3d4e5f6a7b8", None)
+    assert "rows of 2 compute versions: a1b2c3d4…, unrecorded" in caption(summary)
+    (old,) = summarize(frame_of([fake_row(sample=0)]))  # files from before the column
+    assert old.compute_versions == () and "compute version" not in caption(old)
+
+
+def test_engines_lists_the_backend_where_rows_name_it():
+    from bamctl.results.provenance import engines
+
+    rows = [fake_row("tiny-rope", sample=0, backend="hf"), fake_row("tiny-rope", sample=1, backend="vllm"),
+            fake_row("tiny-rope", sample=2, backend=None)]
+    listed = engines(frame_of(rows))
+    assert list(listed.columns) == ["model", "backend", "dtype", "device", "attention", "rows"]
+    assert len(listed) == 3 and listed["rows"].sum() == 3  # a row that does not say is listed, not dropped
+    assert "backend" not in engines(frame_of([fake_row("tiny-rope")])).columns

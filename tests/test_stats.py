@@ -1,4 +1,5 @@
-"""Paired statistics, each checked against scipy.stats or a value worked out by hand on a small table."""
+"""Paired statistics over independent draws, each checked against scipy.stats or a value worked out by hand on a
+small table."""
 
 from __future__ import annotations
 
@@ -12,15 +13,18 @@ import pytest
 from bamctl.results.schema import rows_to_table
 from bamctl.results.stats import (
     bootstrap_interval,
+    draw_sign_flip_test,
+    draws_needed,
     holm,
     mcnemar_exact,
     paired_difference_interval,
     sign_flip_p,
+    smallest_p,
 )
 from bamctl.results.store import to_pandas
 from bamctl.results.summary import effective_length, min_certifiable_n, summarize
 
-from results_fakes import fake_row
+from results_fakes import fake_row, frame_of
 
 scipy_stats = pytest.importorskip("scipy.stats", reason="scipy not installed (a test extra: pip install scipy)")
 
@@ -96,7 +100,7 @@ def test_perplexity_pairs_documents_not_windows():
     (summary,) = summarize(to_pandas(rows_to_table(rows)), baseline="tiny-rope")
     (result,) = summary.paired
     d = np.array(nll["tiny-bam"]) - np.array(nll["tiny-rope"])
-    assert result.n == 4 and result.difference == pytest.approx(d.mean())
+    assert (result.n, result.n_draws) == (12, 4) and result.difference == pytest.approx(d.mean())
     flips = [abs(np.mean(np.array(s) * d)) for s in itertools.product((1, -1), repeat=4)]
     assert result.p == pytest.approx(np.mean(np.array(flips) >= abs(d.mean()) - 1e-12))
 
@@ -119,7 +123,8 @@ def test_perplexity_test_is_the_mean_of_per_document_mean_nll_differences():
     expected = scipy_stats.permutation_test(
         (d,), np.mean, permutation_type="samples", n_resamples=np.inf, alternative="two-sided"
     ).pvalue
-    assert result.n == 5 and result.difference == pytest.approx(d.mean()) and result.p == pytest.approx(expected)
+    assert (result.n, result.n_draws) == (5, 5) and result.difference == pytest.approx(d.mean())
+    assert result.p == pytest.approx(expected)
 
 
 def test_perplexity_over_two_vocabularies_is_never_tested_as_paired():
@@ -168,15 +173,15 @@ def _all_correct(per_cell: int, lengths=(128, 256, 512), misses_at_128: int = 0)
     return to_pandas(rows_to_table(rows))
 
 
-def test_the_certified_row_says_how_many_prompts_certification_needs():
+def test_the_certified_row_says_how_many_keys_certification_needs():
     from bamctl.results.render import effective_rows
 
-    (small,) = summarize(_all_correct(10))
+    (small,) = summarize(_all_correct(10))  # one depth: each prompt is its own key
     assert pd.isna(small.effective.loc["tiny-bam", "certified"])
-    assert small.effective.loc["tiny-bam", "needs_n"] == 35
-    assert dict(effective_rows(small))["certified effective length"] == ["needs ≥ 35 prompts per cell"]
+    assert small.effective.loc["tiny-bam", "needs_draws"] == 35
+    assert dict(effective_rows(small))["certified effective length"] == ["needs ≥ 35 keys per cell"]
     (large,) = summarize(_all_correct(40))
-    assert large.effective.loc["tiny-bam", "certified"] == 512 and pd.isna(large.effective.loc["tiny-bam", "needs_n"])
+    assert large.effective.loc["tiny-bam", "certified"] == 512 and pd.isna(large.effective.loc["tiny-bam", "needs_draws"])
     (failing,) = summarize(_all_correct(40, misses_at_128=10))
     assert dict(effective_rows(failing))["certified effective length"] == ["< 128"]  # possible, and not reached
 
@@ -208,6 +213,7 @@ def test_results_show_and_export_carry_the_statistics(tmp_path, capsys):
     stats = pd.read_csv(io.StringIO(out))
     assert list(stats["length"]) == [1024, 2048] and set(stats["test"]) == {"mcnemar"}
     assert stats["difference"].tolist() == pytest.approx([0.45, 0.45])
+    assert stats["n"].tolist() == stats["n_draws"].tolist() == [20, 20]  # one depth: every prompt its own key
     code, out, _ = _cli(capsys, "results", "show", "--dir", str(tmp_path), "--baseline", "tiny-rope", "--json")
     paired = json.loads(out)["summaries"][0]["paired"]
     assert [p["model"] for p in paired] == ["tiny-bam", "tiny-bam"] and all(p["p_holm"] < 0.05 for p in paired)
@@ -215,3 +221,190 @@ def test_results_show_and_export_carry_the_statistics(tmp_path, capsys):
     assert "▲" in out and "tiny-rope (baseline)" in out
     code, _, err = _cli(capsys, "results", "export", "--dir", str(tmp_path), "--stats")
     assert code == 2 and "--baseline" in err
+
+
+# -- draws: prompts that share a key are one unit -------------------------------------------------
+
+DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def _keyed(scores: dict[str, list[list[float]]], lengths=(4096,), seeds=(0, 1), draw=None):
+    """Passkey rows: scores[model][key][depth], key = seed * samples + sample, the same key at every
+    depth (as passkey_key draws it). ``draw``: how rows name their draw (None: they do not)."""
+    rows = []
+    for model, per_key in scores.items():
+        samples = len(per_key) // len(seeds)
+        for length in lengths:
+            for key, per_depth in enumerate(per_key):
+                seed, sample = seeds[key // samples], key % samples
+                for depth, score in zip(DEPTHS, per_depth):
+                    extra = {} if draw is None else {"draw": draw(seed, sample)}
+                    rows.append(fake_row(model, length=length, depth=depth, seed=seed, sample=sample, score=score, **extra))
+    return frame_of(rows)
+
+
+def _per_key(accuracies: list[float]) -> list[list[float]]:
+    """Five depths per key with the given share right (0.4: the first two depths right)."""
+    return [[1.0 if d < round(a * 5) else 0.0 for d in range(5)] for a in accuracies]
+
+
+def test_the_issues_example_is_p_one_half_over_keys_where_prompt_mcnemar_says_0_0078():
+    # bam-ssmax at 4k: keys 6 and 7 hold all 8 misses (0 of 5 and 2 of 5 right), the baseline none
+    model = _per_key([1, 1, 1, 1, 1, 1, 0, 0.4])
+    frame = _keyed({"tiny-bam": model, "tiny-rope": _per_key([1] * 8)})
+    (summary,) = summarize(frame, baseline="tiny-rope")
+    (result,) = summary.paired
+    assert (result.n, result.n_draws, result.test) == (40, 8, "sign-flip")
+    # per-key differences 0 × 6, -1, -0.6: the six zeros flip to themselves, and of the 4 signs of
+    # the other two, |-1 - 0.6| and |1 + 0.6| reach the observed 1.6: p = 2/4
+    assert result.p == 0.5
+    # what treating the 40 prompts as 40 pairs said: b = 0, c = 8 discordant prompts, 2 / 2^8
+    assert mcnemar_exact(0, 8) == pytest.approx(scipy_stats.binomtest(0, 8, 0.5).pvalue) == pytest.approx(0.0078125)
+
+
+@pytest.mark.parametrize("draw", [None, lambda seed, sample: f"key-{seed}-{sample}", lambda seed, sample: None],
+                         ids=["old rows", "draw column", "null draws"])
+def test_forty_prompts_on_eight_keys_are_scipys_exact_paired_permutation_test_on_the_keys(draw):
+    model = [[1, 1, 1, 1, 1], [1, 0, 1, 1, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 0],
+             [1, 1, 0, 1, 1], [0, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]]
+    baseline = [[1, 1, 1, 1, 1], [1, 1, 1, 1, 1], [1, 0, 1, 0, 1], [0, 0, 0, 0, 0],
+                [1, 1, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1]]
+    (summary,) = summarize(_keyed({"tiny-bam": model, "tiny-rope": baseline}, draw=draw), baseline="tiny-rope")
+    (result,) = summary.paired
+    d = np.mean(model, axis=1) - np.mean(baseline, axis=1)  # one difference per key, by construction
+    expected = scipy_stats.permutation_test(
+        (d,), np.mean, permutation_type="samples", n_resamples=np.inf, alternative="two-sided"
+    ).pvalue
+    assert (result.n, result.n_draws, result.test) == (40, 8, "sign-flip")
+    assert result.difference == pytest.approx(d.mean()) and result.p == pytest.approx(expected)
+    # the interval resamples keys, each with its 5 prompts: the percentile bootstrap of the 8 means
+    picks = np.random.default_rng(0).integers(0, 8, size=(2000, 8))
+    means = d[picks].mean(axis=1)
+    assert (result.lo, result.hi) == pytest.approx((np.quantile(means, 0.025), np.quantile(means, 0.975)))
+    scipys = scipy_stats.bootstrap((d,), np.mean, method="percentile", n_resamples=20_000, random_state=1).confidence_interval
+    assert (result.lo, result.hi) == pytest.approx((scipys.low, scipys.high), abs=0.05)  # Monte-Carlo error of both
+
+
+def test_with_one_prompt_per_draw_the_sign_flip_test_is_exact_mcnemar():
+    rng = np.random.default_rng(3)
+    for n in (1, 5, 9, 13):
+        m, b = rng.integers(0, 2, n).astype(float), rng.integers(0, 2, n).astype(float)
+        right_wrong, wrong_right = int(np.sum((m == 1) & (b == 0))), int(np.sum((m == 0) & (b == 1)))
+        assert sign_flip_p(m - b) == pytest.approx(mcnemar_exact(right_wrong, wrong_right))
+        test = draw_sign_flip_test(m, b, np.arange(n))
+        assert test[2] == "mcnemar" and test[6] == pytest.approx(mcnemar_exact(right_wrong, wrong_right))
+        if n > 1:  # all prompts of one draw: a sign-flip test on one difference, not McNemar's
+            assert draw_sign_flip_test(m, b, np.zeros(n))[:3] == (n, 1, "sign-flip")
+
+
+def test_the_key_level_interval_is_scipys_wilson_on_the_keys():
+    # 8 keys, 6 right at every depth and 2 wrong at every depth: 30 of 40 prompts, 6 of 8 keys
+    (summary,) = summarize(_keyed({"tiny-bam": _per_key([1, 1, 1, 0, 1, 1, 0, 1])}))
+    cell = summary.table.loc[4096]
+    wilson = scipy_stats.binomtest(6, 8).proportion_ci(method="wilson")
+    assert (cell[("n", "tiny-bam")], cell[("n_draws", "tiny-bam")], cell[("score", "tiny-bam")]) == (40, 8, 0.75)
+    assert (cell[("lo", "tiny-bam")], cell[("hi", "tiny-bam")]) == pytest.approx((wilson.low, wilson.high))
+    prompts = scipy_stats.binomtest(30, 40).proportion_ci(method="wilson")
+    assert cell[("lo", "tiny-bam")] < prompts.low - 0.1  # 40 prompts would claim far more
+
+
+def test_certification_counts_keys_not_prompts():
+    from bamctl.results.render import effective_rows
+
+    # 7 keys × 5 depths = 35 prompts, all right: 35/35 prompts would certify 0.9, 7/7 keys do not
+    (summary,) = summarize(_keyed({"tiny-bam": _per_key([1] * 7)}, lengths=(128, 256), seeds=(0,)))
+    assert scipy_stats.binomtest(35, 35).proportion_ci(method="wilson").low > 0.9
+    assert pd.isna(summary.effective.loc["tiny-bam", "certified"]) and summary.effective.loc["tiny-bam", "needs_draws"] == 35
+    assert dict(effective_rows(summary))["certified effective length"] == ["needs ≥ 35 keys per cell"]
+
+
+def test_draws_needed_is_the_first_k_whose_smallest_holm_p_is_below_alpha():
+    # one length: 2/2^5 = 0.0625, 2/2^6 = 0.031; seven: 7 × 2/2^8 = 0.0547, 7 × 2/2^9 = 0.0273
+    assert (draws_needed(1), draws_needed(7)) == (6, 9)
+    assert smallest_p(8, exact=True) == 2 / 256 and smallest_p(20, exact=False) == 1 / 10_001
+
+
+def test_eight_keys_over_seven_lengths_cannot_be_significant_and_the_caption_says_how_many_would():
+    from bamctl.results.render import caption
+
+    lengths = tuple(512 * 2**i for i in range(7))
+    worst = {"tiny-bam": _per_key([0] * 8), "tiny-rope": _per_key([1] * 8)}  # every key as far apart as can be
+    (summary,) = summarize(_keyed(worst, lengths=lengths), baseline="tiny-rope")
+    assert all(r.p == 2 / 256 and r.p_holm == pytest.approx(7 * 2 / 256) and not r.significant for r in summary.paired)
+    (reach,) = summary.out_of_reach
+    assert (reach.lengths, reach.n_draws, reach.draws_needed) == (7, 8, 9)
+    text = caption(summary)
+    assert "40 prompts, 8 keys per cell" in text and "exact sign-flip permutation test over keys" in text
+    assert "no difference of tiny-bam from tiny-rope can reach p < 0.05" in text and "≥ 9 keys per cell" in text
+    assert summary.mark(4096, "tiny-bam") == ""
+    # 9 keys (3 seeds × 3 samples): 7 × 2/512 = 0.027, every length ▼ and no such line
+    nine = {"tiny-bam": _per_key([0] * 9), "tiny-rope": _per_key([1] * 9)}
+    (summary,) = summarize(_keyed(nine, lengths=lengths, seeds=(0, 1, 2)), baseline="tiny-rope")
+    assert all(r.p_holm == pytest.approx(7 * 2 / 512) for r in summary.paired) and summary.out_of_reach == []
+    assert summary.mark(4096, "tiny-bam") == "▼" and "can reach" not in caption(summary)
+
+
+def test_ruler_samples_share_their_draw_across_depths_as_passkey_keys_do():
+    from bamctl.results.render import caption
+
+    rows = [fake_row("tiny-rope", task="niah_single_1", protocol="ruler", scoring="generate", depth=depth, seed=seed,
+                     sample=sample, score=float(sample == 0))
+            for seed in (0, 1) for depth in (0.0, 0.5, 1.0) for sample in range(2)]
+    (summary,) = summarize(frame_of(rows))
+    assert summary.unit == "draws" and "12 prompts, 4 draws per cell" in caption(summary)
+    wilson = scipy_stats.binomtest(2, 4).proportion_ci(method="wilson")  # 2 of 4 draws right at every depth
+    assert summary.table.loc[1024, ("lo", "tiny-rope")] == pytest.approx(wilson.low)
+
+
+def test_cells_of_different_sizes_give_their_counts_in_the_cell():
+    from bamctl.results.render import caption, format_cell
+
+    frame = pd.concat([_keyed({"tiny-bam": _per_key([1] * 8)}, lengths=(1024,)),
+                       _keyed({"tiny-bam": _per_key([1] * 4)}, lengths=(2048,))], ignore_index=True)
+    (summary,) = summarize(frame)
+    assert format_cell(summary, 2048, "tiny-bam").endswith("(20 prompts, 4 keys)")
+    assert format_cell(summary, 1024, "tiny-bam").endswith("(40 prompts, 8 keys)")
+    assert caption(summary).startswith("cells differ in size")
+
+
+# -- perplexity: the document is the unit ---------------------------------------------------------
+
+
+def _seeded_documents(nll: dict[str, dict[str, float]], picks: dict[int, list[str]], draw: bool = True):
+    """One row per (model, seed, document picked by that seed): two seeds may pick one document."""
+    rows = []
+    for model, per_document in nll.items():
+        for seed, documents in picks.items():
+            for sample, document in enumerate(documents):
+                v = per_document[document]
+                extra = {"draw": document} if draw else {}
+                rows.append(fake_row(model, task="ppl", protocol="buckets", scoring="nll", length=256, depth=None,
+                                     seed=seed, sample=sample, score=v, nll=v * 100, n_scored=100, **extra))
+    return frame_of(rows)
+
+
+def test_a_document_two_seeds_picked_counts_once():
+    from bamctl.results.render import caption
+
+    nll = {"tiny-rope": {"a@256": 2.0, "b@256": 2.4, "c@256": 1.8, "d@256": 2.6},
+           "tiny-bam": {"a@256": 1.5, "b@256": 2.5, "c@256": 1.2, "d@256": 2.0}}
+    picks = {0: ["a@256", "b@256", "c@256"], 1: ["c@256", "d@256", "a@256"]}  # a and c picked twice
+    (summary,) = summarize(_seeded_documents(nll, picks), baseline="tiny-rope")
+    cell = summary.table.loc[256]
+    assert (cell[("n", "tiny-rope")], cell[("n_draws", "tiny-rope")], cell[("n_scored", "tiny-rope")]) == (4, 4, 400)
+    assert cell[("ppl", "tiny-rope")] == pytest.approx(math.exp((2.0 + 2.4 + 1.8 + 2.6) / 4))  # each once
+    assert "4 buckets, 4 documents per cell" in caption(summary)
+    (result,) = summary.paired
+    d = np.array([nll["tiny-bam"][k] - nll["tiny-rope"][k] for k in sorted(nll["tiny-rope"])])
+    expected = scipy_stats.permutation_test(
+        (d,), np.mean, permutation_type="samples", n_resamples=np.inf, alternative="two-sided"
+    ).pvalue
+    assert (result.n_draws, result.difference) == (4, pytest.approx(d.mean())) and result.p == pytest.approx(expected)
+
+
+def test_old_perplexity_rows_of_two_seeds_are_the_same_documents():
+    # rows without `draw`: every generator that wrote them chose document `sample` whatever the seed
+    nll = {"tiny-rope": {"0": 2.0, "1": 3.0}, "tiny-bam": {"0": 1.0, "1": 2.5}}
+    (summary,) = summarize(_seeded_documents(nll, {0: ["0", "1"], 1: ["0", "1"]}, draw=False), baseline="tiny-rope")
+    assert summary.table.loc[256, ("n_draws", "tiny-rope")] == 2 and summary.table.loc[256, ("n", "tiny-rope")] == 2
+    assert summary.paired[0].n_draws == 2

@@ -204,14 +204,14 @@ def _refuse_mixed_vocabularies(names: list[str], peeks) -> None:
 
 def check_baseline(baseline: str, models: list[str]) -> None:
     """``--baseline`` must name one of the models shown; a name several columns share (one name,
-    different weights: ``name@hash8``) must say which."""
+    different weights or back-ends: ``name@hash8``, ``name[vllm]``) must say which."""
     from bamctl.errors import did_you_mean
 
     if baseline in models:
         return
-    shared = [m for m in models if m.startswith(f"{baseline}@")]
+    shared = [m for m in models if m.startswith((f"{baseline}@", f"{baseline}["))]
     if len(shared) > 1:
-        raise BamctlError(f"--baseline {baseline} names {len(shared)} models with different weights; pass one of {', '.join(shared)}")
+        raise BamctlError(f"--baseline {baseline} names {len(shared)} models with different weights or back-ends; pass one of {', '.join(shared)}")
     raise BamctlError(f"--baseline {baseline} is not one of the models compared{did_you_mean(baseline, models)}")
 
 
@@ -344,7 +344,7 @@ def compare(
     task: Annotated[str, typer.Option("--task", "-t", help="passkey, a RULER task (niah_single_1, ...) or ppl.")] = "passkey",
     plot: Annotated[Optional[Path], typer.Option(help="PNG of models x lengths, each cell coloured by its score with the number written in it (default: OUT-TASK.png beside the results directory, which stays a plain Parquet dataset; `bamctl plot curves` draws lines).")] = None,
     threshold: opt.Threshold = 0.9,
-    baseline: Annotated[Optional[str], typer.Option(help="The model every other is tested against at each length, on the samples both ran (McNemar for 0/1 scores, paired permutation otherwise; Holm over lengths). Default: the first model.")] = None,
+    baseline: Annotated[Optional[str], typer.Option(help="The model every other is tested against at each length, on the samples both ran: a paired sign-flip test over the independent draws (passkey keys, RULER draws, documents; every flip enumerated up to 13 draws; the exact McNemar test when each draw is one 0/1 prompt), Holm over lengths. Default: the first model.")] = None,
     *,
     samples,
     prompt,
@@ -352,8 +352,9 @@ def compare(
 ) -> None:
     """Run several models on identical samples and show them side by side, with an effective-length row.
 
-    Cells are accuracy with a 95% Wilson interval (perplexity for ppl); the best model
-    per length is highlighted; "effective length" is the longest length up to which every
+    Cells are accuracy with a 95% Wilson interval over the cell's independent draws (the
+    5 depths of a passkey index share one key; perplexity for ppl); the best model per
+    length is highlighted; "effective length" is the longest length up to which every
     tested length reaches --threshold, and its multiple of the model's training length;
     "certified" asks the same of the Wilson lower bound. Each model is tested against
     --baseline at each length: ▲/▼ mark a significant difference. Perplexity is compared

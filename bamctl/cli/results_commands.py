@@ -103,7 +103,8 @@ def show(
     show_dropped: Annotated[bool, typer.Option("--dropped", help="Under the tables, list the samples whose prompt the back-end cut to fit the model's maximum length (hf:/vllm: at exactly that length), with how many tokens it left out.")] = False,
 ) -> None:
     """Print the summary table of stored rows: rows = lengths, columns = models, cells = accuracy with
-    a Wilson 95% interval (perplexity for ppl), best per length highlighted, then the effective length.
+    a Wilson 95% interval over the cell's independent draws (keys for passkey; perplexity for ppl),
+    best per length highlighted, then the effective length.
     Rows of different dtypes are tables apart; device and attention path do not split them (--engines lists them).
 
     Example: bamctl results show --dir results --task passkey --where "depth <= 0.5"

@@ -1,10 +1,13 @@
 """Summary tables for papers and spreadsheets: CSV, Markdown (pipe table), LaTeX (tabular), JSON.
 
-Long form (default): one line per (task, protocol, setting, model, length) with every number.
+Long form (default): one line per (task, protocol, setting, model, length) with every number,
+the cell's prompts (`n`) and independent draws (`n_draws`: keys, draws, documents) among them.
 Pivot form (`pivot=True`): rows = lengths, columns = models. CSV and JSON pivots hold plain
 numbers (score, or perplexity) for scripts; Markdown and LaTeX pivots hold the formatted
-cells of `bamctl results show` ("0.95 [0.83, 0.99]"), best per length in bold, and an
-effective-length row: one table per (task, protocol, setting).
+cells of `bamctl results show` ("0.95 [0.83, 0.99]"), best per length in bold, an
+effective-length row and a line under the table with what its caption must not lose: the
+prompts and draws per cell, whether a difference could be significant at all, the compute
+versions of its rows: one table per (task, protocol, setting).
 """
 
 from __future__ import annotations
@@ -17,18 +20,22 @@ import pandas as pd
 
 from bamctl.results.render import (
     MISSING,
+    counts_text,
     effective_rows,
     format_cell,
     format_length,
     header_label,
+    reach_lines,
     summaries_to_json,
+    uniform_counts,
+    version_lines,
 )
 from bamctl.results.summary import Summary
 
 FORMATS = ("csv", "markdown", "latex", "json")
 LONG_COLUMNS = (
     "task", "protocol", "setting", "fingerprint", "dtype", "metric", "model", "length", "train_length",
-    "n", "score", "k", "lo", "hi", "ppl", "nll", "n_scored",
+    "n", "n_draws", "score", "k", "lo", "hi", "ppl", "nll", "n_scored",
 )
 KEY = ["task", "protocol", "setting", "fingerprint", "dtype", "metric", "length"]
 
@@ -47,7 +54,7 @@ def long_frame(summaries: Sequence[Summary]) -> pd.DataFrame:
                     row[field] = s.table.at[length, (field, model)]
                 rows.append(row)
     frame = pd.DataFrame(rows, columns=list(LONG_COLUMNS))
-    for column in ("length", "train_length", "n", "n_scored"):
+    for column in ("length", "train_length", "n", "n_draws", "n_scored"):
         frame[column] = frame[column].astype("Int64")
     return frame
 
@@ -62,8 +69,8 @@ def pivot_frame(summaries: Sequence[Summary]) -> pd.DataFrame:
     return wide.reset_index()
 
 
-STATS_COLUMNS = ("task", "protocol", "setting", "fingerprint", "dtype", "model", "baseline", "length", "n", "test",
-                 "difference", "lo", "hi", "p", "p_holm")
+STATS_COLUMNS = ("task", "protocol", "setting", "fingerprint", "dtype", "model", "baseline", "length", "n", "n_draws",
+                 "test", "difference", "lo", "hi", "p", "p_min", "p_holm")
 
 
 def stats_frame(summaries: Sequence[Summary]) -> pd.DataFrame:
@@ -76,6 +83,7 @@ def stats_frame(summaries: Sequence[Summary]) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=list(STATS_COLUMNS))
     frame["length"] = frame["length"].astype("Int64")
     frame["n"] = frame["n"].astype("Int64")
+    frame["n_draws"] = frame["n_draws"].astype("Int64")
     return frame
 
 
@@ -87,10 +95,11 @@ def export_stats(summaries: Sequence[Summary], fmt: str) -> str:
     if fmt == "json":
         records = frame.astype(object).where(frame.notna(), None).to_dict(orient="records")
         return json.dumps(records, indent=2, default=int) + "\n"
-    header = ["task", "protocol", "model", "baseline", "length", "n", "test", "difference", "95% interval", "p (Holm)"]
+    header = ["task", "protocol", "model", "baseline", "length", "n", "draws", "test", "difference", "95% interval",
+              "p (Holm)"]
     rows = [
-        [r.task, r.protocol, r.model, r.baseline, format_length(r.length), str(r.n), r.test, f"{r.difference:+.3f}",
-         f"[{r.lo:+.3f}, {r.hi:+.3f}]", f"{r.p_holm:.3g}"]
+        [r.task, r.protocol, r.model, r.baseline, format_length(r.length), str(r.n), str(r.n_draws), r.test,
+         f"{r.difference:+.3f}", f"[{r.lo:+.3f}, {r.hi:+.3f}]", f"{r.p_holm:.3g}"]
         for r in frame.itertuples(index=False)
     ]
     return (markdown_table if fmt == "markdown" else latex_table)(header, rows, bold=None, left=4)
@@ -118,10 +127,11 @@ def export(summaries: Sequence[Summary], fmt: str, *, pivot: bool = False, stats
     for s in summaries:
         header, rows, bold = _pivot_text(s)
         title = f"{s.title} — {s.metric}"
+        notes = table_notes(s)
         if fmt == "markdown":
-            blocks.append(f"**{title}**\n\n" + markdown_table(header, rows, bold=bold))
+            blocks.append(f"**{title}**\n\n" + markdown_table(header, rows, bold=bold) + "".join(f"\n_{n}_\n" for n in notes))
         else:
-            blocks.append(f"% {title}\n" + latex_table(header, rows, bold=bold))
+            blocks.append(f"% {title}\n" + latex_table(header, rows, bold=bold) + "".join(f"% {n}\n" for n in notes))
     return "\n".join(blocks)
 
 
@@ -171,6 +181,14 @@ def latex_escape(text: str) -> str:
     return "".join(_LATEX_SPECIALS.get(ch, ch) for ch in text)
 
 
+def table_notes(s: Summary) -> list[str]:
+    """The lines under a pivot table: its cells' counts (when they are all alike: else each cell
+    gives its own), and the caption's notes on reach and compute versions."""
+    counts = uniform_counts(s)
+    head = [f"{counts_text(s, *counts)} per cell"] if counts is not None else []
+    return head + reach_lines(s) + version_lines(s)
+
+
 def _pivot_text(s: Summary) -> tuple[list[str], list[list[str]], list[list[bool]]]:
     header = ["length", *(header_label(s, m) for m in s.models)]
     best = s.best
@@ -187,14 +205,14 @@ def _pivot_text(s: Summary) -> tuple[list[str], list[list[str]], list[list[bool]
 
 def _long_text(summaries: Sequence[Summary]) -> tuple[list[str], list[list[str]]]:
     frame = long_frame(summaries)
-    header = ["task", "protocol", "setting", "model", "length", "n", "score", "95% interval", "perplexity"]
+    header = ["task", "protocol", "setting", "model", "length", "n", "draws", "score", "95% interval", "perplexity"]
 
     def number(value: Any, spec: str) -> str:
         return "" if pd.isna(value) else format(float(value), spec)
 
     rows = [
         [
-            r.task, r.protocol, r.setting, r.model, format_length(r.length), str(r.n),
+            r.task, r.protocol, r.setting, r.model, format_length(r.length), str(r.n), str(r.n_draws),
             number(r.score, ".3f"),
             "" if pd.isna(r.lo) else f"[{r.lo:.3f}, {r.hi:.3f}]",
             number(r.ppl, ".2f"),

@@ -26,7 +26,8 @@ ANNOTATE_MAX_CELLS = 160  # write values into heatmap cells only while they stay
 def plot_curves(
     frame: pd.DataFrame, path: str | Path, *, models: Sequence[str] | None = None, threshold: float = 0.9
 ) -> Path:
-    """Accuracy (or perplexity) against length on a log2 axis, one line per model, Wilson band shaded,
+    """Accuracy (or perplexity) against length on a log2 axis, one line per model, the draw-level
+    Wilson band shaded,
     each model's training length a dashed vertical line in its colour; one panel per task."""
     if frame.empty:
         raise BamctlError("no result rows to plot")
@@ -51,7 +52,7 @@ def plot_curves(
         ax.set_xlabel("context length (tokens)")
         if s.metric == "accuracy":
             ax.set_ylim(-0.02, 1.02)
-            ax.set_ylabel("accuracy (Wilson 95% band)")
+            ax.set_ylabel(f"accuracy (Wilson 95% band over {s.unit})")
             ax.axhline(s.threshold, color="grey", linestyle=":", linewidth=1)
         else:
             ax.set_ylabel("perplexity")

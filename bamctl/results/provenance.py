@@ -60,5 +60,7 @@ def dropped(frame: "pd.DataFrame") -> "pd.DataFrame":
 
 
 def engines(frame: "pd.DataFrame") -> "pd.DataFrame":
-    """Rows per (model, dtype, device, attention): what each model's numbers were computed on."""
-    return frame.groupby(list(ENGINE_COLUMNS), sort=True).size().rename("rows").reset_index()
+    """Rows per (model, backend, dtype, device, attention): what each model's numbers were computed
+    on; the back-end where rows name it (one checkpoint on hf and on vllm is two models)."""
+    columns = list(ENGINE_COLUMNS[:1]) + (["backend"] if "backend" in frame else []) + list(ENGINE_COLUMNS[1:])
+    return frame.groupby(columns, sort=True, dropna=False).size().rename("rows").reset_index()

@@ -1,4 +1,10 @@
-"""Summaries for people (rich tables) and for scripts (JSON), from `summary.Summary` objects."""
+"""Summaries for people (rich tables) and for scripts (JSON), from `summary.Summary` objects.
+
+Every table says how many prompts and how many independent draws (keys, draws, documents:
+`Summary.unit`) its cells hold: in the caption when every cell holds the same, else in each
+cell; which paired test it ran, and when its cells are too few for any difference to be
+significant; and when its rows come from more than one compute version.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +18,8 @@ from rich.table import Table
 from rich.text import Text
 
 from bamctl.results.schema import SCHEMA_VERSION
-from bamctl.results.summary import Summary
+from bamctl.results.stats import ALPHA, MCNEMAR, PERMUTATIONS, SIGN_FLIP, SIGN_FLIP_RANDOM, smallest_p
+from bamctl.results.summary import UNRECORDED, Summary
 
 BEST_STYLE = "bold green"
 MISSING = "—"
@@ -34,26 +41,101 @@ def format_ratio(ratio: float) -> str:
 
 
 def format_cell(summary: Summary, length: int, model: str) -> str | None:
-    """"0.95 [0.83, 0.99]" (score with Wilson 95% interval) or "12.34" (perplexity); None if no rows."""
+    """"0.95 [0.83, 0.99]" (score with its draw-level Wilson 95% interval) or "12.34" (perplexity);
+    None if no rows. Where cells differ in size, each ends with its counts: "(40 prompts, 8 keys)"."""
     table = summary.table
     if summary.metric == "accuracy":
         score = table.at[length, ("score", model)]
         if _missing(score):
             return None
-        return f"{score:.2f} [{table.at[length, ('lo', model)]:.2f}, {table.at[length, ('hi', model)]:.2f}]"
-    ppl = table.at[length, ("ppl", model)]
-    return None if _missing(ppl) else f"{ppl:.2f}"
+        text = f"{score:.2f} [{table.at[length, ('lo', model)]:.2f}, {table.at[length, ('hi', model)]:.2f}]"
+    else:
+        ppl = table.at[length, ("ppl", model)]
+        if _missing(ppl):
+            return None
+        text = f"{ppl:.2f}"
+    if uniform_counts(summary) is None:
+        text += f" ({counts_text(summary, int(table.at[length, ('n', model)]), int(table.at[length, ('n_draws', model)]))})"
+    return text
+
+
+def prompt_unit(summary: Summary) -> str:
+    """What one row of a cell is: prompts, or for perplexity the windows or buckets scored."""
+    if summary.metric == "accuracy":
+        return "prompts"
+    return {"sliding": "windows", "buckets": "buckets"}.get(summary.protocol, "spans")
+
+
+def counts_text(summary: Summary, n: int, n_draws: int) -> str:
+    """"40 prompts, 8 keys"; "16 windows, 8 documents"."""
+    return f"{n} {prompt_unit(summary)}, {n_draws} {summary.unit}"
+
+
+def uniform_counts(summary: Summary) -> tuple[int, int] | None:
+    """(prompts, draws) when every cell of the table holds the same numbers, else None."""
+    pairs = {
+        (int(n), int(k))
+        for n, k in zip(summary.table["n"].stack().dropna(), summary.table["n_draws"].stack().dropna())
+    }
+    return next(iter(pairs)) if len(pairs) == 1 else None
+
+
+def paired_test_name(summary: Summary) -> str:
+    """The paired tests a summary ran, as a caption names them."""
+    names = {
+        MCNEMAR: f"exact McNemar test, one prompt per {summary.unit[:-1]}",
+        SIGN_FLIP: f"exact sign-flip permutation test over {summary.unit}",
+        SIGN_FLIP_RANDOM: f"sign-flip permutation test over {summary.unit}, {PERMUTATIONS:,} seeded random flips",
+    }
+    return "; ".join(names[t] for t in dict.fromkeys(r.test for r in summary.paired))
+
+
+def reach_lines(summary: Summary) -> list[str]:
+    """Where the cells are too few for any paired difference to reach Holm-adjusted p < ALPHA, say
+    so and how many draws it would take (one line for the models that share the figures)."""
+    grouped: dict[tuple, list[str]] = {}
+    for r in summary.out_of_reach:
+        key = (r.lengths, r.n_draws, r.n_draws_fewest, r.p_min, r.p_holm_floor, r.draws_needed)
+        grouped.setdefault(key, []).append(r.model)
+    unit, lines = summary.unit, []
+    for (lengths, most, fewest, p_min, floor, needed), models in grouped.items():
+        draws = f"{most}" if most == fewest else f"at most {most}"
+        smallest = f"2/2^{most} = {p_min:.2g}" if p_min == smallest_p(most, True) else f"{p_min:.2g}"
+        lines.append(
+            f"with {draws} {unit} per cell no difference of {', '.join(models)} from {summary.baseline} can reach "
+            f"p < {ALPHA:g}: the smallest p is {smallest}, and Holm over {lengths} length{'s' if lengths > 1 else ''} "
+            f"makes it {lengths} × {p_min:.2g} = {floor:.2g}; that takes ≥ {needed} {unit} per cell "
+            f"(the smallest k with {lengths} × 2/2^k < {ALPHA:g})"
+        )
+    return lines
+
+
+def version_name(version: str | None) -> str:
+    return UNRECORDED if version is None else (f"{version[:8]}…" if len(version) > 8 else version)
+
+
+def version_lines(summary: Summary) -> list[str]:
+    """"rows of 2 compute versions: a1b2c3d4…, d4e5f6a7…"; "includes rows of compute version X reused (--reuse)"."""
+    lines = []
+    if len(summary.compute_versions) > 1:
+        names = ", ".join(version_name(v) for v in summary.compute_versions)
+        lines.append(f"rows of {len(summary.compute_versions)} compute versions: {names}")
+    if summary.reused_versions:
+        names = ", ".join(version_name(v) for v in summary.reused_versions)
+        plural = "s" if len(summary.reused_versions) > 1 else ""
+        lines.append(f"includes rows of compute version{plural} {names} reused (--reuse)")
+    return lines
 
 
 def format_effective(summary: Summary, model: str, certified: bool = False) -> str:
     """"16k (32×)": effective length (or the certified one) and its multiple of the training length;
-    "< 512" if the shortest length fails; "needs ≥ 35 prompts per cell" where the cells are too small
-    for the Wilson lower bound to reach the threshold at all."""
+    "< 512" if the shortest length fails; "needs ≥ 35 keys per cell" where the cells hold too few
+    draws for the draw-level Wilson lower bound to reach the threshold at all."""
     assert summary.effective is not None
     row = summary.effective.loc[model]
     length, ratio = (row["certified"], row["certified_ratio"]) if certified else (row["length"], row["ratio"])
-    if certified and _missing(length) and not _missing(row["needs_n"]):
-        return f"needs ≥ {int(row['needs_n'])} prompts per cell"
+    if certified and _missing(length) and not _missing(row["needs_draws"]):
+        return f"needs ≥ {int(row['needs_draws'])} {summary.unit} per cell"
     if _missing(length):
         shortest = summary.table["score"][model].dropna().index.min()
         return f"< {format_length(shortest)}" if not _missing(shortest) else MISSING
@@ -76,22 +158,24 @@ def header_label(summary: Summary, model: str) -> str:
 
 
 def caption(summary: Summary) -> str:
-    counts = summary.table["n"].stack().dropna().astype(int).unique()
-    samples = f"n = {counts[0]} per cell; " if len(counts) == 1 else ""
+    counts = uniform_counts(summary)
+    unit = summary.unit
+    cells = (f"{counts_text(summary, *counts)} per cell; " if counts is not None
+             else f"cells differ in size: each gives its {prompt_unit(summary)} and {unit}; ")
     legend = ""
     if summary.baseline is not None:
-        test = "exact McNemar" if any(r.test == "mcnemar" for r in summary.paired) else "paired permutation"
-        legend = (f"; ▲/▼ better/worse than {summary.baseline} on the same samples ({test} test, "
-                  "Holm-adjusted over lengths, p < 0.05)")
+        legend = (f"; ▲/▼ better/worse than {summary.baseline} on the same {unit} ({paired_test_name(summary)}, "
+                  f"Holm-adjusted over lengths, p < {ALPHA:g})")
+    notes = "".join(f"; {line}" for line in reach_lines(summary) + version_lines(summary))
     if summary.metric == "accuracy":
-        return (f"{samples}mean score [Wilson 95%]; best per length in bold; effective length: longest length up to "
-                f"which every tested length has a mean ≥ {summary.threshold:g}; certified: the same with the Wilson "
-                f"lower bound{legend}")
+        return (f"{cells}mean score [95% Wilson interval over the {unit}: each {unit[:-1]}'s mean score, n = {unit}]; best per "
+                f"length in bold; effective length: longest length up to which every tested length has a mean ≥ "
+                f"{summary.threshold:g}; certified: the same with the Wilson lower bound{legend}{notes}")
     warning = "" if summary.scored_alike else (
         "; the models scored different tokens of the same documents (other vocabularies): their perplexities "
         "are not comparable, and no paired test is made")
-    return (f"{samples}perplexity = exp(Σ nll / Σ scored tokens; tokens outside a model's vocabulary are not "
-            f"scored); lowest per length in bold{legend}{warning}")
+    return (f"{cells}perplexity = exp(Σ nll / Σ scored tokens; tokens outside a model's vocabulary are not "
+            f"scored; a document two seeds picked counts once); lowest per length in bold{legend}{warning}{notes}")
 
 
 def render_summary(summary: Summary) -> Table:
@@ -139,7 +223,7 @@ def summary_to_dict(summary: Summary) -> dict[str, Any]:
             cell: dict[str, Any] = {"model": model, "length": length}
             for field in fields:
                 value = table.at[length, (field, model)]
-                cell[field] = int(value) if field in ("n", "n_scored") else _json_float(value)
+                cell[field] = int(value) if field in ("n", "n_draws", "n_scored") else _json_float(value)
             cell["best"] = model in best.get(length, ())
             cells.append(cell)
     out: dict[str, Any] = {
@@ -149,6 +233,9 @@ def summary_to_dict(summary: Summary) -> dict[str, Any]:
         "fingerprint": summary.fingerprint,
         "dtype": summary.dtype,
         "metric": summary.metric,
+        "draw_unit": summary.unit,
+        "compute_versions": list(summary.compute_versions),
+        "reused_compute_versions": None if summary.reused_versions is None else list(summary.reused_versions),
         "models": summary.models,
         "lengths": summary.lengths,
         "train_length": {m: int(table[("train_length", m)].iloc[0]) for m in summary.models},
@@ -157,6 +244,7 @@ def summary_to_dict(summary: Summary) -> dict[str, Any]:
         "effective_length": None,
         "baseline": summary.baseline,
         "paired": [r.to_dict() for r in summary.paired],
+        "out_of_reach": [r.to_dict() for r in summary.out_of_reach],
     }
     if summary.effective is not None:
         out["effective_length"] = [
@@ -167,7 +255,7 @@ def summary_to_dict(summary: Summary) -> dict[str, Any]:
                 "ratio": _json_float(row["ratio"]),
                 "certified_length": None if _missing(row["certified"]) else int(row["certified"]),
                 "certified_ratio": _json_float(row["certified_ratio"]),
-                "certified_needs_n": None if _missing(row["needs_n"]) else int(row["needs_n"]),
+                "certified_needs_draws": None if _missing(row["needs_draws"]) else int(row["needs_draws"]),
             }
             for model, row in summary.effective.iterrows()
         ]

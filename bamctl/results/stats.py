@@ -1,24 +1,49 @@
-"""Paired statistics: is one model really better than another on the same prompts?
+"""Paired statistics over independent draws: is one model really better than another on the same prompts?
 
-bamctl runs every model on identical samples (same fingerprint, same keys), so two
-models can be compared sample by sample, which is far more sensitive than comparing
-two separate intervals. For each model against a baseline, at each length:
+**Draws.** The unit of every statistic is the *draw*, not the prompt. Prompts of one cell
+(one model at one length) that share their random content are one draw: the 5 depths of one
+passkey index carry the same key, so a cell of 2 seeds × 5 depths × 4 samples holds 40 prompts
+but only 8 independent keys. A row names its draw in the column ``draw``; rows without it
+(files written before it) fall back to ``"{seed}/{sample}"``, which is what the generators seed
+on: passkey's key (``bamctl/tasks/passkey.py:passkey_key``, seeded on seed, task, length and
+index) and every RULER task's draws (``bamctl/tasks/ruler.py:_identity`` is (task, task, length,
+index) for the NIAH keys, values, needle order and placement; ``variable_tracking.py``,
+``common_words.py`` and ``frequent_words.py`` seed on (task, length, index)): none of them has
+the depth, so a sample index is one draw at every depth, for RULER as for passkey. Perplexity's
+draw is the document: perplexity rows without ``draw`` fall back to ``"doc{sample}"``, because
+every generator that wrote them (``bamctl/tasks/perplexity.py:ppl_document``) chose the document
+by its index alone, the same for every seed. A document met under two seeds is one document:
+one copy of its rows is kept per (model, length, draw, position) (``one_copy_per_document``).
 
-- 0/1 scores (passkey, exact match): the exact McNemar test on the discordant pairs
-  (b = model right and baseline wrong, c = the reverse): two-sided p =
-  min(1, 2 · P[Binomial(b + c, 1/2) <= min(b, c)]); the difference of accuracies
-  (b - c) / n with its 95% Wald interval for paired proportions,
-  d ± 1.96 · sqrt(b + c - (b - c)² / n) / n;
-- fractional scores (RULER's string_match_all) and perplexity: a paired sign-flip
-  permutation test (exact when 2^n <= PERMUTATIONS, else that many seeded random
-  flips) and a seeded paired bootstrap percentile interval of the mean difference.
-  Perplexity pairs documents, not windows: per document, the model's mean NLL per
-  scored token minus the baseline's over the same tokens, each document counting
-  once (nats; negative: the model is better). Models that scored different tokens
-  of a document (other vocabularies) are not paired at all.
+**The tests.** For each model against a baseline, at each length, the two models' prompts are
+paired on the same rows (length, depth, seed, sample, position, draw); each draw's paired
+prompts give one difference, the mean of the model's scores on them minus the baseline's
+(perplexity: the document's mean NLL per scored token, model minus baseline; nats, negative:
+the model is better; models that scored different tokens of a document, other vocabularies,
+are not paired at all). On those per-draw differences:
 
-p-values are adjusted across the lengths of one comparison with Holm's step-down
-method. Everything is a pure function of the rows and ``SEED``.
+- the exact paired sign-flip permutation test of their mean (Fisher, *The Design of
+  Experiments*, 1935, ch. III; Good, *Permutation, Parametric and Bootstrap Tests of
+  Hypotheses*, 2005): each draw's difference keeps or flips its sign, which is what "no
+  difference" allows; two-sided p = the share of the 2^k sign patterns whose |mean| reaches the
+  observed one, all of them enumerated while 2^k <= PERMUTATIONS, else PERMUTATIONS seeded
+  random patterns with p = (1 + hits) / (PERMUTATIONS + 1)
+  (``test`` "sign-flip" or "sign-flip-random"). When every draw is one prompt scored 0/1,
+  the differences are -1, 0, 1 and the sign-flip test *is* the exact McNemar test (the
+  two-sided binomial test on the b + c discordant pairs): p = min(1, 2 · P[Binomial(b + c, 1/2)
+  <= min(b, c)]), computed in that closed form for any n (``test`` "mcnemar"), with the 95% Wald
+  interval for paired proportions, d ± 1.96 · sqrt(b + c - (b - c)² / n) / n;
+- otherwise the 95% percentile interval of the mean difference by a paired cluster bootstrap:
+  draws resampled with replacement, each carrying all its prompts (Field & Welsh 2007,
+  "Bootstrapping clustered data", JRSS B 69:369-390), seeded.
+
+The smallest p a test can give is ``p_min``: 2 / 2^k with k draws (every draw differing one
+way: only that pattern and its mirror reach it), or 1 / (PERMUTATIONS + 1) with random flips.
+p-values are adjusted across the lengths of one comparison with Holm's step-down method (Holm
+1979); under it every adjusted p is at least m × the smallest raw p over the m lengths, so a
+comparison whose m × min(p_min) is ≥ ALPHA cannot show a difference whatever the models do
+(``out_of_reach``), and it would take the smallest k with m × 2 / 2^k < ALPHA draws per cell
+(``draws_needed``). Everything is a pure function of the rows and ``SEED``.
 """
 
 from __future__ import annotations
@@ -36,8 +61,13 @@ BOOTSTRAPS = 2_000
 Z_95 = 1.959963984540054  # two-sided 95% normal quantile
 ALPHA = 0.05
 
-# Columns that name one sample: rows of two models with these equal were asked the same.
+# Columns that name one prompt: rows of two models with these equal were asked the same.
 PAIR_COLUMNS = ("length", "depth", "seed", "sample", "position")
+
+# PairedResult.test: what the p-value is.
+MCNEMAR = "mcnemar"  # every draw one 0/1 prompt: the exact McNemar test (closed form)
+SIGN_FLIP = "sign-flip"  # exact sign-flip test over draws, every pattern enumerated
+SIGN_FLIP_RANDOM = "sign-flip-random"  # the same test on PERMUTATIONS seeded random patterns
 
 
 @dataclass(frozen=True)
@@ -47,12 +77,14 @@ class PairedResult:
     model: str
     baseline: str
     length: int
-    n: int  # pairs (samples, or documents for perplexity)
-    test: str  # "mcnemar" or "permutation"
-    difference: float  # model - baseline: accuracy, or the mean over documents of their mean NLL per token
+    n: int  # paired prompts (rows; windows or buckets for perplexity)
+    n_draws: int  # paired draws (keys, RULER draws, documents): the units the test counts
+    test: str  # MCNEMAR, SIGN_FLIP or SIGN_FLIP_RANDOM
+    difference: float  # model - baseline: mean over draws of their mean score, or of their mean NLL per token
     lo: float  # 95% interval of the difference
     hi: float
     p: float
+    p_min: float  # the smallest p this test can give with these draws
     p_holm: float = math.nan  # adjusted across the lengths of this comparison
 
     @property
@@ -61,6 +93,30 @@ class PairedResult:
 
     def to_dict(self) -> dict:
         return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(self).items()}
+
+
+# -- draws ---------------------------------------------------------------------------------
+
+
+def draw_ids(rows: pd.DataFrame) -> pd.Series:
+    """The draw each row belongs to: its ``draw``, else ``"{seed}/{sample}"``, or ``"doc{sample}"``
+    for a perplexity row (one carrying ``nll``; see the module docstring for why)."""
+    sample = rows["sample"].astype(str)
+    fallback = rows["seed"].astype(str) + "/" + sample
+    if "nll" in rows:
+        fallback = fallback.where(rows["nll"].isna(), "doc" + sample)
+    if "draw" not in rows:
+        return fallback.astype(object)
+    draw = rows["draw"].astype(object)
+    return draw.where(draw.notna(), fallback)
+
+
+def one_copy_per_document(rows: pd.DataFrame) -> pd.DataFrame:
+    """Perplexity rows (with ``_label`` and ``_draw``) keeping one row per (model, length, document,
+    position): a document two seeds picked is scored the same way twice and counts once. The copy
+    of the lowest seed is kept, so the choice does not depend on row order."""
+    keys = [c for c in ("_label", "length", "_draw", "position") if c in rows]
+    return rows.sort_values(["seed", "sample"], kind="stable").drop_duplicates(keys).sort_index()
 
 
 # -- the tests, on plain arrays ------------------------------------------------------------
@@ -84,6 +140,11 @@ def paired_difference_interval(b: int, c: int, n: int) -> tuple[float, float]:
     return (max(-1.0, d - half), min(1.0, d + half))
 
 
+def sign_flips_are_enumerated(n: int, resamples: int = PERMUTATIONS) -> bool:
+    """Whether ``sign_flip_p`` enumerates all 2^n patterns (exact) rather than drawing ``resamples``."""
+    return 2**n <= resamples
+
+
 def sign_flip_p(differences: np.ndarray, seed: int = SEED, resamples: int = PERMUTATIONS) -> float:
     """Two-sided paired permutation p-value of the mean difference: each pair's sign flipped at
     random (all 2^n flips when that is at most ``resamples``)."""
@@ -92,7 +153,7 @@ def sign_flip_p(differences: np.ndarray, seed: int = SEED, resamples: int = PERM
     if n == 0:
         return math.nan
     observed = abs(d.mean())
-    if 2**n <= resamples:
+    if sign_flips_are_enumerated(n, resamples):
         signs = np.array(list(itertools.product((1.0, -1.0), repeat=n)))
         means = np.abs(signs @ d / n)
         return float(np.mean(means >= observed - 1e-12))
@@ -101,8 +162,26 @@ def sign_flip_p(differences: np.ndarray, seed: int = SEED, resamples: int = PERM
     return float((1 + np.sum(means >= observed - 1e-12)) / (resamples + 1))
 
 
+def smallest_p(n_draws: int, exact: bool, resamples: int = PERMUTATIONS) -> float:
+    """The smallest two-sided p a sign-flip (or McNemar) test over ``n_draws`` draws can give:
+    2 / 2^k when it is exact (all k differences one way: that pattern and its mirror), else
+    1 / (resamples + 1)."""
+    if n_draws == 0:
+        return 1.0
+    return min(1.0, math.ldexp(2.0, -n_draws)) if exact else 1 / (resamples + 1)
+
+
+def draws_needed(lengths: int, alpha: float = ALPHA) -> int:
+    """The fewest draws per cell with which a difference can reach Holm-adjusted p < ``alpha`` over
+    ``lengths`` lengths: the smallest k with lengths × 2 / 2^k < alpha (the first-ranked test)."""
+    k = 1
+    while lengths * math.ldexp(2.0, -k) >= alpha:
+        k += 1
+    return k
+
+
 def bootstrap_interval(differences: np.ndarray, seed: int = SEED, resamples: int = BOOTSTRAPS) -> tuple[float, float]:
-    """95% percentile interval of the mean of paired differences, resampling pairs."""
+    """95% percentile interval of the mean of paired differences, resampling pairs (here: draws)."""
     d = np.asarray(differences, dtype=float)
     if len(d) == 0:
         return (math.nan, math.nan)
@@ -122,41 +201,57 @@ def holm(p_values: list[float]) -> list[float]:
     return adjusted
 
 
+def draw_sign_flip_test(m: np.ndarray, b: np.ndarray, draws: np.ndarray) -> tuple:
+    """The paired test of prompts ``m`` (model) against ``b`` (baseline), prompt i belonging to draw
+    ``draws[i]``: (n, n_draws, test, difference, lo, hi, p, p_min), as the module docstring says."""
+    frame = pd.DataFrame({"m": np.asarray(m, dtype=float), "b": np.asarray(b, dtype=float), "draw": draws})
+    per_draw = frame.groupby("draw", sort=True)[["m", "b"]].mean()
+    n, k = len(frame), len(per_draw)
+    d = (per_draw["m"] - per_draw["b"]).to_numpy()
+    binary = np.isin(frame[["m", "b"]].to_numpy(), (0.0, 1.0)).all()
+    if k == n and binary:  # one 0/1 prompt per draw: the sign-flip test is McNemar's, exact in closed form
+        right_wrong, wrong_right = int(np.sum(d == 1)), int(np.sum(d == -1))
+        lo, hi = paired_difference_interval(right_wrong, wrong_right, n)
+        return (n, k, MCNEMAR, float(d.mean()), lo, hi, mcnemar_exact(right_wrong, wrong_right), smallest_p(k, True))
+    exact = sign_flips_are_enumerated(k)
+    lo, hi = bootstrap_interval(d)
+    return (n, k, SIGN_FLIP if exact else SIGN_FLIP_RANDOM, float(d.mean()), lo, hi, sign_flip_p(d), smallest_p(k, exact))
+
+
 # -- rows to tests ----------------------------------------------------------------------------
 
 
-def _pairs(rows: pd.DataFrame, model: str, baseline: str, value) -> pd.DataFrame:
-    """The two models' values side by side on the samples both ran (``value`` computes it per group)."""
-    keys = [c for c in PAIR_COLUMNS if c in rows]
-    sides = []
-    for name, suffix in ((model, "m"), (baseline, "b")):
-        own = rows[rows["_label"] == name]
-        sides.append(value(own, keys).rename(suffix))
-    return pd.concat(sides, axis=1, join="inner").dropna()
-
-
-def _accuracy_values(rows: pd.DataFrame, keys: list[str]) -> pd.Series:
-    return rows.set_index(keys)["score"].astype(float)
+def _pairs(rows: pd.DataFrame, model: str, baseline: str) -> pd.DataFrame:
+    """The two models' scores side by side (``m``, ``b``) on the prompts both ran, with their draw."""
+    keys = [c for c in PAIR_COLUMNS if c in rows] + ["_draw"]
+    sides = [rows[rows["_label"] == name].set_index(keys)["score"].astype(float).rename(suffix)
+             for name, suffix in ((model, "m"), (baseline, "b"))]
+    return pd.concat(sides, axis=1, join="inner").dropna().reset_index()
 
 
 def _document_nll(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per (length, seed, document): summed NLL and scored tokens over its windows or buckets."""
-    grouped = rows.groupby(["length", "seed", "sample"])
-    return pd.DataFrame({"nll": grouped["nll"].sum().astype(float), "n": grouped["n_scored"].sum().astype(float)})
+    """Per (length, document): summed NLL, scored tokens and rows over its windows or buckets."""
+    grouped = rows.groupby(["length", "_draw"])
+    return pd.DataFrame({
+        "nll": grouped["nll"].sum().astype(float),
+        "n": grouped["n_scored"].sum().astype(float),
+        "rows": grouped.size(),
+    })
 
 
 def scored_alike(rows: pd.DataFrame) -> bool:
     """Whether every model (``_label``) scored as many tokens of each document as every other: false
     when their vocabularies differ, and their perplexities are then not comparable."""
-    tokens = rows.groupby(["length", "seed", "sample", "_label"])["n_scored"].sum().unstack("_label")
+    tokens = rows.groupby(["length", "_draw", "_label"])["n_scored"].sum().unstack("_label")
     return bool((tokens.nunique(axis=1, dropna=True) <= 1).all())
 
 
 def paired_tests(rows: pd.DataFrame, models: list[str], baseline: str, metric: str) -> list[PairedResult]:
-    """Every model but the baseline against it, at each length where both ran the same samples.
+    """Every model but the baseline against it, at each length where both ran the same prompts.
 
-    ``rows`` carry a ``_label`` column (the table's model names) and come from one
-    (task, protocol, setting, fingerprint) group.
+    ``rows`` carry ``_label`` (the table's model names) and ``_draw`` (``draw_ids``), come from
+    one (task, protocol, setting, fingerprint, dtype) group, and, for perplexity, hold one copy
+    of each document (``one_copy_per_document``).
     """
     results: list[PairedResult] = []
     for model in models:
@@ -172,19 +267,42 @@ def paired_tests(rows: pd.DataFrame, models: list[str], baseline: str, metric: s
     return results
 
 
+@dataclass(frozen=True)
+class OutOfReach:
+    """A comparison whose cells are too few for any difference to reach Holm-adjusted p < ALPHA."""
+
+    model: str
+    baseline: str
+    lengths: int  # m, the lengths Holm adjusts over
+    n_draws: int  # the most draws any of its lengths pairs
+    n_draws_fewest: int  # the fewest
+    p_min: float  # the smallest p any of its lengths can give
+    p_holm_floor: float  # m × p_min: no adjusted p can be smaller
+    draws_needed: int  # per cell, for the first-ranked length to reach ALPHA
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def out_of_reach(results: list[PairedResult] | tuple[PairedResult, ...]) -> list[OutOfReach]:
+    """The comparisons (one per model) that cannot show a difference: m × min(p_min) >= ALPHA."""
+    out = []
+    for model in dict.fromkeys(r.model for r in results):
+        own = [r for r in results if r.model == model]
+        smallest = min(r.p_min for r in own)
+        floor = min(1.0, len(own) * smallest)
+        if floor >= ALPHA:
+            draws = [r.n_draws for r in own]
+            out.append(OutOfReach(model, own[0].baseline, len(own), max(draws), min(draws), smallest, floor,
+                                  draws_needed(len(own))))
+    return out
+
+
 def _accuracy_test(group: pd.DataFrame, model: str, baseline: str):
-    pairs = _pairs(group, model, baseline, _accuracy_values)
+    pairs = _pairs(group, model, baseline)
     if pairs.empty:
         return None
-    m, b = pairs["m"].to_numpy(), pairs["b"].to_numpy()
-    n = len(pairs)
-    if np.isin(m, (0.0, 1.0)).all() and np.isin(b, (0.0, 1.0)).all():
-        right_wrong, wrong_right = int(np.sum((m == 1) & (b == 0))), int(np.sum((m == 0) & (b == 1)))
-        lo, hi = paired_difference_interval(right_wrong, wrong_right, n)
-        return (n, "mcnemar", (right_wrong - wrong_right) / n, lo, hi, mcnemar_exact(right_wrong, wrong_right))
-    d = m - b
-    lo, hi = bootstrap_interval(d)
-    return (n, "permutation", float(d.mean()), lo, hi, sign_flip_p(d))
+    return draw_sign_flip_test(pairs["m"].to_numpy(), pairs["b"].to_numpy(), pairs["_draw"].to_numpy())
 
 
 def _perplexity_test(group: pd.DataFrame, model: str, baseline: str):
@@ -193,5 +311,8 @@ def _perplexity_test(group: pd.DataFrame, model: str, baseline: str):
     if pairs.empty or (pairs["n_m"] != pairs["n_b"]).any():  # not the same tokens: nothing to pair
         return None
     d = ((pairs["nll_m"] - pairs["nll_b"]) / pairs["n_b"]).to_numpy()
+    k = len(pairs)
+    exact = sign_flips_are_enumerated(k)
     lo, hi = bootstrap_interval(d)
-    return (len(pairs), "permutation", float(d.mean()), lo, hi, sign_flip_p(d))
+    return (int(pairs["rows_b"].sum()), k, SIGN_FLIP if exact else SIGN_FLIP_RANDOM, float(d.mean()), lo, hi,
+            sign_flip_p(d), smallest_p(k, exact))

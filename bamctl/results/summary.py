@@ -4,35 +4,54 @@ Tables are wide: index = length (ascending), columns = MultiIndex (field, model)
 `table["score"]` is the length × model grid and `table["hi"]` its upper bounds. Every field
 is repeated per model, including `train_length` (constant down a column), so a table
 carries all that `effective_length` and the renderers need.
+
+A cell counts its prompts (`n`) and its independent draws (`n_draws`: passkey keys, RULER
+draws, perplexity documents; `bamctl.results.stats.draw_ids`). The prompts of one draw share
+their random content, so they are not independent trials: the interval is a **Wilson score
+interval at the draw level** (Wilson 1927, "Probable inference, the law of succession, and
+statistical inference", JASA 22:209-212), the cluster-level analysis of Donner & Klar 2000
+(*Design and Analysis of Cluster Randomization Trials in Health Research*, Arnold): each draw
+contributes its mean score, k = Σ per-draw mean scores, n = number of draws. With one prompt
+per draw it is the usual Wilson interval on the prompts. The cell's `score` stays the mean over
+its prompts, which is the mean of the per-draw means whenever every draw has as many prompts
+(as every plan gives: depths × one draw). The certified effective length uses the interval's
+lower bound, and `min_certifiable_n` counts draws.
+
+A column is one model identity, (model_hash, backend) (`model_labels`): an hf and a vLLM run
+of one checkpoint are two models. A summary records the `compute_version`s of its rows, so
+rows computed by other code are never pooled without its caption saying so.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 import pandas as pd
 
-from bamctl.results.stats import Z_95, paired_tests, scored_alike
+from bamctl.results.stats import Z_95, draw_ids, one_copy_per_document, out_of_reach, paired_tests, scored_alike
 
 # Rows are pooled only within one (task, protocol, setting), one fingerprint and one dtype: rows
 # made from other prompts (another tokenizer, corpus, task version) or computed in another
 # precision are never averaged together. Device and attention path do not split a table.
 GROUP_COLUMNS = ("task", "protocol", "setting", "fingerprint", "dtype")
 NO_FINGERPRINT = "none"  # how rows written before fingerprints are labelled
-ACCURACY_FIELDS = ("score", "k", "n", "lo", "hi", "train_length")
-PERPLEXITY_FIELDS = ("ppl", "nll", "n_scored", "n", "train_length")
+ACCURACY_FIELDS = ("score", "k", "n", "n_draws", "lo", "hi", "train_length")
+PERPLEXITY_FIELDS = ("ppl", "nll", "n_scored", "n", "n_draws", "train_length")
+NO_BACKEND = ""  # rows that do not say which back-end computed them: one back-end
+UNRECORDED = "unrecorded"  # how a null compute_version is named in captions
 
 
 def wilson_interval(k: float, n: float, z: float = Z_95) -> tuple[float, float]:
     """Wilson score interval for k successes out of n (95% by default); (nan, nan) when n == 0.
 
     Unlike the normal approximation it stays inside [0, 1] and is sensible at k = 0 or k = n,
-    which is where long-context accuracy lives. A fractional k (sum of partial scores such as
-    RULER's string_match_all) is accepted as an approximation.
+    which is where long-context accuracy lives. A fractional k is accepted: the sum of per-draw
+    mean scores (`accuracy_table`), or of partial scores such as RULER's string_match_all, each
+    draw's mean then standing for one trial's outcome, as a cluster-level analysis does.
     """
     if n <= 0:
         return (math.nan, math.nan)
@@ -46,15 +65,28 @@ def wilson_interval(k: float, n: float, z: float = Z_95) -> tuple[float, float]:
     return (lo, hi)
 
 
+def backends(frame: pd.DataFrame) -> pd.Series:
+    """The back-end of each row (native, authors, hf, vllm); NO_BACKEND where rows do not say."""
+    if "backend" not in frame:
+        return pd.Series(NO_BACKEND, index=frame.index, dtype=object)
+    column = frame["backend"].astype(object)
+    return column.where(column.notna(), NO_BACKEND)
+
+
 def model_labels(frame: pd.DataFrame) -> pd.Series:
-    """Column label per row: the model name, or `name@hash8` when one name covers several hashes."""
-    hashes_per_name = frame.groupby("model")["model_hash"].nunique()
-    ambiguous = set(hashes_per_name[hashes_per_name > 1].index)
-    return pd.Series(
-        [f"{m}@{h[:8]}" if m in ambiguous else m for m, h in zip(frame["model"], frame["model_hash"])],
-        index=frame.index,
-        dtype=object,
-    )
+    """Column label per row, one per model identity (model_hash, backend): the model name;
+    `name@hash8` when one name covers several hashes; `name[backend]` (`name@hash8[backend]`)
+    when one name and hash ran on several back-ends, as an hf and a vLLM run of one checkpoint
+    (`[?]` for rows that do not say)."""
+    ids = pd.DataFrame({"model": frame["model"], "hash": frame["model_hash"], "backend": backends(frame)})
+    hashes_per_name = ids.groupby("model")["hash"].nunique()
+    backends_per_hash = ids.groupby(["model", "hash"])["backend"].nunique()
+
+    def label(model: str, model_hash: str, backend: str) -> str:
+        text = f"{model}@{model_hash[:8]}" if hashes_per_name[model] > 1 else model
+        return f"{text}[{backend or '?'}]" if backends_per_hash[(model, model_hash)] > 1 else text
+
+    return pd.Series([label(*row) for row in ids.itertuples(index=False)], index=frame.index, dtype=object)
 
 
 def is_perplexity(frame: pd.DataFrame) -> bool:
@@ -63,15 +95,18 @@ def is_perplexity(frame: pd.DataFrame) -> bool:
 
 
 def accuracy_table(frame: pd.DataFrame, models: Sequence[str] | None = None) -> pd.DataFrame:
-    """Mean score per (length, model) with k = sum of scores, n = samples and the Wilson 95% interval.
+    """Mean score per (length, model) over its prompts, with k = sum of scores, n = prompts,
+    n_draws = distinct draws and the draw-level Wilson 95% interval (module docstring).
 
     Rows must come from one (task, protocol, setting); `summarize` splits mixed rows.
     `models` orders the columns (labels as in `model_labels`); by default, sorted by name.
     """
     _require_one_group(frame)
-    rows = frame.assign(_label=model_labels(frame), _score=frame["score"].astype(float))
+    rows = frame.assign(_label=model_labels(frame), _score=frame["score"].astype(float), _draw=draw_ids(frame))
     cells = rows.groupby(["length", "_label"]).agg(score=("_score", "mean"), k=("_score", "sum"), n=("_score", "size"))
-    bounds = [wilson_interval(k, n) for k, n in zip(cells["k"], cells["n"])]
+    per_draw = rows.groupby(["length", "_label", "_draw"])["_score"].mean().groupby(["length", "_label"])
+    cells["n_draws"] = per_draw.size()
+    bounds = [wilson_interval(k, n) for k, n in zip(per_draw.sum().reindex(cells.index), cells["n_draws"])]
     cells["lo"] = [lo for lo, _ in bounds]
     cells["hi"] = [hi for _, hi in bounds]
     return _widen(cells, rows, ACCURACY_FIELDS, models)
@@ -82,22 +117,22 @@ def perplexity_table(frame: pd.DataFrame, models: Sequence[str] | None = None) -
 
     `nll` holds each sample's SUM of token NLLs, so long and short samples count by their
     tokens, not once each; a mean of per-sample perplexities would over-weight short ones.
+    A document two seeds picked counts once (`one_copy_per_document`); n = its rows (windows
+    or buckets) kept, n_draws = distinct documents.
     """
     _require_one_group(frame)
-    rows = frame.assign(
-        _label=model_labels(frame),
-        _nll=frame["nll"].astype(float),
-        _scored=frame["n_scored"].astype(float),
-    )
-    cells = rows.groupby(["length", "_label"]).agg(nll=("_nll", "sum"), n_scored=("_scored", "sum"), n=("_nll", "size"))
+    rows = one_copy_per_document(frame.assign(_label=model_labels(frame), _draw=draw_ids(frame)))
+    rows = rows.assign(_nll=rows["nll"].astype(float), _scored=rows["n_scored"].astype(float))
+    cells = rows.groupby(["length", "_label"]).agg(
+        nll=("_nll", "sum"), n_scored=("_scored", "sum"), n=("_nll", "size"), n_draws=("_draw", "nunique"))
     with np.errstate(divide="ignore", invalid="ignore"):
         cells["ppl"] = np.exp(cells["nll"] / cells["n_scored"])
     return _widen(cells, rows, PERPLEXITY_FIELDS, models)
 
 
 def min_certifiable_n(threshold: float, z: float = Z_95) -> int | None:
-    """The fewest samples per cell whose Wilson lower bound can reach ``threshold`` (all of them
-    correct: n/n has the bound n / (n + z²)); None when no n can (a threshold of 1)."""
+    """The fewest draws per cell whose draw-level Wilson lower bound can reach ``threshold`` (every
+    prompt of every draw correct: n/n has the bound n / (n + z²)); None when no n can (a threshold of 1)."""
     if threshold >= 1:
         return None
     n = max(1, math.ceil(threshold * z * z / (1 - threshold)))
@@ -117,17 +152,17 @@ def _passing_prefix(values: pd.Series, threshold: float):
 def effective_length(table: pd.DataFrame, threshold: float = 0.9) -> pd.DataFrame:
     """Per model: the effective length, the longest length up to which every tested length has a mean
     score at or above ``threshold`` (a dip stops it: a recovery beyond does not count), and that
-    length ÷ train_length; and the *certified* effective length, the same with the Wilson 95% lower
-    bound in place of the mean (what the samples support, not just the mean).
+    length ÷ train_length; and the *certified* effective length, the same with the draw-level Wilson
+    95% lower bound in place of the mean (what the independent draws support, not just the mean).
 
     Returns index = model, columns `length` (nullable Int64; <NA> when the shortest length fails),
-    `train_length`, `ratio` (NaN when none passes), `certified`, `certified_ratio` and `needs_n`: the
-    samples per cell certification would need, where the shortest length's cell has too few for
-    any score to certify it (<NA> otherwise).
+    `train_length`, `ratio` (NaN when none passes), `certified`, `certified_ratio` and `needs_draws`:
+    the draws per cell certification would need, where the shortest length's cell has too few for
+    any score to certify it (<NA> otherwise). Tables without `n_draws` count `n`.
     """
     scores = table["score"]
     train = table["train_length"]
-    counts = table["n"] if "n" in table else None
+    counts = next((table[f] for f in ("n_draws", "n") if f in table), None)
     needed = min_certifiable_n(threshold)
     out = []
     for model in scores.columns:
@@ -144,12 +179,12 @@ def effective_length(table: pd.DataFrame, threshold: float = 0.9) -> pd.DataFram
                 "ratio": best / train_length if best is not None and train_length else math.nan,
                 "certified": certified,
                 "certified_ratio": certified / train_length if certified is not None and train_length else math.nan,
-                "needs_n": needed if too_few else None,
+                "needs_draws": needed if too_few else None,
             }
         )
-    columns = ["model", "length", "train_length", "ratio", "certified", "certified_ratio", "needs_n"]
+    columns = ["model", "length", "train_length", "ratio", "certified", "certified_ratio", "needs_draws"]
     result = pd.DataFrame(out, columns=columns).set_index("model")
-    for column in ("length", "certified", "train_length", "needs_n"):
+    for column in ("length", "certified", "train_length", "needs_draws"):
         result[column] = result[column].astype("Int64")
     for column in ("ratio", "certified_ratio"):
         result[column] = result[column].astype(float)
@@ -194,6 +229,18 @@ class Summary:
     dtype: str = ""  # the precision every row of the table ran in
     dtype_distinct: bool = False  # another summary of this (task, protocol, setting) ran in another dtype
     scored_alike: bool = True  # perplexity: every model scored the same tokens (one vocabulary)
+    compute_versions: tuple = ()  # distinct compute_version of the rows, sorted; None: rows that do not say
+    reused_versions: tuple | None = None  # of those, the ones the current run did not compute with (None: not asked)
+
+    @property
+    def unit(self) -> str:
+        """What a draw is called in this summary: keys (passkey), documents (perplexity), draws (RULER)."""
+        return draw_unit(self.task, self.metric)
+
+    @property
+    def out_of_reach(self) -> list:
+        """The comparisons whose cells are too few for any difference to be significant (stats.out_of_reach)."""
+        return out_of_reach(self.paired)
 
     @property
     def title(self) -> str:
@@ -222,11 +269,31 @@ class Summary:
         return ""
 
 
+def draw_unit(task: str, metric: str) -> str:
+    """One rule names the independent unit: "documents" for perplexity, "keys" for passkey (one key
+    per seed and sample index, at every depth), "draws" for every other task (RULER's)."""
+    if metric == "perplexity":
+        return "documents"
+    return "keys" if task == "passkey" else "draws"
+
+
+def compute_versions(rows: pd.DataFrame) -> tuple:
+    """The distinct `compute_version`s of the rows, sorted, None (rows that do not say) last."""
+    if "compute_version" not in rows:
+        return ()
+    values = set(rows["compute_version"].astype(object).where(rows["compute_version"].notna(), None))
+    return tuple(sorted(v for v in values if v is not None)) + ((None,) if None in values else ())
+
+
 def summarize(
-    frame: pd.DataFrame, threshold: float = 0.9, models: Sequence[str] | None = None, baseline: str | None = None
+    frame: pd.DataFrame, threshold: float = 0.9, models: Sequence[str] | None = None, baseline: str | None = None,
+    current_versions: Iterable[str] | None = None,
 ) -> list[Summary]:
     """One Summary per (task, protocol, setting, fingerprint) in the rows, in sorted order; with a
-    ``baseline`` (a model label), each other model is tested against it on the samples both ran."""
+    ``baseline`` (a model label), each other model is tested against it on the samples both ran.
+    ``current_versions``: the compute versions this run computed with; a summary then names the
+    versions of its rows that are not among them (rows reused from earlier runs)."""
+    current = None if current_versions is None else set(current_versions)
     summaries = []
     frame = with_fingerprint_labels(frame)
     groups = frame.groupby(list(GROUP_COLUMNS), sort=True)
@@ -241,14 +308,19 @@ def summarize(
             effective = effective_length(table, threshold)
         distinct = bool(shared[(task, protocol, setting)] > 1)
         labels = list(table["n"].columns)
-        labelled = rows.assign(_label=model_labels(rows))
+        labelled = rows.assign(_label=model_labels(rows), _draw=draw_ids(rows))
+        if metric == "perplexity":
+            labelled = one_copy_per_document(labelled)
         alike = metric != "perplexity" or scored_alike(labelled)
         paired = ()
         if baseline is not None and baseline in labels and len(labels) > 1 and alike:
             paired = tuple(paired_tests(labelled, labels, baseline, metric))
+        versions = compute_versions(rows)
         summaries.append(Summary(
             str(task), str(protocol), str(setting), metric, table, effective, threshold, str(fingerprint), distinct,
             baseline if paired else None, paired, str(dtype), bool(dtypes[(task, protocol, setting)] > 1), alike,
+            compute_versions=versions,
+            reused_versions=None if current is None else tuple(v for v in versions if v not in current),
         ))
     return summaries
 
