@@ -7,16 +7,12 @@ from typing import Any
 
 import pandas as pd
 
-from bamctl.results.schema import COLUMN_NAMES, rows_to_table
+from bamctl.results.schema import rows_to_table
 from bamctl.results.store import to_pandas
 
 BASE_TIME = datetime(2025, 1, 1, tzinfo=timezone.utc)
 
-# Columns a branch being written adds to the schema: `draw` (the independent draw a row
-# belongs to), `backend` and `compute_version`. A fake row carries each one the schema already
-# has (with these defaults) or that a test passes; `frame_of` keeps them either way.
-DRAW_COLUMNS = {"draw": None, "backend": "native", "compute_version": None}
-UNSET: Any = object()
+UNSET: Any = object()  # a keyword left out, as opposed to one given as None (a null column)
 
 # name -> (model_hash, train_length, pe)
 MODELS = {
@@ -48,12 +44,7 @@ def fake_row(
     model_hash, train_length, pe = MODELS[model]
     perplexity = nll is not None
     given = {"draw": draw, "backend": backend, "compute_version": compute_version}
-    extra = {
-        name: (DRAW_COLUMNS[name] if value is UNSET else value)
-        for name, value in given.items()
-        if value is not UNSET or name in COLUMN_NAMES
-    }
-    return extra | {
+    return {
         "run_id": run_id,
         "created_at": created_at or BASE_TIME,
         "task": task,
@@ -96,17 +87,12 @@ def fake_row(
         "bamctl_version": "0.1.0",
         "git_revision": None,
         "torch_version": "2.13.0",
-    }
+    } | {name: value for name, value in given.items() if value is not UNSET}
 
 
 def frame_of(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """The frame `ResultStore.read()` gives for these rows: the schema's columns typed as stored,
-    and the columns it does not know yet (`draw`, `backend`, `compute_version`) as nullable strings."""
-    others = [c for c in dict.fromkeys(k for row in rows for k in row) if c not in COLUMN_NAMES]
-    frame = to_pandas(rows_to_table([{k: v for k, v in row.items() if k in COLUMN_NAMES} for row in rows]))
-    for column in others:
-        frame[column] = pd.array([row.get(column) for row in rows], dtype="string")
-    return frame
+    """The frame `ResultStore.read()` gives for these rows: the schema's columns typed as stored."""
+    return to_pandas(rows_to_table(rows))
 
 
 def passkey_grid(

@@ -68,6 +68,8 @@ def test_rows_of_another_compute_version_are_computed_again_unless_reused(micro,
     reused = run(capsys, "passkey", micro, *PASSKEY, "--reuse", "--out", str(out))
     assert "2 samples already in" in reused.err and "another compute version (--reuse)" in reused.err
     assert _scores(reused) == [0.123]
+    (summary,) = json.loads(reused.out)["summaries"]
+    assert summary["reused_compute_versions"] == ["0ther0ther0ther0"]  # the table says what it holds
 
 
 def test_a_row_of_the_current_schema_without_a_digest_is_computed_again(micro, tmp_path, capsys):

@@ -287,7 +287,7 @@ def _report(store, covered: set, names_by_identity: dict[tuple, list[str]], name
     if frame.empty:  # e.g. a shard that drew no sample
         stderr.print("no result rows for this request yet")
         return
-    summaries = summarize(frame, threshold=threshold, models=names, baseline=baseline)
+    summaries = summarize(frame, threshold=threshold, models=names, baseline=baseline, current_versions=current_versions)
     if json_output:
         typer.echo(json.dumps(summaries_to_json(summaries), indent=2))
     else:
