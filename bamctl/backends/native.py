@@ -39,7 +39,7 @@ class EngineBackend(Backend):
             rope_scaling=None if self.rope_scaling is None else self.rope_scaling.label,
         )
         self.device = str(self.engine.device)
-        self.dtype = str(self.engine.dtype).removeprefix("torch.")
+        self.dtype = self.engine.precision.label  # "autocast-bfloat16" apart from "bfloat16": rows never mix them
         self.attention = self.engine.attention
 
     @property
