@@ -51,6 +51,11 @@ chooses either formula for any ``bam`` checkpoint.
 Their tokenizer is Mistral-7B-v0.3's (32,768 tokens), read from a local path. ``--bos auto``
 follows their evaluation: no BOS before passkey and RULER prompts, one before each
 perplexity document (their Wikipedia evaluation); ``never`` is their FineWeb validation.
+
+Their evaluation (``evaluate.py``, default ``--dtype bfloat16``) keeps the float32 weights and
+runs the forward under ``torch.autocast`` on CUDA (on a CPU, plain float32): ``--dtype
+autocast-bfloat16`` runs ours so (``bamctl.devices``); ``--dtype bfloat16`` casts the weights,
+another number.
 """
 
 from __future__ import annotations
