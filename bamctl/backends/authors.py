@@ -238,8 +238,8 @@ def check_keys(data: dict, file: Path) -> None:
                                   "in a way bamctl does not implement")
         strange = [key for key in data[section] if key not in MAPPED[section] and key not in INERT[section]]
         if strange:
-            raise BamctlError(f"{file}: {section} has {', '.join(strange)}, which no version of the authors' code bamctl "
-                              "has read writes; it may change the forward pass, so bamctl does not load it")
+            raise BamctlError(f"{file}: {section} has {', '.join(strange)}, written by no version of the authors' code "
+                              "bamctl has read; it may change the forward pass, so bamctl does not load the checkpoint")
 
 
 def read_args(path: Path) -> tuple[dict, dict]:
