@@ -6,6 +6,8 @@ sits below all of them and imports nothing of bamctl's but errors.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from bamctl.errors import BamctlError
@@ -18,6 +20,44 @@ DTYPES = {
     "float16": torch.float16,
     "fp16": torch.float16,
 }
+# Precisions that keep float32 weights and run the forward pass under ``torch.autocast`` at
+# a lower dtype, as the BAM authors' evaluation does on CUDA (their evaluate.py, --dtype
+# bfloat16; on a CPU theirs runs float32): matmuls in bfloat16, the residual stream, norms and
+# priors in float32. Both spellings; rows record the first. Every name starts "autocast-"
+# (bamctl.backends.base refuses them by that prefix).
+AUTOCAST_DTYPES = {
+    "autocast-bfloat16": torch.bfloat16,
+    "autocast-bf16": torch.bfloat16,
+}
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What ``--dtype`` asks of bamctl's engine: the weights' dtype and, under autocast, the
+    dtype autocast computes in."""
+
+    weights: torch.dtype
+    autocast: torch.dtype | None = None
+
+    @property
+    def activations(self) -> torch.dtype:
+        """What the matmuls produce, and so what the KV cache holds."""
+        return self.autocast or self.weights
+
+    @property
+    def label(self) -> str:
+        """The name a result row records: ``float32``, ``bfloat16``, ``autocast-bfloat16`` …"""
+        name = str(self.activations).removeprefix("torch.")
+        return f"autocast-{name}" if self.autocast is not None else name
+
+
+def resolve_precision(name: str, device: torch.device) -> Precision:
+    """``--dtype`` for bamctl's engine: every dtype of ``resolve_dtype``, and the autocast ones."""
+    if name in AUTOCAST_DTYPES:
+        return Precision(torch.float32, AUTOCAST_DTYPES[name])
+    if name != "auto" and name not in DTYPES:
+        raise BamctlError(f"unknown dtype {name!r}; use auto, float32, bfloat16, float16 or autocast-bfloat16")
+    return Precision(resolve_dtype(name, device))
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -33,8 +73,12 @@ def resolve_device(name: str = "auto") -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """One dtype for a whole model (``resolve_precision`` adds the autocast precisions)."""
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name in AUTOCAST_DTYPES:
+        raise BamctlError(f"--dtype {name} (float32 weights under autocast) runs on bamctl's streaming engine only; "
+                          "use float32, bfloat16 or float16 here")
     try:
         return DTYPES[name]
     except KeyError:

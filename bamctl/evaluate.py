@@ -50,10 +50,10 @@ class TaskRequest:
     protocol: str | None = None  # None: the task's default protocol
     options: dict = field(default_factory=dict)  # generator options: corpus_path, stride, bucket, doc_tokens
 
-    def plan(self, tokenizer, *, check_tokenizer: bool = True, scored_tokens: str | None = None) -> TaskPlan:
+    def plan(self, tokenizer, *, check_tokenizer: bool = True, scored_tokens: str | None = None, bos_for=None) -> TaskPlan:
         return plan_samples(
-            self.task, self.lengths, self.samples, self.seeds, tokenizer, self.depths,
-            protocol=self.protocol, check_tokenizer=check_tokenizer, scored_tokens=scored_tokens, **self.options,
+            self.task, self.lengths, self.samples, self.seeds, tokenizer, self.depths, protocol=self.protocol,
+            check_tokenizer=check_tokenizer, scored_tokens=scored_tokens, bos_for=bos_for, **self.options,
         )
 
 
@@ -102,7 +102,7 @@ class Evaluation:
 
     def __init__(self, backend: Backend, request: TaskRequest, store: ResultStore, *, model_name: str, run_id: str | None = None):
         self.backend, self.request, self.store = backend, request, store
-        self.plan = request.plan(backend.tokenizer, scored_tokens=backend.scored_tokens)
+        self.plan = request.plan(backend.tokenizer, scored_tokens=backend.scored_tokens, bos_for=backend.bos_for)
         info = backend.info
         self.compute_version = run_compute_version(backend)
         self.common = {

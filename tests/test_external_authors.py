@@ -225,9 +225,14 @@ def _old_names(state: dict) -> dict:
 @pytest.mark.parametrize("name, scaled", [("bam", True), ("bam_ssmax-old-shapes-global", False)])
 def test_checkpoints_naming_the_prior_shape_scale_loc_load_with_their_formula(tmp_path, capsys, name, scaled):
     """Plain bam of that naming was evaluated with the scaled-distance formula (said on load);
-    bam_ssmax of that naming uses the released one: renaming is enough."""
+    bam_ssmax of that naming and of May 2025 (its ModelArgs has ssmax_prior) uses the released
+    one: renaming is enough. April 2025's bam_ssmax, without ssmax_prior: test_authors_args.py."""
     folder, family, state, model_args = build(tmp_path, name)
     torch.save(_old_names(state), folder / "model.pt")
+    if family == "bam_ssmax":
+        data = json.loads((folder / "args.json").read_text())
+        data["model_args"]["ssmax_prior"] = True
+        (folder / "args.json").write_text(json.dumps(data))
     checkpoint = load_authors_checkpoint(folder)
     assert checkpoint.model.config.bam_prior_form == ("scaled_distance" if scaled else "released")
     assert ("scaled" in capsys.readouterr().err) == scaled

@@ -21,39 +21,50 @@ def _corpus(path, n_words: int, vocab: int, seed: int = 0):
     return path
 
 
-def _bucket_rows(backend, tmp_path, length: int, bucket: int, corpus) -> list[dict]:
-    request = TaskRequest("ppl", [length], samples=1, seeds=[0], protocol="buckets",
-                          options={"bucket": bucket, "corpus_path": str(corpus)})
-    return Evaluation(backend, request, ResultStore(tmp_path / "out"), model_name="m").run().rows
+def their_bucket_losses(logits_of, row: list[int], window: int) -> list[float]:
+    """Restates the authors' ``PerplexityEvaluator.evaluate`` (their eval_utils.py, at their HEAD
+    commit f974431; their code cannot be vendored): a row of L + 1 tokens is fed whole, the
+    cross-entropy of each prediction against the next token (L of them) is cut into windows of
+    ``window`` consecutive predictions, and each window's mean is its perplexity's log. Their rows:
+    ``tokenizer(article, add_special_tokens=True)[:L + 1]``, BOS first (Wikipedia), or the
+    FineWeb token stream, BOS and EOS removed, cut into consecutive rows of L + 1."""
+    tokens = torch.tensor(row)
+    loss = F.cross_entropy(logits_of(tokens)[:-1], tokens[1:], reduction="none").reshape(-1, window)
+    return loss.mean(dim=-1).tolist()
 
 
 @pytest.mark.parametrize("bos", ["auto", "never"])
 def test_buckets_are_the_authors_windows(tmp_path, bos):
-    """The authors' PerplexityEvaluator, restated from their code (no library of theirs to call):
-    it feeds ``[BOS] + text[:L]`` and scores each window of W consecutive predictions, so window k
-    holds text tokens k*W .. (k+1)*W-1, the first one predicted from the BOS; L tokens in all.
-    Without a BOS nothing predicts text token 0: bucket 0 scores W-1 tokens."""
+    """With a BOS (their Wikipedia evaluation) bamctl's document is L text tokens after the BOS;
+    without (their FineWeb validation) it is L + 1 corpus tokens. Either way the model is fed
+    L + 1 tokens and bucket k is their window k: W predictions, W tokens scored, L in all, the same
+    mean loss. (Main scored W - 1 tokens in bucket 0 without a BOS, and L - 1 in all.)"""
     folder, family, state, model_args = build(tmp_path, "bam_ssmax")
     tokenizer = _bos_tokenizer(tmp_path / "tokenizer.json", VOCAB - 3)
     corpus = _corpus(tmp_path / "corpus.txt", 200, VOCAB - 3)
     backend = open_backend(str(folder), RunOptions(device="cpu", chunk_size=7, tokenizer=str(tokenizer), bos=bos))
-    length, width = 20, 8
-    rows = _bucket_rows(backend, tmp_path, length, width, corpus)
+    length, width = 24, 8
+    request = TaskRequest("ppl", [length], samples=2, seeds=[0], protocol="buckets",
+                          options={"bucket": width, "corpus_path": str(corpus)})
+    evaluation = Evaluation(backend, request, ResultStore(tmp_path / "out"), model_name="m")
+    rows = evaluation.run().rows
+    text = backend.tokenizer.encode(corpus.read_text())
+    double = {k: v.double() for k, v in state.items()}
 
-    start = rows[0]["document_start"]  # the document the seed picked
-    text = backend.tokenizer.encode(corpus.read_text())[start : start + length]
-    fed = [BOS, *text] if bos == "auto" else text
-    logits = reference_logits(family, {k: v.double() for k, v in state.items()}, model_args, torch.tensor(fed))
-    nll = F.cross_entropy(logits[:-1], torch.tensor(fed[1:]), reduction="none")  # nll[i]: loss of fed[i + 1]
-    if bos == "never":
-        nll = torch.cat([torch.tensor([float("nan")], dtype=nll.dtype), nll])  # text token 0: no prediction
-    windows = [nll[start : start + width] for start in range(0, length, width)]
-    expected = [(float(w[~w.isnan()].sum()), int((~w.isnan()).sum())) for w in windows]
+    def logits_of(tokens):
+        return reference_logits(family, double, model_args, tokens)
 
-    assert [r["position"] for r in rows] == [0, 8, 16]
-    assert [r["n_scored"] for r in rows] == [n for _, n in expected] == ([8, 8, 4] if bos == "auto" else [7, 8, 4])
-    for row, (total, count) in zip(rows, expected):
-        assert row["nll"] / count == pytest.approx(total / count, rel=1e-6)  # float32 engine, float64 reference
+    assert [r["position"] for r in rows] == [0, 8, 16] * 2
+    assert [r["n_scored"] for r in rows] == [width] * 6
+    for i, sample in enumerate(evaluation.plan.samples()):
+        ids = sample.input_ids
+        assert len(ids) == (length if bos == "auto" else length + 1)
+        assert any(text[s : s + len(ids)] == ids for s in range(len(text) - len(ids) + 1))  # a corpus passage
+        fed = [BOS, *ids] if bos == "auto" else ids
+        assert all(r["n_tokens"] == len(ids) and r["bos"] == (bos == "auto") for r in rows[3 * i : 3 * i + 3])
+        expected = their_bucket_losses(logits_of, fed, width)
+        got = [r["nll"] / r["n_scored"] for r in rows[3 * i : 3 * i + 3]]
+        assert got == pytest.approx(expected, rel=1e-6)  # float32 engine, float64 reference
 
 
 def test_sliding_equals_lm_eval_rolling_loglikelihood(tmp_path, tiny_llama):

@@ -57,13 +57,25 @@ def test_bad_window_or_stride(w, s):
         sliding_windows(100, w, s)
 
 
+@pytest.mark.parametrize("bos", [True, False])
 @pytest.mark.parametrize(("n", "bucket"), [(1025, 1024), (4097, 1024), (4096, 1024), (10, 3), (1, 4)])
-def test_position_buckets_cover_each_token_once(n, bucket):
-    buckets = position_buckets(n, bucket)
-    positions = [p for b in buckets for p in range(b.start, b.end)]
-    assert positions == list(range(n))
+def test_position_buckets_cover_each_token_once(n, bucket, bos):
+    """n predictions in buckets of ``bucket``: with a BOS they score tokens 0 .. n-1 of an n-token
+    document; without, tokens 1 .. n of an (n + 1)-token one (token 0 is context)."""
+    buckets = position_buckets(n, bucket, bos)
+    assert [p for b in buckets for p in range(b.start, b.end)] == list(range(n))
+    first = 0 if bos else 1
+    assert [t for b in buckets for t in range(b.first_token, b.stop_token)] == list(range(first, n + first))
     assert all(b.n_scored == bucket for b in buckets[:-1])
     assert [b.index for b in buckets] == list(range(len(buckets)))
+
+
+def test_buckets_without_a_bos_score_whole_buckets():
+    """A 4096-token length without a BOS: four buckets of 1024 scored tokens, as the authors'
+    FineWeb validation cuts rows of 4097 (main cut 1023, 1024, 1024, 1024 from 4096 tokens)."""
+    (sample,) = generate_samples("ppl", [4096], 1, 0, get_tokenizer("gpt2"), protocol="buckets")
+    assert sample.n_tokens == 4097
+    assert [(s.start, s.stop, s.position) for s in sample.scored] == [(1, 1025, 0), (1025, 2049, 1024), (2049, 3073, 2048), (3073, 4097, 3072)]
 
 
 def test_ppl_documents_have_exact_length_and_record_repetition():

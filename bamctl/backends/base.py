@@ -136,7 +136,7 @@ class RunOptions:
     """Everything a user may ask of a back-end; ``None`` (or False) means "not asked"."""
 
     device: str | None = None  # auto, cpu, cuda, cuda:N
-    dtype: str | None = None  # auto, float32, bfloat16, float16
+    dtype: str | None = None  # auto, float32, bfloat16, float16; autocast-bfloat16 (bamctl's engine only)
     chunk_size: int | None = None  # tokens per prefill chunk
     attention: str | None = None  # bamctl's attention path (its own engine only)
     tokenizer: str | None = None  # a tokenizer name or local path replacing the model's own
@@ -206,6 +206,16 @@ class EngineOptions:
 BOS_POLICIES = ("auto", "always", "never")
 
 
+# bamctl.devices.AUTOCAST_DTYPES (float32 weights under autocast, bamctl's engine only) all
+# start so; this module cannot import devices (torch), a test holds the two together.
+AUTOCAST_PREFIX = "autocast-"
+
+
+def _one_dtype(dtype: str, who: str) -> None:
+    if dtype.startswith(AUTOCAST_PREFIX):
+        raise BamctlError(f"--dtype {dtype} does not apply to {who}, which runs a model in one dtype; use float32, bfloat16 or float16")
+
+
 def _check_bos(bos: str) -> None:
     if bos not in BOS_POLICIES:
         raise BamctlError(f"--bos must be one of {', '.join(BOS_POLICIES)}, not {bos!r}")
@@ -242,6 +252,7 @@ class HFOptions:
 
     def __post_init__(self):
         positive(self.chunk_size, "chunk_size")
+        _one_dtype(self.dtype, "hf: (transformers)")
         _check_bos(self.bos)
         check_rope_scaling(self.rope_scaling, self.rope_factor, HF_ROPE_SCALINGS)
         if self.beyond_max not in BEYOND_MAX:
@@ -261,6 +272,7 @@ class VLLMOptions:
 
     def __post_init__(self):
         positive(self.tensor_parallel, "tensor_parallel")
+        _one_dtype(self.dtype, "vllm:")
         _check_bos(self.bos)
         if self.beyond_max not in BEYOND_MAX:
             raise BamctlError(f"--beyond-max must be one of {', '.join(BEYOND_MAX)}, not {self.beyond_max!r}")

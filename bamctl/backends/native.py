@@ -44,7 +44,7 @@ class EngineBackend(Backend):
         )
         self.stop_ids = set() if tokenizer.eos_id is None else {tokenizer.eos_id}
         self.device = str(self.engine.device)
-        self.dtype = str(self.engine.dtype).removeprefix("torch.")
+        self.dtype = self.engine.precision.label  # "autocast-bfloat16" apart from "bfloat16": rows never mix them
         self.attention = self.engine.attention
 
     @property

@@ -39,6 +39,8 @@ class Dtype(str, Enum):
     float32 = "float32"
     bfloat16 = "bfloat16"
     float16 = "float16"
+    autocast_bfloat16 = "autocast-bfloat16"  # float32 weights under torch.autocast (bamctl.devices.AUTOCAST_DTYPES)
+    autocast_bf16 = "autocast-bf16"
 
 
 class Attention(str, Enum):
@@ -117,7 +119,8 @@ EVALUATION: list[Param] = [
     Param("device", Optional[str], None, typer.Option(
         rich_help_panel=ENGINE_PANEL, help="auto (CUDA when present, else CPU; the default), cpu, cuda or cuda:N.")),
     Param("dtype", Optional[Dtype], None, typer.Option(
-        rich_help_panel=ENGINE_PANEL, help="Compute dtype; auto (the default): bfloat16 on CUDA, float32 on CPU.")),
+        rich_help_panel=ENGINE_PANEL, help="Compute dtype; auto (the default): bfloat16 on CUDA, float32 on CPU. "
+        "autocast-bfloat16: float32 weights, the forward under torch.autocast, as the BAM authors evaluate (bamctl's engine only).")),
     Param("chunk_size", Optional[int], None, typer.Option(
         min=1, rich_help_panel=ENGINE_PANEL,
         help="Tokens per prefill chunk (default 2048): memory is weights + KV cache + one chunk's workspace.")),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from contextlib import nullcontext
 
 from typing import Callable, Sequence
 
@@ -26,7 +27,7 @@ from bamctl.engine.flex import FlexKernel, flex_available, require_flex
 from bamctl.engine.fused import FusedKernel, fused_available
 from bamctl.engine.native import NativeKernel, native_available
 from bamctl.engine.cache import KVCache
-from bamctl.devices import resolve_device, resolve_dtype
+from bamctl.devices import resolve_device, resolve_precision
 from bamctl.errors import BamctlError
 from bamctl.model import ForwardState, Transformer
 from bamctl.vocab import VocabSubset
@@ -120,6 +121,23 @@ def kernel_for(name: str):
     return ATTENTION_PATHS[name]()
 
 
+def outside_autocast(kernel: Callable, device_type: str) -> Callable:
+    """``kernel`` with autocast off inside it.
+
+    Under an autocast precision the model's projections run in the lower dtype and hand the
+    kernel lower-dtype q, k, v; each kernel then computes exactly what it computes for such
+    inputs anywhere (float32 products and softmax on CPUs; FlexAttention on CUDA in the inputs'
+    dtype, with float32 scores, as the authors' FlexAttention does). Left on, autocast would
+    recast the dense and blockwise kernels' float32 products to bfloat16 and not the others'.
+    """
+
+    def attend(q, k, v, inputs):
+        with torch.autocast(device_type=device_type, enabled=False):
+            return kernel(q, k, v, inputs)
+
+    return attend
+
+
 class StreamingEngine:
     def __init__(
         self,
@@ -131,13 +149,22 @@ class StreamingEngine:
         attention: str = "auto",
         rope_scaling=None,
     ):
-        """``rope_scaling``: a ``bamctl.positional.RopeScaling`` the engine runs a RoPE model with."""
+        """``rope_scaling``: a ``bamctl.positional.RopeScaling`` the engine runs a RoPE model with.
+
+        ``dtype``: the weights' dtype (``float32``, ``bfloat16``, ``float16``; the priors and
+        SSMax scales stay float32 in every one), or ``autocast-bfloat16``: float32 weights, the
+        forward under ``torch.autocast`` on this device's type, the KV cache in bfloat16 (what
+        the projections give), as the BAM authors' evaluation runs their models.
+        """
         if chunk_size < 1:
             raise BamctlError(f"--chunk-size must be a positive number of tokens, not {chunk_size}")
         self.device = resolve_device(device)
-        self.dtype = resolve_dtype(dtype, self.device)
+        self.precision = resolve_precision(dtype, self.device)
+        self.dtype = self.precision.weights
         self.attention = _exact_for(model, resolve_attention(attention, self.device), attention == "auto")
         self.kernel = kernel_for(self.attention)
+        autocast = self.precision.autocast is not None
+        self._attend = outside_autocast(self.kernel, self.device.type) if autocast else self.kernel
         self.chunk_size = chunk_size
         self.model = model.to(device=self.device).cast_keeping_positional(self.dtype).eval()
         self.model.rope_scaling = rope_scaling
@@ -152,7 +179,13 @@ class StreamingEngine:
         """Refuse, before any work, a context that the memory here cannot hold."""
         from bamctl.engine.memory import check_fits
 
-        check_fits(self.config, n_tokens, self.chunk_size, self.dtype, self.attention, self.device)
+        check_fits(self.config, n_tokens, self.chunk_size, self.dtype, self.attention, self.device, self.precision.activations)
+
+    def _autocast(self):
+        """The context every forward runs in: autocast under an autocast precision, else none."""
+        if self.precision.autocast is None:
+            return nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.precision.autocast)
 
     # Callers speak tokenizer ids; a model with a vocabulary subset has its own rows.
     def _model_ids(self, ids: Sequence[int]) -> torch.Tensor:
@@ -178,16 +211,19 @@ class StreamingEngine:
         cfg = self.config
         tokens = self._model_ids(ids)[None, :]  # (1, N)
         capacity = -(-capacity // CACHE_ROUND) * CACHE_ROUND  # whole blocks: fewer distinct kernel shapes
-        cache = KVCache(cfg.n_layers, 1, cfg.n_heads, capacity, cfg.head_dim, self.dtype, self.device)
-        state = ForwardState(kernel=self.kernel, cache=cache, max_distance=capacity - 1)
+        cache = KVCache(cfg.n_layers, 1, cfg.n_heads, capacity, cfg.head_dim, self.precision.activations, self.device)
+        state = ForwardState(kernel=self._attend, cache=cache, max_distance=capacity - 1)
         for start in range(0, tokens.shape[1], self.chunk_size):
             chunk = tokens[:, start : start + self.chunk_size]
             keep_from = min(max(first_needed - start, 0), chunk.shape[1])
-            on_hidden(start + keep_from, self.model.hidden(chunk, start, state, keep_from)[0])
+            with self._autocast():
+                hidden = self.model.hidden(chunk, start, state, keep_from)[0]
+            on_hidden(start + keep_from, hidden)
         return cache, state
 
     def _logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:
-        return self.model.output(hidden_rows).float()
+        with self._autocast():  # the head too: under autocast its logits are bfloat16 values, as theirs
+            return self.model.output(hidden_rows).float()
 
     # -- request kinds --------------------------------------------------------------------
     @torch.inference_mode()
@@ -232,7 +268,9 @@ class StreamingEngine:
             out.append(int(self._tokenizer_ids(next_id)))
             if out[-1] in stop_ids or len(out) == max_new_tokens:
                 break
-            next_id = self._logits(self.model.hidden(next_id[None], position, state)[0, -1:]).argmax(-1)
+            with self._autocast():
+                hidden = self.model.hidden(next_id[None], position, state)[0, -1:]
+            next_id = self._logits(hidden).argmax(-1)
             position += 1
         return out
 
@@ -250,10 +288,12 @@ class StreamingEngine:
 
         _, state = self._stream(ids[:-1], len(ids), lambda start, hidden: None, first_needed=len(ids)) if len(ids) > 1 else (None, None)
         if state is None:
-            cache = KVCache(self.config.n_layers, 1, self.config.n_heads, CACHE_ROUND, self.config.head_dim, self.dtype, self.device)
+            cache = KVCache(self.config.n_layers, 1, self.config.n_heads, CACHE_ROUND, self.config.head_dim,
+                            self.precision.activations, self.device)
             state = ForwardState(cache=cache, max_distance=0)
-        state.kernel = recording
-        self.model.hidden(self._model_ids(ids[-1:])[None, :], len(ids) - 1, state)
+        state.kernel = outside_autocast(recording, self.device.type)
+        with self._autocast():
+            self.model.hidden(self._model_ids(ids[-1:])[None, :], len(ids) - 1, state)
         return weights
 
     @torch.inference_mode()

@@ -59,7 +59,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("score", pa.float64(), False, "metric in [0, 1] for accuracy tasks (1.0/0.0 for exact match, fraction found for string_match_all); mean token NLL (nll / n_scored) for perplexity"),
     Column("nll", pa.float64(), True, "perplexity only: SUM of the token negative log-likelihoods of the sample, nats"),
     Column("n_scored", pa.int64(), True, "perplexity only: number of tokens whose NLL is in `nll`"),
-    Column("position", pa.int64(), True, "perplexity only: first scored token of the span (sliding window's first new token, or bucket start); null otherwise"),
+    Column("position", pa.int64(), True, "perplexity only: the span's label: a sliding window's first new token, or a bucket's first prediction (k * bucket; without a BOS it scores document tokens from k * bucket + 1); null otherwise"),
     Column("seconds", pa.float64(), False, "wall time spent on the sample"),
     Column("tokens_per_s", pa.float64(), False, "n_tokens / seconds"),
     Column("peak_mem_bytes", pa.int64(), True, "peak memory during the sample (GPU if on one, else process RSS); null when unknown"),

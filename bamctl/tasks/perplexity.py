@@ -12,10 +12,15 @@ Two protocols:
   back-to-back windows sharing that one token (nothing is scored twice, nothing
   skipped — the Hugging Face recipe instead loses one token per window); S = 1
   is the strict sliding evaluation, every token with W - 1 tokens of context.
-* Position buckets (BAM authors): one pass over a document, mean loss per block
-  of ``bucket`` tokens: bucket k scores tokens k*W .. (k+1)*W-1, token 0 predicted
-  from the BOS the back-end puts in front. Without a BOS nothing predicts token 0,
-  and bucket 0 scores W-1 tokens.
+* Position buckets (BAM authors): one pass, mean loss per block of W = ``bucket``
+  predictions, as their evaluator cuts them. For a length L it feeds L + 1 tokens
+  and scores the L predictions after the first, W at a time: bucket k holds
+  predictions k*W .. (k+1)*W-1 (its row's ``position`` is k*W). With a BOS in front
+  (their Wikipedia evaluation) the document is L tokens and bucket k scores its
+  tokens k*W .. (k+1)*W-1, token 0 predicted from the BOS; without one (their
+  FineWeb validation) the document is L + 1 tokens, token 0 is context only and
+  bucket k scores tokens k*W+1 .. (k+1)*W. Either way every bucket scores W tokens
+  (the last fewer when W does not divide L), L in all.
 
 Documents are chosen by the seed: the corpus is cut into ``len(corpus) // n`` places of
 ``n`` tokens (n: the document's length), and a seeded shuffle of those places gives
@@ -74,11 +79,21 @@ def sliding_windows(n_tokens: int, window: int, stride: int) -> list[Window]:
 
 @dataclass(frozen=True)
 class Bucket:
-    """The predictions of tokens ``[start, end)`` of a document."""
+    """Bucket ``index``: the predictions ``[start, end)`` of one pass, which score the document's
+    tokens ``[start + offset, end + offset)``."""
 
     index: int
     start: int
     end: int
+    offset: int = 0  # 0: a BOS in front predicts token 0; 1: without one, token 0 is context only
+
+    @property
+    def first_token(self) -> int:
+        return self.start + self.offset
+
+    @property
+    def stop_token(self) -> int:
+        return self.end + self.offset
 
     @property
     def n_scored(self) -> int:
@@ -88,16 +103,16 @@ class Bucket:
 DEFAULT_BUCKET = 1024  # tokens per bucket, as the authors' evaluation groups them
 
 
-def position_buckets(n_tokens: int, bucket: int) -> list[Bucket]:
-    """Split a document of ``n_tokens`` tokens into blocks of ``bucket`` tokens.
-
-    As the authors' evaluation cuts ``[BOS] + text``: bucket k holds the predictions of
-    tokens ``[k * bucket, (k + 1) * bucket)``; the last one is shorter when the length
-    is not a multiple.
-    """
+def position_buckets(length: int, bucket: int, bos: bool = True) -> list[Bucket]:
+    """The ``length`` predictions of one pass in blocks of ``bucket``, as the authors' evaluator
+    cuts them (see the module docstring): bucket k holds predictions ``[k * bucket, (k + 1) *
+    bucket)``, the last one shorter when ``bucket`` does not divide ``length``. ``bos``: whether
+    one goes before the document, which is then ``length`` tokens (offset 0), else ``length + 1``
+    (offset 1: token 0 only feeds the first prediction)."""
     if bucket < 1:
         raise BamctlError(f"bucket size {bucket} must be at least 1")
-    return [Bucket(k, start, min(start + bucket, n_tokens)) for k, start in enumerate(range(0, n_tokens, bucket))]
+    offset = 0 if bos else 1
+    return [Bucket(k, start, min(start + bucket, length), offset) for k, start in enumerate(range(0, length, bucket))]
 
 
 def ppl_corpus(corpus_path: Path | None = None) -> Corpus:
@@ -241,10 +256,11 @@ def ppl_plan(
 
 def ppl_sample(
     *, slot: SampleSlot, tokenizer: Tokenizer, corpus_path: Path | str | None = None,
-    doc_tokens: int | None = None, stride: int | None = None, bucket: int = 0,
+    doc_tokens: int | None = None, stride: int | None = None, bucket: int = 0, bos: bool = False,
 ) -> Sample:
     """sliding: the window of ``slot.length`` tokens of document ``slot.index`` that scores from
-    ``slot.position`` on; buckets: the whole document, its buckets scored separately."""
+    ``slot.position`` on; buckets: the whole document, its buckets scored separately (``bos``:
+    whether the back-end puts a BOS before it, which decides its length)."""
     if slot.protocol == "sliding":
         document, meta = ppl_document(tokenizer, corpus_path, doc_tokens, slot.index, slot.seed)
         windows = sliding_windows(doc_tokens, slot.length, slot.length if stride is None else stride)
@@ -252,6 +268,7 @@ def ppl_sample(
         ids = document[window.begin : window.end]
         scored = [ScoredSpan(window.score_from - window.begin, window.end - window.begin, window.score_from)]
     else:
-        ids, meta = ppl_document(tokenizer, corpus_path, slot.length, slot.index, slot.seed)
-        scored = [ScoredSpan(b.start, b.end, b.start) for b in position_buckets(len(ids), bucket)]
+        buckets = position_buckets(slot.length, bucket, bos)
+        ids, meta = ppl_document(tokenizer, corpus_path, slot.length + (0 if bos else 1), slot.index, slot.seed)
+        scored = [ScoredSpan(b.first_token, b.stop_token, b.start) for b in buckets]
     return slot.sample(input_ids=ids, prompt=tokenizer.decode(ids), scored=scored, meta=meta, draw=f"doc@{meta['start']}")

@@ -144,7 +144,7 @@ GENERATORS: dict[str, Generator] = {
     "cwe": Generator(cwe_sample, version=1, setting=ruler_setting, files=cwe_files, takes_depths=never),
     "fwe": Generator(fwe_sample, version=1, setting=ruler_setting, takes_depths=never),
     "ppl": Generator(
-        ppl_sample, version=3, plan=ppl_plan, resolve=ppl_options, setting=ppl_setting, files=ppl_files,
+        ppl_sample, version=4, plan=ppl_plan, resolve=ppl_options, setting=ppl_setting, files=ppl_files,
         shortfall=ppl_shortfall, takes_depths=never,
     ),
 }
@@ -181,7 +181,12 @@ class TaskSpec:
     def options(self) -> set[str]:
         """Option names the generator takes beyond its TOML arguments (e.g. ``corpus_path``)."""
         names = set(inspect.signature(self.functions.build).parameters) | set(inspect.signature(self.functions.plan).parameters)
-        return names - {"slot", "tokenizer", "spec", "lengths", "depths", "n_samples", "seed", "_"}
+        return names - {"slot", "tokenizer", "spec", "lengths", "depths", "n_samples", "seed", "bos", "_"}
+
+    def takes_bos(self) -> bool:
+        """Whether what the generator builds depends on a BOS going in front (perplexity's buckets:
+        their document is one token longer without one); the back-end says, never the user."""
+        return "bos" in inspect.signature(self.functions.build).parameters
 
     def takes_depths(self) -> bool:
         """Whether ``--depths`` applies: the task hides one thing and lets the caller place it."""
@@ -308,6 +313,7 @@ def plan_samples(
     protocol: str | None = None,
     check_tokenizer: bool = True,
     scored_tokens: str | None = None,
+    bos_for: Callable[[str], bool] | None = None,
     **options,
 ) -> TaskPlan:
     """The samples of every seed, length, depth and index, in that nesting order.
@@ -316,7 +322,9 @@ def plan_samples(
     out what depends on the tokenizer (``auto``'s choice, a protocol the tokenizer cannot
     run), for checks made before the model's tokenizer is known. ``scored_tokens`` names the
     tokens the model can score (``Backend.scored_tokens``), which perplexity's fingerprint
-    carries; None before a model is known. ``options`` go to the
+    carries; None before a model is known. ``bos_for`` is the back-end's ``Backend.bos_for``
+    (whether one BOS goes before a prompt of a scoring kind), for generators whose samples
+    depend on it; None: no BOS, as bamctl's own models. ``options`` go to the
     generator (``corpus_path``, ``stride`` … for ppl; None means its default). Each
     sample is a pure function of its slot and these options: asking for more or other
     lengths never changes it.
@@ -337,6 +345,8 @@ def plan_samples(
         raise BamctlError(f"task {task} does not take {', '.join(unknown)}")
     setting = spec.functions.setting(spec, lengths, options)
     options = spec.functions.resolve(spec, lengths, options)
+    if spec.takes_bos():
+        options = {**options, "bos": bool(bos_for(spec.scoring)) if bos_for is not None else False}
     slots = [
         slot
         for seed in seeds
