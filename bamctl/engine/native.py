@@ -113,10 +113,14 @@ def native_attention_counted(
     prior_scale = None
     if inputs.ssmax_scale is not None:
         factor = ssmax_factor(inputs, tq, q.device)  # (H, Tq): c_h(i)
-        qf = qf * factor[None, :, :, None]
         has_prior = inputs.bias_table is not None or query_prior is not None
         if has_prior and inputs.ssmax_scope == "logits":
+            # The kernel forms (s + b) * c_h(i) in the reference's order. Folded into q and the
+            # prior instead, a negative c_h(i) turns a steep prior into large positive logits
+            # that round elsewhere than the reference's, by up to ~4e-3 in the outputs.
             prior_scale = factor.contiguous()
+        else:  # c_h(i) multiplies the content score alone: folding it into q is exact, for any sign
+            qf = qf * factor[None, :, :, None]
     kf, vf = k.float(), v.float()
     if kf.stride(-1) != 1:
         kf = kf.contiguous()

@@ -67,8 +67,12 @@ def resolve_attention(name: str, device: torch.device) -> str:
     return name
 
 
-# Paths that fold SSMax's factor into the queries: exact to 1e-4 for factors >= 0 only.
-FOLDING_PATHS = ("native", "fused")
+# Paths that fold SSMax's factor into the queries and into the mask that holds the prior:
+# torch's fused kernel takes one scalar scale and adds its mask after it, so a per-query
+# factor can enter nowhere else. Where the factor multiplies a prior (SSMax over the logits)
+# that is exact to 1e-4 for factors >= 0 only. The native kernel forms (score + prior) * factor
+# in the reference's order, exact for either sign.
+FOLDING_PATHS = ("fused",)
 # Paths that take a prior as a function of (query, key) positions, not only of the distance (FIRE).
 QUERY_DEPENDENT_PATHS = ("native", "blockwise", "dense")
 
@@ -78,10 +82,12 @@ def _exact_for(model: Transformer, attention: str, chosen_by_auto: bool) -> str:
 
     A prior that depends on the query's position (FIRE) fits no 1-D line: native takes it in its
     piecewise-linear form, blockwise and dense ask it for each tile; fused and flex cannot. With a
-    negative SSMax scale, the logits-scope factor multiplies a prior that grows with distance into
-    large positive logits; folding it into the queries (native, fused) then rounds differently
-    from the reference by up to ~4e-3. ``auto`` takes the blockwise path instead; asked for,
-    such a path is refused with one line.
+    negative SSMax scale over the logits, the factor multiplies a prior that grows with distance
+    into large positive logits; folding it into the queries and the prior's mask (fused) then
+    rounds differently from the reference by up to ~4e-3. A negative scale over the content only,
+    or in a model without a prior, multiplies no prior, and fused stays exact. ``auto`` takes the
+    blockwise path instead (it picks fused only on a CPU where native cannot be built); asked
+    for, such a path is refused with one line.
     """
     if any(getattr(layer.attention.prior, "query_dependent", False) for layer in model.layers):
         if attention not in QUERY_DEPENDENT_PATHS:
@@ -93,21 +99,30 @@ def _exact_for(model: Transformer, attention: str, chosen_by_auto: bool) -> str:
             attention = "blockwise"  # auto on CUDA, or on a CPU without the native kernel
     if attention not in FOLDING_PATHS:
         return attention
-    negative = [
-        (layer, head, float(value))
-        for layer, block in enumerate(model.layers)
-        if block.attention.ssmax_scale is not None
-        for head, value in enumerate(block.attention.ssmax_scale.detach().float().tolist())
-        if value < 0
-    ]
-    if not negative:
+    found = _negative_scale_on_a_prior(model)
+    if found is None:
         return attention
-    layer, head, value = negative[0]
-    what = f"this model has a negative SSMax scale (layer {layer}, head {head}: s = {value:.3g})"
+    layer, head, value = found
+    what = f"this model has a negative SSMax scale that multiplies its prior (layer {layer}, head {head}: s = {value:.3g})"
     if chosen_by_auto:
         _notice(f"{what}; using the blockwise attention path, which stays exact for it")
         return "blockwise"
-    raise BamctlError(f"--attention {attention} is exact only for SSMax scales >= 0 and {what}; use --attention blockwise")
+    raise BamctlError(
+        f"--attention {attention} is exact only for SSMax scales >= 0 where SSMax scales the prior too, "
+        f"and {what}; use --attention native or blockwise"
+    )
+
+
+def _negative_scale_on_a_prior(model: Transformer) -> tuple[int, int, float] | None:
+    """(layer, head, s) of the first SSMax scale s < 0 whose factor multiplies a prior, or None."""
+    for layer, block in enumerate(model.layers):
+        attention = block.attention
+        if attention.ssmax_scale is None or attention.prior is None or attention.ssmax_scope != "logits":
+            continue
+        for head, value in enumerate(attention.ssmax_scale.detach().float().tolist()):
+            if value < 0:
+                return layer, head, value
+    return None
 
 
 @functools.cache

@@ -1,9 +1,23 @@
 // bamctl's CPU attention kernel: causal flash attention with a positional bias and SSMax.
 //
 // For query row r (absolute position i = q_start + r) and key j <= i it computes
-//     l_ij = q_i . k_j + p_r * b_h(i, j)
-// where the caller has folded 1/sqrt(Dh) and SSMax's per-row factor c_h(i) into q, and
-// p_r is the bias's per-row multiplier (c_h(i) when SSMax scales the bias too, else 1).
+//     l_ij = (q_i . k_j + b_h(i, j)) * p_r
+// where the caller has folded 1/sqrt(Dh) into q, and p_r is the bias's per-row multiplier:
+// SSMax's factor c_h(i) when SSMax scales the bias too (its "logits" scope), else 1. When
+// SSMax scales the content score alone, or there is no bias, the caller folds c_h(i) into q
+// instead: no bias is then multiplied by it, and folding only rounds the product q . k
+// differently, by a few float32 ulps of it, whatever the sign of c_h(i).
+//
+// Why the factor is applied after the sum, not folded into q and the bias: the reference
+// (bamctl/attention_math.py) rounds (s + b) first and then multiplies. With a negative
+// factor, c_h(i) * b_h(i - j) turns a prior that grows with distance into large positive
+// logits (thousands at 8k tokens for a steep head), and those largest logits carry the
+// weights: computed as c q . k + c b, they round at that magnitude in a different place
+// than the reference's (s + b) * c, by up to ~4e-3 in the outputs. Formed here in the
+// reference's order, the same float32 operations give the same logit unless the two
+// products q . k, summed in different orders, straddle a rounding boundary of s + b, and
+// then by one ulp of it times c. The cost is one vector add and one multiply per logit
+// instead of one multiply-add: nothing measurable next to the two products and the exp.
 // Nothing of size (queries x keys) is ever built; the bias comes in one of two forms:
 //
 // - a distance prior, b_h(i - j) (ALiBi, KERPLE, T5, BAM): read on the fly from one line
@@ -17,12 +31,15 @@
 //   is then a few runs of one fused multiply-add each, with no search per key.
 //
 // Exact skipping: a key block that lies wholly in the past of a query block is skipped
-// when, for every query r of the block, an upper bound of its logits there,
-//     |q_r| * max_j |k_j| + p_r * (max or min of the prior over the block),
-// lies more than kSkipMargin below the largest logit r has already seen. Its softmax
-// weights would be below exp(-110) ~ 1e-48 of that logit's: exactly 0 in float32, as in
-// the reference. Key blocks are walked nearest first so that this largest logit is
-// known early; a steep prior (most BAM heads learn one) then never reads the far past.
+// when, for every query r of the block, an upper bound of its logits there (see
+// block_is_negligible: it holds for either sign of p_r) lies more than kSkipMargin below
+// the largest logit r has already seen. Its softmax weights would be below
+// exp(-110) ~ 1e-48 of that logit's: exactly 0 in float32, as in the reference. Key blocks
+// are walked nearest first so that this largest logit is known early; a steep prior (most
+// BAM heads learn one) then never reads the far past. A negative factor over a prior that
+// falls with distance reverses that: its largest logits lie in the far past, whose blocks
+// the bound never rules out, and the near ones are read before anything larger is known;
+// such a head reads every key, as blockwise and the reference do.
 //
 // Tiling follows the usual CPU flash-attention layout: blocks of queries in parallel,
 // key blocks in sequence with an online softmax (running max and sum), the two products
@@ -66,7 +83,8 @@ int64_t query_block(int64_t queries) {
   return queries >= 768 ? 256 : (queries >= 192 ? 64 : 32);
 }
 
-// row[0:n] += scale * prior[0:n]; returns max(row[0:n]).
+// row[0:n] = (row[0:n] + prior[0:n]) * scale, the sum rounded first as in the reference;
+// returns max(row[0:n]). A null prior leaves the row as it is.
 float add_prior_and_max(float* row, const float* prior, float scale, int64_t n) {
   const fVec vscale(scale);
   fVec vmax(-std::numeric_limits<float>::infinity());
@@ -74,14 +92,14 @@ float add_prior_and_max(float* row, const float* prior, float scale, int64_t n) 
   for (; j + fVec::size() <= n; j += fVec::size()) {
     fVec x = fVec::loadu(row + j);
     if (prior != nullptr) {
-      x = at::vec::fmadd(fVec::loadu(prior + j), vscale, x);
+      x = (x + fVec::loadu(prior + j)) * vscale;
       x.store(row + j);
     }
     vmax = at::vec::maximum(vmax, x);
   }
   float best = at::vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return at::vec::maximum(a, b); }, vmax);
   for (; j < n; ++j) {
-    if (prior != nullptr) row[j] += scale * prior[j];
+    if (prior != nullptr) row[j] = (row[j] + prior[j]) * scale;
     best = std::max(best, row[j]);
   }
   return best;
@@ -130,12 +148,21 @@ float exp_and_sum(float* row, float top, int64_t n) {
 }
 
 // Whether key block [j0, j0 + cols), wholly in the past of the `rows` queries of a block,
-// can be skipped exactly: for every row r an upper bound of its logits over the block,
-//     |q_r| * max_j |k_j| + p_r * (max or min of the prior entries the block's rows read),
-// lies more than kSkipMargin below top[r], the largest logit r has already seen, so every
-// weight there would be exactly 0 in float32. `prior` points at the first of the
-// rows + cols - 1 prior entries the block reads (t = line - 1 - i + j over its rows and
-// keys); `row_scale` at the rows' prior multipliers p_r (null: 1).
+// can be skipped exactly: for every row r an upper bound of its logits over the block lies
+// more than kSkipMargin below top[r], the largest logit r has already seen, so every weight
+// there would be exactly 0 in float32. `prior` points at the first of the rows + cols - 1
+// prior entries the block reads (t = line - 1 - i + j over its rows and keys); `row_scale`
+// at the rows' prior multipliers p_r (null: 1).
+//
+// The bound, for l = (s + b) p with s = q_r . k_j, |s| <= |q_r| max_j |k_j| (Cauchy-Schwarz)
+// and b between the block's prior_min and prior_max:
+//   p >= 0:  l = p s + p b <= p |q_r| max|k| + p prior_max;
+//   p <  0:  p s <= |p| |q_r| max|k| as before, but p b is largest where b is smallest,
+//            so l <= |p| |q_r| max|k| + p prior_min.
+// Both read |p| |q_r| max|k| + (p >= 0 ? p prior_max : p prior_min). A negative p makes a
+// steep prior's far entries the largest logits, and this bound says so: such a block is
+// never ruled out on the strength of smaller logits seen nearer. (With p = 1, q_r may carry
+// a content-only SSMax factor of either sign: |q_r| includes it.)
 bool block_is_negligible(const float* keys, int64_t key_stride, int64_t dim, int64_t j0, int64_t cols,
                          const float* prior, int64_t rows, const float* q_norm, const float* row_scale,
                          const float* top) {
@@ -144,14 +171,14 @@ bool block_is_negligible(const float* keys, int64_t key_stride, int64_t dim, int
   const auto [prior_min, prior_max] = min_max(prior, rows + cols - 1);
   for (int64_t r = 0; r < rows; ++r) {
     const float p = row_scale ? row_scale[r] : 1.f;
-    const float bound = q_norm[r] * key_max + (p >= 0.f ? p * prior_max : p * prior_min);
+    const float bound = std::fabs(p) * q_norm[r] * key_max + (p >= 0.f ? p * prior_max : p * prior_min);
     const float slack = 1e-5f * (std::fabs(bound) + std::fabs(top[r]));  // rounding in both
     if (!(bound + kSkipMargin + slack < top[r])) return false;
   }
   return true;
 }
 
-// row[0:n] += scale * (A_s x_j + B_s), x_j = psi[j] / norm, s the piece x_j falls on; returns
+// row[0:n] = (row[0:n] + A_s x_j + B_s) * scale, x_j = psi[j] / norm, s the piece x_j falls on; returns
 // max(row[0:n]). psi[j] = psi(d0 - j): key j of the row is at distance d0 - j. first[k] is the
 // row's smallest distance whose x exceeds breakpoint k, so key j lies on piece
 // s = #{k : first[k] <= d0 - j}, falling by one at each run boundary as j rises.
@@ -166,12 +193,12 @@ float add_pieces_and_max(float* row, const float* psi, float norm, float scale, 
     const fVec va(slope[s]), vb(offset[s]);
     for (; j + fVec::size() <= end; j += fVec::size()) {
       const fVec x = fVec::loadu(psi + j) / vnorm;  // divided, not multiplied by 1/norm: bit for bit torch's x
-      const fVec biased = at::vec::fmadd(at::vec::fmadd(va, x, vb), vscale, fVec::loadu(row + j));
+      const fVec biased = (fVec::loadu(row + j) + at::vec::fmadd(va, x, vb)) * vscale;
       biased.store(row + j);
       vmax = at::vec::maximum(vmax, biased);
     }
     for (; j < end; ++j) {
-      row[j] += scale * (slope[s] * (psi[j] / norm) + offset[s]);
+      row[j] = (row[j] + (slope[s] * (psi[j] / norm) + offset[s])) * scale;
       best = std::max(best, row[j]);
     }
   }
@@ -182,7 +209,7 @@ float add_pieces_and_max(float* row, const float* psi, float norm, float scale, 
 // at one query block of one head (`begin`), may rule out a key block wholly in the block's
 // past (`negligible`), and adds the bias to one row of scores, returning its max (`add`).
 
-// b_h(i - j) from one reversed line per head (or no bias at all), times p_r.
+// b_h(i - j) from one reversed line per head (or no bias at all), the sum times p_r.
 struct DistancePrior {
   const float* line = nullptr;       // (H, length) reversed prior lines, or null: no prior
   int64_t length = 0;
@@ -222,7 +249,7 @@ struct DistancePrior {
   };
 };
 
-// FIRE's b_h(i, j) = A[h, s] x + B[h, s], x = psi(i - j) / norm_i, times p_r.
+// FIRE's b_h(i, j) = A[h, s] x + B[h, s], x = psi(i - j) / norm_i, the sum times p_r.
 struct PiecewisePrior {
   const float* psi = nullptr;        // (length,) reversed: psi[t] = psi(length - 1 - t)
   int64_t length = 0;
@@ -392,7 +419,7 @@ std::vector<at::Tensor> flash_attention(const at::Tensor& q, const at::Tensor& k
 }  // namespace
 
 std::vector<at::Tensor> bam_attention(
-    const at::Tensor& q,  // (B, H, Tq, Dh) float32, scaled; last dim contiguous
+    const at::Tensor& q,  // (B, H, Tq, Dh) float32, times 1/sqrt(Dh) (and c_h(i) if no prior_scale); last dim contiguous
     const at::Tensor& k,  // (B, H, Tk, Dh) float32; last dim contiguous
     const at::Tensor& v,  // (B, H, Tk, Dh) float32; last dim contiguous
     const c10::optional<at::Tensor>& prior_rev,    // (H, L) float32 contiguous, or none
@@ -413,7 +440,7 @@ std::vector<at::Tensor> bam_attention(
 }
 
 std::vector<at::Tensor> piecewise_attention(
-    const at::Tensor& q,            // (B, H, Tq, Dh) float32, scaled; last dim contiguous
+    const at::Tensor& q,            // (B, H, Tq, Dh) float32, times 1/sqrt(Dh) (and c_h(i) if no prior_scale)
     const at::Tensor& k,            // (B, H, Tk, Dh) float32; last dim contiguous
     const at::Tensor& v,            // (B, H, Tk, Dh) float32; last dim contiguous
     const at::Tensor& psi_rev,      // (L,) float32: psi(L - 1 - t), non-decreasing in the distance
