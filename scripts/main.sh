@@ -2,12 +2,13 @@
 # The main job on shipped defaults (README's first command runs it after set-up):
 # 1. the nine passkey reference models (bam-ssmax first: the baseline of the paired
 #    tests) on passkey retrieval at 1x, 4x, 16x and 64x their training length (128,
-#    512, 2k, 8k tokens; chunks of 1,024 tokens, quicker on the blockwise path that
-#    two of them take), 5 depths x 7 samples = 35 prompts per cell
-#    (seed 0): the fewest at which a perfect cell's Wilson lower bound passes 0.9, so
-#    its certified effective length can be read; `bash scripts/main.sh --lengths 128..8k --seed
-#    230039,414707 --samples 4` gives README's held-out 40-per-cell table (extra
-#    arguments go to this comparison);
+#    512, 2k, 8k tokens; chunks of 1,024 tokens), 35 keys per cell, each at depth 0.5
+#    (seed 0): the statistics count keys, not prompts (the depths of one key share
+#    it), and 35 keys are the fewest at which a perfect cell's Wilson lower bound
+#    passes 0.9, so the certified effective length can be read;
+#    `bash scripts/main.sh --lengths 128..8k --depths 5 --seed 230039,414707 --samples 4`
+#    gives README's held-out table (40 prompts on 8 keys per cell; extra arguments
+#    go to this comparison);
 # 2. the six language-model references on sliding-window perplexity of the shipped
 #    perplexity text from 1x to 64x their training length (256 -> 16k tokens),
 #    1 document per length (README's table: 8 held-out documents, --seed 230039,414707 --samples 4).
@@ -19,7 +20,7 @@ cd "$(dirname "$0")/.."
 source scripts/python.sh
 "$PYTHON" -m bamctl models
 "$PYTHON" -m bamctl compare bam-ssmax nope sinusoidal rope alibi bam nope-ssmax rope-ssmax alibi-ssmax --lengths 128,512,2k,8k --chunk-size 1024 \
-  --task passkey --seed 0 --samples 7 --out results/main --plot results/main-passkey.png "$@"
+  --task passkey --depths 0.5 --seed 0 --samples 35 --out results/main --plot results/main-passkey.png "$@"
 force=()
 for arg in "$@"; do [[ "$arg" == "--force" ]] && force=(--force); done
 "$PYTHON" -m bamctl compare lm-bam lm-nope lm-sinusoidal lm-rope lm-alibi lm-bam-ssmax \
