@@ -97,7 +97,7 @@ def _interrupts_deferred():
 
 
 def _peak_memory_bytes(device: str) -> int:
-    if device.startswith("cuda"):
+    if device.startswith("cuda") and torch.cuda.is_available():
         return int(torch.cuda.max_memory_allocated())
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
@@ -217,6 +217,10 @@ class Evaluation:
             self._batch_sizes[length] = max(1, self.backend.batch_limit(*self._sizes(length)))
         return self._batch_sizes[length]
 
+    def whole_request(self, batch_size: int | None = None) -> bool:
+        """Whether every sample of the request goes to the back-end at once (``UNBOUNDED``: vLLM)."""
+        return batch_size is None and all(self.batch_size(length) >= UNBOUNDED for length in {s.length for s in self.plan.slots})
+
     def batch_sizes(self, batch_size: int | None = None) -> dict[int, int]:
         """The batch each length of this request runs in: at most its samples in this shard."""
         per_length: dict[int, int] = {}
@@ -270,7 +274,7 @@ class Evaluation:
 
         A batch's wall time is shared among the rows it computed: ``seconds`` is the batch's time over
         its rows, ``tokens_per_s`` the batch's tokens over its time (docs/SCHEMA.md)."""
-        if self.backend.device.startswith("cuda"):
+        if self.backend.device.startswith("cuda") and torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
         samples = [sample for sample, _ in batch]
         start = time.perf_counter()

@@ -142,8 +142,10 @@ def _batch_line(evaluation, name: str, batch_size: int | None) -> str:
     """``--batch-size`` as it runs: the samples asked at once at each length of the request."""
     from bamctl.results.render import format_length
 
-    sizes = evaluation.batch_sizes(batch_size)
     asked = "auto" if batch_size is None else str(batch_size)
+    if evaluation.whole_request(batch_size):
+        return f"{name} {evaluation.request.task}: batches (--batch-size {asked}): all {len(evaluation.plan.slots)} samples at once"
+    sizes = evaluation.batch_sizes(batch_size)
     per_length = ", ".join(f"{size} at {format_length(length)}" for length, size in sizes.items())
     return f"{name} {evaluation.request.task}: batches (--batch-size {asked}) of {per_length} samples"
 
