@@ -1,7 +1,8 @@
-"""Asking a back-end about one sample: the three request kinds, what a request is, and its digest.
+"""Asking a back-end about samples: the three request kinds, what a request is, and its digest.
 
-A sample's ``scoring`` picks one entry of ``ANSWERS``; the back-end answers it, and the
-sample's metric (``bamctl.tasks.metrics``) scores the answer:
+A sample's ``scoring`` picks one entry of ``ANSWERS``, which asks the back-end about a batch
+of samples of that kind at once (one request each, answered in order: ``Backend``'s batch
+methods), and the sample's metric (``bamctl.tasks.metrics``) scores each answer:
 
 - ``teacher_forced``: argmax at the answer positions (passkey);
 - ``generate``: greedy continuation scored by a string metric (RULER, Landmark passkey);
@@ -60,7 +61,15 @@ def _decode(backend: Backend, ids: list[int]) -> str:
 
 def answer_teacher_forced(backend: Backend, sample: Sample) -> list[dict]:
     """Feed the prompt and the answer; read the argmax where each scored answer token is predicted."""
-    result = backend.score_continuation(sample.input_ids, sample.answer_ids)
+    return _teacher_forced_rows(backend, sample, backend.score_continuation(sample.input_ids, sample.answer_ids))
+
+
+def answer_teacher_forced_batch(backend: Backend, samples: list[Sample]) -> list[list[dict]]:
+    results = backend.score_continuations([(sample.input_ids, sample.answer_ids) for sample in samples])
+    return [_teacher_forced_rows(backend, sample, result) for sample, result in zip(samples, results, strict=True)]
+
+
+def _teacher_forced_rows(backend: Backend, sample: Sample, result) -> list[dict]:
     predicted = result.predicted_ids[len(sample.answer_ids) - len(sample.target_ids):]
     value = score(sample.metric, predicted, sample)
     return [{
@@ -72,7 +81,22 @@ def answer_teacher_forced(backend: Backend, sample: Sample) -> list[dict]:
 
 
 def answer_generate(backend: Backend, sample: Sample) -> list[dict]:
-    text = _decode(backend, backend.generate(sample.input_ids, sample.max_new_tokens))
+    return _generated_rows(backend, sample, backend.generate(sample.input_ids, sample.max_new_tokens))
+
+
+def answer_generate_batch(backend: Backend, samples: list[Sample]) -> list[list[dict]]:
+    """One call per generation budget (a task's samples share its spec's: one call for the batch)."""
+    by_budget: dict[int, list[int]] = {}
+    for index, sample in enumerate(samples):
+        by_budget.setdefault(sample.max_new_tokens, []).append(index)
+    outputs: dict[int, list[int]] = {}
+    for budget, indices in by_budget.items():
+        outputs.update(zip(indices, backend.generate_many([samples[i].input_ids for i in indices], budget), strict=True))
+    return [_generated_rows(backend, sample, outputs[i]) for i, sample in enumerate(samples)]
+
+
+def _generated_rows(backend: Backend, sample: Sample, ids: list[int]) -> list[dict]:
+    text = _decode(backend, ids)
     value = score(sample.metric, text, sample)
     return [{"expected": " | ".join(sample.answers), "predicted": text, "correct": value == 1.0, "score": value}]
 
@@ -81,7 +105,17 @@ def answer_nll(backend: Backend, sample: Sample) -> list[dict]:
     """One pass from the first scored token on; a row per scored span. A token the model has no
     vocabulary row for comes back as NaN and is left out of the sum and of ``n_scored``."""
     first = min(span.start for span in sample.scored)
-    nll = backend.token_nll(sample.input_ids, first)  # nll[t - first] is the loss of token t
+    return _nll_rows(sample, backend.token_nll(sample.input_ids, first))
+
+
+def answer_nll_batch(backend: Backend, samples: list[Sample]) -> list[list[dict]]:
+    requests = [(sample.input_ids, min(span.start for span in sample.scored)) for sample in samples]
+    return [_nll_rows(sample, nll) for sample, nll in zip(samples, backend.token_nlls(requests), strict=True)]
+
+
+def _nll_rows(sample: Sample, nll) -> list[dict]:
+    """A row per scored span; ``nll[t - first]`` is the loss of token t, first the first scored token."""
+    first = min(span.start for span in sample.scored)
     rows = []
     for span in sample.scored:
         values = nll[span.start - first : span.stop - first]
@@ -92,8 +126,9 @@ def answer_nll(backend: Backend, sample: Sample) -> list[dict]:
     return rows
 
 
-ANSWERS: dict[str, Callable[[Backend, Sample], list[dict]]] = {
-    "teacher_forced": answer_teacher_forced,
-    "generate": answer_generate,
-    "nll": answer_nll,
+# Per request kind: a batch of samples of that kind -> each sample's rows, in order.
+ANSWERS: dict[str, Callable[[Backend, list[Sample]], list[list[dict]]]] = {
+    "teacher_forced": answer_teacher_forced_batch,
+    "generate": answer_generate_batch,
+    "nll": answer_nll_batch,
 }

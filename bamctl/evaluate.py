@@ -4,8 +4,12 @@ Tasks and back-ends never see each other. A task plans ``SampleSlot``\\ s and bu
 ``Sample``; the sample's ``scoring`` picks one of three request kinds (``bamctl.answers``),
 the back-end answers it, and the sample's metric scores the answer.
 
-Rows are appended to the result store as each sample finishes, so an interrupted run
-keeps everything finished. A rerun reuses a stored row only for what was computed: the
+Samples are asked in batches (``--batch-size``): samples of one request and one length,
+as many as the back-end takes at once (``Backend.batch_limit``) or as asked. A batch's rows
+are appended to the result store as one part file as soon as it finishes, so an
+interrupted run keeps everything finished and loses at most the batch in flight. Batching
+changes neither what a row is keyed on nor its numbers: a batch's answers are those of its
+requests asked alone. A rerun reuses a stored row only for what was computed: the
 same resume key (model, back-end, prompt fingerprint, dtype, slot), the same request
 (``request_digest``: the very ids fed and scored) and the same compute version (the code
 and libraries that computed it; ``reuse=True`` takes rows of other versions too). A slot
@@ -29,6 +33,7 @@ import torch
 
 from bamctl.answers import ANSWER_TOKENS, ANSWERS, answer_length, request_digest
 from bamctl.backends import Backend
+from bamctl.backends.base import UNBOUNDED
 from bamctl.code_version import compute_version
 from bamctl.errors import BamctlError
 from bamctl.fingerprints import digest
@@ -92,7 +97,7 @@ def _interrupts_deferred():
 
 
 def _peak_memory_bytes(device: str) -> int:
-    if device.startswith("cuda"):
+    if device.startswith("cuda") and torch.cuda.is_available():
         return int(torch.cuda.max_memory_allocated())
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
@@ -105,6 +110,7 @@ class Evaluation:
         self.plan = request.plan(backend.tokenizer, scored_tokens=backend.scored_tokens, bos_for=backend.bos_for)
         info = backend.info
         self.compute_version = run_compute_version(backend)
+        self._batch_sizes: dict[int, int] = {}  # --batch-size auto, per length
         self.common = {
             "run_id": run_id or new_run_id(),
             "model": model_name,
@@ -138,26 +144,24 @@ class Evaluation:
 
     def run(
         self, *, force: bool = False, reuse: bool = False, on_row: Callable[[dict], None] | None = None,
-        shard: tuple[int, int] = (0, 1), checked: bool = False,
+        shard: tuple[int, int] = (0, 1), checked: bool = False, batch_size: int | None = None,
     ) -> RunStats:
         """Evaluate every sample of this shard not yet in the store (``checked``: ``preflight`` already ran).
 
         ``force`` recomputes everything; ``reuse`` also takes stored rows of another compute
-        version (never of another request)."""
+        version (never of another request). ``batch_size``: samples asked at once (None: the
+        back-end's own limit for each length, ``--batch-size auto``)."""
         if not checked:
-            self.preflight()
+            self.preflight(batch_size)
         stored = {} if force else self.store.done_requests()
         stats = RunStats()
-        parts = []  # one per row while running, so a kill loses at most the sample in flight
+        parts = []  # one per batch while running, so a kill loses at most the batch in flight
         try:
-            for slot in self._mine(shard):
-                rows = [self._identity(slot, position) for position in slot.rows]
-                todo, sample = self._still_to_do(slot, rows, stored, reuse, stats)
-                if not todo:
-                    continue
-                for row in self._answer(sample or self.plan.build(slot), todo):
-                    with _interrupts_deferred():  # a Ctrl-C here would leave a written part unrecorded
-                        parts.append(self.store.append([row]))
+            for batch in self._batches(self._pending(shard, stored, reuse, stats), batch_size):
+                rows = self._answer(batch)
+                with _interrupts_deferred():  # a Ctrl-C here would leave a written part unrecorded
+                    parts.append(self.store.append(rows))
+                for row in rows:
                     stats.written += 1
                     stats.dropped_tokens += row["dropped_tokens"]
                     stats.dropped_rows += row["dropped_tokens"] > 0
@@ -167,6 +171,62 @@ class Evaluation:
         finally:  # also on Ctrl-C: one file per run keeps later reads fast
             self.store.merge(parts)
         return stats
+
+    def _pending(self, shard: tuple[int, int], stored: dict, reuse: bool, stats: RunStats):
+        """(slot, rows to compute, its sample if it was built to tell) for each slot of the shard with work left."""
+        for slot in self._mine(shard):
+            rows = [self._identity(slot, position) for position in slot.rows]
+            todo, sample = self._still_to_do(slot, rows, stored, reuse, stats)
+            if todo:
+                yield slot, todo, sample
+
+    def _batches(self, pending, batch_size: int | None):
+        """Runs of consecutive pending slots of one length (one cell), each of at most the batch size
+        for that length: samples are asked in the plan's order, as ``generate`` writes them. A
+        slot's sample is built when its batch is due."""
+        batch, cell = [], None
+        for item in pending:
+            slot = item[0]
+            limit = batch_size or self.batch_size(slot.length)
+            here = 0 if limit >= UNBOUNDED else slot.length  # unbounded: the whole request at once
+            if batch and here != cell:
+                yield [self._built(queued) for queued in batch]
+                batch = []
+            batch.append(item)
+            cell = here
+            if len(batch) >= limit:
+                yield [self._built(queued) for queued in batch]
+                batch = []
+        if batch:
+            yield [self._built(queued) for queued in batch]
+
+    def _built(self, item) -> tuple[Sample, list[dict]]:
+        slot, todo, sample = item
+        return sample or self.plan.build(slot), todo
+
+    def _sizes(self, length: int) -> tuple[int, int]:
+        """(prompt, answer) tokens of a request of this length: a generation budget lies inside the
+        length (RULER); teacher-forced answers are fed after it."""
+        spec = self.plan.spec
+        answer = spec.max_new_tokens if spec.scoring == "generate" else ANSWER_TOKENS.get(spec.scoring, 0)
+        return (length - answer if spec.scoring == "generate" else length), answer
+
+    def batch_size(self, length: int) -> int:
+        """``--batch-size auto`` at this length: what the back-end takes at once (memory included)."""
+        if length not in self._batch_sizes:
+            self._batch_sizes[length] = max(1, self.backend.batch_limit(*self._sizes(length)))
+        return self._batch_sizes[length]
+
+    def whole_request(self, batch_size: int | None = None) -> bool:
+        """Whether every sample of the request goes to the back-end at once (``UNBOUNDED``: vLLM)."""
+        return batch_size is None and all(self.batch_size(length) >= UNBOUNDED for length in {s.length for s in self.plan.slots})
+
+    def batch_sizes(self, batch_size: int | None = None) -> dict[int, int]:
+        """The batch each length of this request runs in: at most its samples in this shard."""
+        per_length: dict[int, int] = {}
+        for slot in self.plan.slots:
+            per_length[slot.length] = per_length.get(slot.length, 0) + 1
+        return {length: min(count, batch_size or self.batch_size(length)) for length, count in sorted(per_length.items())}
 
     def _still_to_do(self, slot: SampleSlot, rows: list[dict], stored: dict, reuse: bool, stats: RunStats):
         """The rows of a slot that must be computed, and the slot's sample if building it was needed to tell."""
@@ -188,14 +248,13 @@ class Evaluation:
                 todo.append(row)
         return todo, sample
 
-    def preflight(self) -> None:
-        """Let the back-end refuse the longest request now, before any sample, rather than after hours of work."""
-        spec = self.plan.spec
-        longest = max(slot.length for slot in self.plan.slots)
-        # A generation budget lies inside the length (RULER); teacher-forced answers are fed after it.
-        answer = spec.max_new_tokens if spec.scoring == "generate" else ANSWER_TOKENS.get(spec.scoring, 0)
-        prompt = longest - answer if spec.scoring == "generate" else longest
+    def preflight(self, batch_size: int | None = None) -> None:
+        """Let the back-end refuse the longest request now, before any sample, rather than after hours of
+        work; and a ``batch_size`` it cannot hold at that length (``auto`` sizes to fit)."""
+        prompt, answer = self._sizes(max(slot.length for slot in self.plan.slots))
         self.backend.check_fits(prompt, answer)
+        if batch_size is not None and batch_size > 1:
+            self.backend.check_batch_fits(prompt, answer, batch_size)
 
     def _identity(self, slot: SampleSlot, position: int | None) -> dict:
         return {
@@ -210,34 +269,45 @@ class Evaluation:
             "position": position,
         }
 
-    def _answer(self, sample: Sample, todo: list[dict]) -> list[dict]:
-        """The rows of ``todo`` (by position) with the sample's answers, timed."""
-        if self.backend.device.startswith("cuda"):
+    def _answer(self, batch: list[tuple[Sample, list[dict]]]) -> list[dict]:
+        """The rows of each sample's ``todo`` (by position) with its answers; one batch of one kind, timed as one.
+
+        A batch's wall time is shared among the rows it computed: ``seconds`` is the batch's time over
+        its rows, ``tokens_per_s`` the batch's tokens over its time (docs/SCHEMA.md)."""
+        if self.backend.device.startswith("cuda") and torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
+        samples = [sample for sample, _ in batch]
         start = time.perf_counter()
-        results = {result.get("position"): result for result in ANSWERS[sample.scoring](self.backend, sample)}
-        seconds = (time.perf_counter() - start) / len(results)
+        answered = ANSWERS[samples[0].scoring](self.backend, samples)
+        elapsed = time.perf_counter() - start
+        seconds = elapsed / sum(len(results) for results in answered)
+        tokens_per_s = sum(sample.n_tokens for sample in samples) / elapsed if elapsed > 0 else 0.0
         finished = datetime.now(timezone.utc)
-        fitting = self.backend.fitting(sample.scoring, sample.n_tokens, answer_length(sample))
-        request = request_digest(sample, self.backend.feeding, self.backend.stop_ids)
-        return [
-            {
-                **row,
-                **results[row["position"]],
-                "request_digest": request,
-                "draw": sample.draw,
-                "document_start": sample.meta.get("start") if sample.scoring == "nll" else None,
-                "n_tokens": sample.n_tokens,
-                "dropped_tokens": fitting.dropped,
-                "needle_depth": sample.needle_depth,
-                "bos": fitting.bos,
-                "seconds": seconds,
-                "tokens_per_s": sample.n_tokens / (seconds * len(results)) if seconds > 0 else 0.0,
-                "peak_mem_bytes": _peak_memory_bytes(self.backend.device),
-                "created_at": finished,
-            }
-            for row in todo
-        ]
+        peak = _peak_memory_bytes(self.backend.device)
+        rows = []
+        for (sample, todo), results in zip(batch, answered, strict=True):
+            by_position = {result.get("position"): result for result in results}
+            fitting = self.backend.fitting(sample.scoring, sample.n_tokens, answer_length(sample))
+            request = request_digest(sample, self.backend.feeding, self.backend.stop_ids)
+            rows += [
+                {
+                    **row,
+                    **by_position[row["position"]],
+                    "request_digest": request,
+                    "draw": sample.draw,
+                    "document_start": sample.meta.get("start") if sample.scoring == "nll" else None,
+                    "n_tokens": sample.n_tokens,
+                    "dropped_tokens": fitting.dropped,
+                    "needle_depth": sample.needle_depth,
+                    "bos": fitting.bos,
+                    "seconds": seconds,
+                    "tokens_per_s": tokens_per_s,
+                    "peak_mem_bytes": peak,
+                    "created_at": finished,
+                }
+                for row in todo
+            ]
+        return rows
 
 
 def new_run_id() -> str:

@@ -258,6 +258,84 @@ def test_chat_template_only_when_asked_and_only_if_the_model_has_one(tiny_llama,
     assert open_tiny(chat).shaper.prompt(prompt) == [1] + prompt  # base mode by default
 
 
+@pytest.fixture(scope="module")
+def chat_llama(tiny_llama, tmp_path_factory) -> Path:
+    """The tiny Llama with a chat template whose frame holds the BOS."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    chat = tmp_path_factory.mktemp("chat") / "chat"
+    shutil.copytree(tiny_llama, chat)
+    tok = AutoTokenizer.from_pretrained(str(chat))
+    tok.chat_template = "{% for m in messages %}<s> w0 {{ m['content'] }} w1{% endfor %}{% if add_generation_prompt %} w2{% endif %}"
+    tok.save_pretrained(chat)
+    return chat
+
+
+# Unequal prompts, so batches pad: right for scoring, left for generation.
+RAGGED = [list(range(5, 25)), list(range(30, 42)), list(range(7, 12)), list(range(40, 60)), list(range(3, 15))]
+
+
+def _ragged(backend, framed: bool = False) -> list[list[int]]:
+    prompts = [backend.tokenizer.encode(words(*numbers)) for numbers in RAGGED]
+    if framed:  # as a task does in chat mode: the template's frame around the text
+        head, tail = (backend.tokenizer.encode(piece) for piece in backend.tokenizer.chat_frame())
+        prompts = [head + prompt + tail for prompt in prompts]
+    return prompts
+
+
+@pytest.mark.parametrize("model", ["tiny", "chat"])
+def test_batched_requests_equal_each_asked_alone(tiny_llama, chat_llama, model):
+    backend = open_tiny(tiny_llama) if model == "tiny" else open_tiny(chat_llama, chat_template=True)
+    prompts = _ragged(backend, framed=model == "chat")
+    targets = [backend.tokenizer.encode(words(i, i + 1, i + 2)) for i in range(len(prompts))]
+    batched = backend.score_continuations(list(zip(prompts, targets)))
+    for (prompt, target), got in zip(zip(prompts, targets), batched, strict=True):
+        alone = backend.score_continuation(prompt, target)
+        assert got.predicted_ids == alone.predicted_ids
+        assert max(abs(a - b) for a, b in zip(got.logprobs, alone.logprobs)) <= 1e-5
+    generated = backend.generate_many(prompts, 8)
+    assert generated == [backend.generate(prompt, 8) for prompt in prompts]
+    assert len({len(ids) for ids in generated}) >= 1 and backend.generate_many(prompts, 0) == [[]] * len(prompts)
+    requests = [(prompt, score_from) for prompt, score_from in zip(prompts, [1, 0, 3, 19, 0])]
+    for (ids, score_from), got in zip(requests, backend.token_nlls(requests), strict=True):
+        want = backend.token_nll(ids, score_from)
+        assert got.shape == want.shape and torch.equal(got.isnan(), want.isnan())
+        torch.testing.assert_close(got.nan_to_num(), want.nan_to_num(), atol=1e-5, rtol=0)
+
+
+def test_batched_generation_equals_transformers_greedy_generate(tiny_llama, reference):
+    backend = open_tiny(tiny_llama)
+    prompts = _ragged(backend)
+    ours = backend.generate_many(prompts, 10)
+    for prompt, got in zip(prompts, ours):
+        with torch.no_grad():
+            theirs = reference.generate(torch.tensor([[1] + prompt]), max_new_tokens=10, do_sample=False, pad_token_id=0)
+        stop = theirs[0, len(prompt) + 1 :].tolist()
+        assert got == stop[: len(got)] and (len(got) == 10 or got[-1] == 2)  # ends at EOS or the budget
+
+
+def test_hf_batches_in_a_run_write_the_rows_of_one_at_a_time(tiny_llama, tmp_path, capsys):
+    from bamctl.cli import main
+    from bamctl.results.store import ResultStore
+
+    def run(out, *extra):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["ppl", f"hf:{tiny_llama}", "--lengths", "8,16", "--doc-tokens", "40", "--stride", "4",
+                  "--corpus", str(corpus), "--device", "cpu", "--out", str(out), "--quiet", *extra])
+        assert exit_info.value.code == 0
+        return ResultStore(out).read().sort_values(["length", "document_start", "position"]).reset_index(drop=True)
+
+    corpus = tmp_path / "words.txt"
+    corpus.write_text(" ".join(f"w{(5 * i) % WORDS}" for i in range(300)))
+    one, batched = run(tmp_path / "one", "--batch-size", "1"), run(tmp_path / "batched", "--batch-size", "6")
+    assert "batches (--batch-size 6) of 6 at 8, 6 at 16 samples" in capsys.readouterr().err
+    assert len(one) == len(batched) > 10
+    assert (one["request_digest"] == batched["request_digest"]).all() and (one["n_scored"] == batched["n_scored"]).all()
+    assert (one["nll"] - batched["nll"]).abs().max() <= 1e-4
+
+
 def test_missing_model_and_missing_transformers_are_clear_errors(tmp_path, monkeypatch):
     with pytest.raises(BamctlError, match="does not exist"):
         open_backend(f"hf:{tmp_path / 'nothing'}", RunOptions(device="cpu"))

@@ -62,6 +62,7 @@ class SamplingParams:
 
 class FakeLLM:
     instances: list = []
+    calls: list = []  # the prompts of each generate call
 
     def __init__(self, model: str, **kwargs):
         from transformers import AutoModelForCausalLM
@@ -75,8 +76,10 @@ class FakeLLM:
             return self.model(torch.tensor([ids])).logits[0].float()
 
     def generate(self, prompts, params, use_tqdm=True):
-        (prompt,) = prompts
-        ids = list(prompt["prompt_token_ids"])
+        FakeLLM.calls.append([list(prompt["prompt_token_ids"]) for prompt in prompts])
+        return [self._one(list(prompt["prompt_token_ids"]), params) for prompt in prompts]
+
+    def _one(self, ids, params):
         assert len(ids) <= self.kwargs["max_model_len"]
         prompt_logprobs = None
         if getattr(params, "prompt_logprobs", None) is not None:
@@ -96,7 +99,7 @@ class FakeLLM:
             if out[-1] in getattr(params, "stop_token_ids", []):
                 break
         completion = types.SimpleNamespace(token_ids=out)
-        return [types.SimpleNamespace(prompt_logprobs=prompt_logprobs, outputs=[completion])]
+        return types.SimpleNamespace(prompt_logprobs=prompt_logprobs, outputs=[completion])
 
 
 def _save_tiny_llama(folder, hidden: int = 32):
@@ -128,6 +131,7 @@ def fake_vllm(monkeypatch, tmp_path):
     module.LLM, module.SamplingParams = FakeLLM, SamplingParams
     monkeypatch.setitem(sys.modules, "vllm", module)
     FakeLLM.instances.clear()
+    FakeLLM.calls.clear()
     folder = _save_tiny_llama(tmp_path / "tiny")
     from transformers import AutoModelForCausalLM
 
@@ -188,3 +192,50 @@ def test_tensor_parallel_and_reserve_size_the_engine_once(fake_vllm):
     backend.token_nll([3 + i % 60 for i in range(50)])
     assert len(FakeLLM.instances) == 1
     assert FakeLLM.instances[0].kwargs["tensor_parallel_size"] == 2 and FakeLLM.instances[0].kwargs["max_model_len"] == 64
+
+
+def test_one_generate_call_takes_every_prompt_and_answers_map_back_in_order(fake_vllm):
+    folder, _ = fake_vllm
+    backend = open_backend(f"vllm:{folder}", RunOptions())
+    prompts = [[5 + (i * j) % 50 for j in range(4 + 2 * i)] for i in range(5)]  # unequal lengths
+    targets = [[7 + i, 8, 9 + i] for i in range(5)]
+    FakeLLM.calls.clear()
+    batched = backend.score_continuations(list(zip(prompts, targets)))
+    assert len(FakeLLM.calls) == 1 and len(FakeLLM.calls[0]) == 5
+    assert batched == [backend.score_continuation(p, t) for p, t in zip(prompts, targets)]
+    FakeLLM.calls.clear()
+    generated = backend.generate_many(prompts, 4)
+    assert len(FakeLLM.calls) == 1 and [ids[1:] for ids in FakeLLM.calls[0]] == prompts  # a BOS in front of each
+    assert generated == [backend.generate(p, 4) for p in prompts]
+    requests = [(p, i % 2) for i, p in enumerate(prompts)]
+    FakeLLM.calls.clear()
+    nlls = backend.token_nlls(requests)
+    assert len(FakeLLM.calls) == 1
+    for got, (ids, score_from) in zip(nlls, requests):
+        torch.testing.assert_close(got, backend.token_nll(ids, score_from), equal_nan=True)
+
+
+def test_a_vllm_run_sends_each_request_in_one_call_and_rows_match_one_at_a_time(fake_vllm, tmp_path, capsys):
+    from bamctl.cli import main
+    from bamctl.results.store import ResultStore
+
+    folder, _ = fake_vllm
+    corpus = tmp_path / "words.txt"
+    corpus.write_text(" ".join(f"w{(5 * i) % 60}" for i in range(200)))
+
+    def run(out, *extra):
+        FakeLLM.calls.clear()
+        with pytest.raises(SystemExit) as exit_info:
+            main(["ppl", f"vllm:{folder}", "--lengths", "8,16", "--doc-tokens", "30", "--stride", "4",
+                  "--corpus", str(corpus), "--out", str(out), "--quiet", *extra])
+        assert exit_info.value.code == 0, capsys.readouterr().err
+        rows = ResultStore(out).read().sort_values(["length", "document_start", "position"]).reset_index(drop=True)
+        return rows, [len(call) for call in FakeLLM.calls]
+
+    batched, calls = run(tmp_path / "auto")
+    assert f"batches (--batch-size auto): all {len(batched)} samples at once" in capsys.readouterr().err
+    assert calls == [len(batched)]  # the whole request (both lengths, every window) in one call
+    one, calls_one = run(tmp_path / "one", "--batch-size", "1")
+    assert calls_one == [1] * len(one)
+    assert (one["request_digest"] == batched["request_digest"]).all()
+    assert (one["nll"] == batched["nll"]).all() and (one["n_scored"] == batched["n_scored"]).all()

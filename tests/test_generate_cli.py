@@ -132,7 +132,7 @@ def fed(monkeypatch):
     import torch
 
     from bamctl import evaluate
-    from bamctl.backends.base import ContinuationScore
+    from bamctl.backends.base import Backend, ContinuationScore
     from bamctl.backends.native import EngineBackend
     from bamctl.cli.task_commands import sample_line
 
@@ -152,10 +152,12 @@ def fed(monkeypatch):
 
     for name, method in (("score_continuation", score_continuation), ("generate", generate), ("token_nll", token_nll)):
         monkeypatch.setattr(EngineBackend, name, method)
+    for batched in ("score_continuations", "generate_many", "token_nlls"):  # batches: the base's loop over the above
+        monkeypatch.setattr(EngineBackend, batched, getattr(Backend, batched))
     for kind, answer in list(evaluate.ANSWERS.items()):
-        def recorded(backend, sample, answer=answer):
-            record["lines"].append(sample_line(sample))
-            return answer(backend, sample)
+        def recorded(backend, samples, answer=answer):
+            record["lines"].extend(sample_line(sample) for sample in samples)
+            return answer(backend, samples)
 
         monkeypatch.setitem(evaluate.ANSWERS, kind, recorded)
     return record

@@ -556,15 +556,16 @@ class AuthorsBackend(EngineBackend):
             raise BamctlError(f"--bos {self.bos}: tokenizer {self.tokenizer.name} has no BOS token")
         return [self.tokenizer.bos_id, *ids]
 
-    def score_continuation(self, prompt_ids, target_ids):
-        return super().score_continuation(self._with_bos(prompt_ids, "teacher_forced"), target_ids)
+    def score_continuations(self, requests):
+        return super().score_continuations([(self._with_bos(prompt, "teacher_forced"), target) for prompt, target in requests])
 
-    def generate(self, prompt_ids, max_new_tokens):
-        return super().generate(self._with_bos(prompt_ids, "generate"), max_new_tokens)
+    def generate_many(self, prompts, max_new_tokens):
+        return super().generate_many([self._with_bos(prompt, "generate") for prompt in prompts], max_new_tokens)
 
-    def token_nll(self, ids, score_from=1):
-        fed = self._with_bos(ids, "nll")  # the BOS is context only: never scored, never counted
-        return super().token_nll(fed, score_from + len(fed) - len(ids))
+    def token_nlls(self, requests):
+        fed = [(self._with_bos(ids, "nll"), score_from) for ids, score_from in requests]
+        # the BOS is context only: never scored, never counted
+        return super().token_nlls([(ids, score_from + len(ids) - len(asked)) for (ids, score_from), (asked, _) in zip(fed, requests)])
 
 
 def peek(reference: str) -> ModelPeek:

@@ -6,6 +6,11 @@ A back-end answers three request kinds, and tasks never see more of a model than
 - ``generate(prompt_ids, max_new_tokens)``: greedy continuation;
 - ``token_nll(ids, score_from)``: per-token negative log-likelihood.
 
+Each kind also comes as a batch (``score_continuations``, ``generate_many``, ``token_nlls``):
+a list of requests answered in order, each answer that of its request asked alone. By
+default a batch loops over the single requests, so a back-end that cannot batch still
+answers one; ``batch_limit`` says how many requests ``--batch-size auto`` hands it at once.
+
 Options: the command line gathers what the user asked for in one :class:`RunOptions`
 (``None``: not asked). Each back-end has its own option type holding only what it can
 honour; building it from a ``RunOptions`` refuses any other option by name, so nothing
@@ -115,6 +120,28 @@ class Backend(ABC):
     @abstractmethod
     def token_nll(self, ids: Sequence[int], score_from: int = 1): ...  # torch.Tensor (n,), float32, CPU; NaN: not scored (token 0 with no BOS in front)
 
+    # -- batches: lists of requests, answered in order ---------------------------------------
+    def score_continuations(self, requests: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[ContinuationScore]:
+        """``score_continuation`` of each (prompt ids, target ids) pair."""
+        return [self.score_continuation(prompt, target) for prompt, target in requests]
+
+    def generate_many(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
+        """``generate`` of each prompt, with one budget."""
+        return [self.generate(prompt, max_new_tokens) for prompt in prompts]
+
+    def token_nlls(self, requests: Sequence[tuple[Sequence[int], int]]) -> list:
+        """``token_nll`` of each (ids, score_from) pair."""
+        return [self.token_nll(ids, score_from) for ids, score_from in requests]
+
+    def batch_limit(self, n_prompt: int, n_answer: int) -> int:
+        """How many requests of this size ``--batch-size auto`` hands over at once: 1 for a
+        back-end that answers them one at a time; ``UNBOUNDED``: all of a request's samples."""
+        return 1
+
+    def check_batch_fits(self, n_prompt: int, n_answer: int, batch: int) -> None:
+        """Before any sample: refuse (one line) ``--batch-size batch`` for requests of this size where
+        it cannot run. A back-end that answers one request at a time holds one whatever the batch."""
+
     @abstractmethod
     def bos_for(self, scoring: str) -> bool:
         """Whether one BOS goes before a prompt (or document) of this request kind."""
@@ -125,6 +152,24 @@ class Backend(ABC):
         plus ``n_answer`` fed or generated after them, that this back-end cannot run."""
 
 
+# -- --batch-size auto ------------------------------------------------------------------------
+# Every forward call pays a cost that does not grow with its rows: Python, operator dispatch,
+# one BLAS call per projection, kernel launches. A short prompt is dominated by it, so several
+# are run as one batch; a long one already spreads it over thousands of rows, and a batch of
+# them would only multiply the KV cache. ``auto`` therefore fills a batch up to a number of
+# tokens (``AUTO_BATCH_TOKENS``), never past ``AUTO_BATCH_MOST`` sequences, and never past what
+# the back-end's memory estimate says fits: a 512k prompt runs alone.
+AUTO_BATCH_TOKENS = {"cpu": 16_384, "cuda": 262_144}  # per device type: a GPU needs far more rows to fill
+AUTO_BATCH_MOST = 64  # sequences: past this the Python loop over a batch's rows starts to count
+
+
+def auto_batch_size(n_tokens: int, fitting: int, device_type: str) -> int:
+    """The batch for sequences of ``n_tokens`` when ``fitting`` of them fit in memory (at least 1)."""
+    budget = AUTO_BATCH_TOKENS.get(device_type, AUTO_BATCH_TOKENS["cpu"])
+    return max(1, min(AUTO_BATCH_MOST, budget // max(n_tokens, 1), fitting))
+
+
+UNBOUNDED = 1 << 30  # a batch_limit: every sample of a request at once (vLLM schedules them itself)
 ALL_TOKENS = "all"  # scored_tokens of a model with a row for every id of its tokenizer
 
 

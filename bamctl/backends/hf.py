@@ -34,7 +34,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from bamctl.backends.base import ContinuationScore, HFOptions, ModelInfo
+from bamctl.backends.base import ContinuationScore, HFOptions, ModelInfo, auto_batch_size
 from bamctl.backends.hf_common import (
     LengthPolicy,
     RequestShaper,
@@ -128,33 +128,44 @@ class HFBackend(ShapedBackend):
         return stops
 
     # -- the one loop: chunks through the KV cache, logits only where asked --------------
-    def _forward(self, ids: torch.Tensor, cache, rows: list[int] | None):
-        """Logits (len(rows), V) for local ``rows`` of this chunk, and the cache after it."""
-        kwargs = {"input_ids": ids[None], "use_cache": self.chunked}
+    def _forward(self, ids: torch.Tensor, cache, rows: list[int] | None, **inputs):
+        """Logits (B, len(rows), V) for local ``rows`` of this chunk of ``ids`` (B, T), and the cache after it."""
+        kwargs = {"input_ids": ids, "use_cache": self.chunked, **inputs}
         if self.chunked:
             kwargs[self.cache_arg] = cache  # a DynamicCache, filled in place
         if self.keep_arg == "logits_to_keep":
             kwargs["logits_to_keep"] = torch.tensor(rows, device=ids.device) if rows else 1
         out = self.model(**kwargs)
-        logits = out.logits[0]
         if rows is None:
             return None, cache
+        logits = out.logits
         if self.keep_arg != "logits_to_keep":
-            logits = logits[rows]
+            logits = logits[:, rows]
         return logits.float(), cache
 
-    def _stream(self, ids: list[int], rows_for: Callable[[int, int], list[int]], on_logits) -> object:
-        """Run ``ids`` in chunks; ``on_logits(start, rows, logits)`` where ``rows_for`` asks."""
-        tokens = torch.tensor(ids, dtype=torch.long, device=self.model.device)
+    def _stream(self, batch: list[list[int]], rows_for: Callable[[int, int, int], list[int]], on_logits) -> None:
+        """Run the sequences of ``batch`` side by side in chunks; ``on_logits(b, start, rows, logits)``
+        where ``rows_for(b, start, stop)`` asks for local rows of sequence b.
+
+        Unequal sequences are right-padded: attention is causal, so no real token sees the
+        padding after it, and no mask is needed (the model takes its own causal path, as for
+        one sequence); rows of padding are never asked for.
+        """
+        longest = max(len(ids) for ids in batch)
+        tokens = torch.zeros(len(batch), longest, dtype=torch.long)
+        for b, ids in enumerate(batch):
+            tokens[b, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        tokens = tokens.to(self.model.device)
         cache = self._new_cache()
-        step = self.chunk_size if self.chunked else len(ids)
-        for start in range(0, len(ids), step):
-            stop = min(start + step, len(ids))
-            rows = rows_for(start, stop)
-            logits, cache = self._forward(tokens[start:stop], cache, rows or None)
-            if rows:
-                on_logits(start, rows, logits)
-        return cache
+        step = self.chunk_size if self.chunked else longest
+        for start in range(0, longest, step):
+            stop = min(start + step, longest)
+            wanted = [rows_for(b, start, min(stop, len(ids))) if start < len(ids) else [] for b, ids in enumerate(batch)]
+            union = sorted({r for rows in wanted for r in rows})
+            logits, cache = self._forward(tokens[:, start:stop], cache, union or None)
+            for b, rows in enumerate(wanted):
+                if rows:
+                    on_logits(b, start, rows, logits[b, [union.index(r) for r in rows]])
 
     def _new_cache(self):
         if not self.chunked:
@@ -166,32 +177,38 @@ class HFBackend(ShapedBackend):
         except TypeError:  # older transformers take no config
             return DynamicCache()
 
-    def _logits_at(self, ids: list[int], positions: list[int]) -> torch.Tensor:
-        found: dict[int, torch.Tensor] = {}
+    def _logits_at(self, batch: list[list[int]], positions: list[list[int]]) -> list[torch.Tensor]:
+        found: list[dict[int, torch.Tensor]] = [{} for _ in batch]
 
-        def rows_for(start, stop):
-            return [p - start for p in positions if start <= p < stop]
+        def rows_for(b, start, stop):
+            return [p - start for p in positions[b] if start <= p < stop]
 
-        def keep(start, rows, logits):
+        def keep(b, start, rows, logits):
             for r, row in zip(rows, logits):
-                found[start + r] = row
+                found[b][start + r] = row
 
-        self._stream(ids, rows_for, keep)
-        return torch.stack([found[p] for p in positions])
+        self._stream(batch, rows_for, keep)
+        return [torch.stack([rows[p] for p in asked]) for rows, asked in zip(found, positions)]
 
-    # -- request kinds --------------------------------------------------------------------
+    # -- request kinds, in batches; one request is a batch of one ------------------------------
     @torch.inference_mode()
+    def score_continuations(self, requests) -> list[ContinuationScore]:
+        prefix = self.shaper.prefix
+        fed = [self.lengths.fit(prefix, list(prompt), list(target)) for prompt, target in requests]
+        # the row predicting each target: the first at len(fed) - len(targets)
+        positions = [list(range(len(ids) - len(target), len(ids))) for ids, (_, target) in zip(fed, requests)]
+        answers = []
+        for logits, (_, target_ids) in zip(self._logits_at(fed, positions), requests):
+            logprobs = torch.log_softmax(logits, dim=-1)
+            target = torch.tensor(list(target_ids), dtype=torch.long, device=logprobs.device)
+            answers.append(ContinuationScore(
+                predicted_ids=logprobs.argmax(-1).tolist(),
+                logprobs=logprobs.gather(1, target[:, None])[:, 0].tolist(),
+            ))
+        return answers
+
     def score_continuation(self, prompt_ids: Sequence[int], target_ids: Sequence[int]):
-        targets = list(target_ids)
-        prefix, prompt = self.shaper.prefix, list(prompt_ids)
-        fed = self.lengths.fit(prefix, prompt, targets)
-        first = len(fed) - len(targets)  # the row predicting the first target
-        logprobs = torch.log_softmax(self._logits_at(fed, list(range(first, len(fed)))), dim=-1)
-        target = torch.tensor(targets, dtype=torch.long, device=logprobs.device)
-        return ContinuationScore(
-            predicted_ids=logprobs.argmax(-1).tolist(),
-            logprobs=logprobs.gather(1, target[:, None])[:, 0].tolist(),
-        )
+        return self.score_continuations([(prompt_ids, target_ids)])[0]
 
     def check_fits(self, n_prompt: int, n_answer: int) -> None:
         """Before any sample: the ``--beyond-max`` policy on the longest prompt, then memory."""
@@ -207,48 +224,119 @@ class HFBackend(ShapedBackend):
                 "use shorter --lengths or a smaller --chunk-size"
             )
 
+    def batch_limit(self, n_prompt: int, n_answer: int) -> int:
+        """``--batch-size auto``: the token budget of ``auto_batch_size``, within the memory estimate."""
+        from bamctl import devices
+
+        n = n_prompt + n_answer
+        one = estimate_bytes(self.model, n, self.chunk_size)
+        weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        budget = int(devices.available_bytes(self.model.device) * devices.MEMORY_SAFETY)
+        fitting = 0 if one > budget else 1 + (budget - one) // max(one - weights, 1)
+        return auto_batch_size(n, int(fitting), self.model.device.type)
+
+    def check_batch_fits(self, n_prompt: int, n_answer: int, batch: int) -> None:
+        from bamctl import devices
+
+        n = n_prompt + n_answer
+        weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        need = weights + batch * (estimate_bytes(self.model, n, self.chunk_size) - weights)
+        budget = int(devices.available_bytes(self.model.device) * devices.MEMORY_SAFETY)
+        if need > budget:
+            raise BamctlError(
+                f"--batch-size {batch}: {batch} sequences of {n:,} tokens need about {need / 2**30:.1f} GiB for "
+                f"{self.info.name} on {self.device}, but only {budget / 2**30:.1f} GiB are available; use --batch-size auto"
+            )
+
     @torch.inference_mode()
-    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
-        """Greedy decoding; stops after the model's EOS (included, as the native engine does)."""
-        ids = self.lengths.fit_prefix(self.shaper.prefix, list(prompt_ids), max_new_tokens)
+    def generate_many(self, prompts, max_new_tokens: int) -> list[list[int]]:
+        """Greedy decoding of a batch, left-padded: every row's last prompt token sits in the last
+        column, so each step appends one column for all. The attention mask hides the padding and
+        position ids count only real tokens, so each row sees what it would see alone. Each row
+        stops after the model's EOS (included, as the native engine does) or ``max_new_tokens``."""
+        fed = [self.lengths.fit_prefix(self.shaper.prefix, list(prompt), max_new_tokens) for prompt in prompts]
         if max_new_tokens < 1:
-            return []
-        last: list[torch.Tensor] = []
-        cache = self._stream(ids, lambda start, stop: [stop - 1 - start] if stop == len(ids) else [], lambda s, r, l: last.append(l[-1]))
-        out: list[int] = []
-        next_id = int(last[-1].argmax())
+            return [[] for _ in prompts]
+        if not self.chunked:  # no cache to decode from: each prompt alone, the whole sequence each step
+            return [self._generate_uncached(ids, max_new_tokens) for ids in fed]
+        device = self.model.device
+        longest = max(len(ids) for ids in fed)
+        tokens = torch.zeros(len(fed), longest, dtype=torch.long)
+        mask = torch.zeros(len(fed), longest, dtype=torch.long)
+        for b, ids in enumerate(fed):
+            tokens[b, longest - len(ids):] = torch.tensor(ids, dtype=torch.long)
+            mask[b, longest - len(ids):] = 1
+        tokens, mask = tokens.to(device), mask.to(device)
+        positions = (mask.cumsum(-1) - 1).clamp_(min=0)
+        cache = self._new_cache()
+        for start in range(0, longest, self.chunk_size):
+            stop = min(start + self.chunk_size, longest)
+            logits, cache = self._forward(
+                tokens[:, start:stop], cache, [stop - 1 - start] if stop == longest else None,
+                attention_mask=mask[:, :stop], position_ids=positions[:, start:stop],
+            )
+        next_ids = logits[:, -1].argmax(-1)
+        out: list[list[int]] = [[] for _ in fed]
+        done = [False] * len(fed)
+        position = positions[:, -1:]
         while True:
+            for b, token in enumerate(next_ids.tolist()):
+                if not done[b]:
+                    out[b].append(int(token))
+                    done[b] = token in self.stop_ids or len(out[b]) == max_new_tokens
+            if all(done):
+                return out
+            mask = torch.cat([mask, mask.new_ones(len(fed), 1)], dim=1)
+            position = position + 1
+            logits, cache = self._forward(next_ids[:, None], cache, [0], attention_mask=mask, position_ids=position)
+            next_ids = logits[:, -1].argmax(-1)
+
+    def _generate_uncached(self, ids: list[int], max_new_tokens: int) -> list[int]:
+        out: list[int] = []
+        while True:
+            next_id = int(self._logits_at([ids + out], [[len(ids) + len(out) - 1]])[0][-1].argmax())
             out.append(next_id)
             if next_id in self.stop_ids or len(out) == max_new_tokens:
                 return out
-            if self.chunked:
-                step = torch.tensor([next_id], dtype=torch.long, device=self.model.device)
-                logits, cache = self._forward(step, cache, [0])
-            else:  # no cache: the whole sequence again
-                logits = self._logits_at(ids + out, [len(ids) + len(out) - 1])
-            next_id = int(logits[-1].argmax())
+
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
+        return self.generate_many([prompt_ids], max_new_tokens)[0]
 
     @torch.inference_mode()
-    def token_nll(self, ids: Sequence[int], score_from: int = 1) -> torch.Tensor:
-        """NLL (float32, CPU) of ids[t] for t in [score_from, len(ids)); a BOS, if the model
-        takes one, goes in front but is neither scored nor counted. With nothing in front,
-        token 0 is not predicted: NaN."""
-        if not 0 <= score_from <= len(ids):
-            raise ValueError(f"score_from must be in [0, {len(ids)}], got {score_from}")
-        full = self.lengths.fit_prefix(self.shaper.prefix, list(ids))
-        prefix = full[: len(full) - len(ids)]
-        if score_from == 0 and not prefix:
-            return F.pad(self.token_nll(ids, 1), (1, 0), value=float("nan")) if ids else torch.zeros(0)
-        first = len(prefix) + score_from  # first scored index in `full`
-        targets = torch.tensor(full, dtype=torch.long)
-        pieces: list[torch.Tensor] = []
+    def token_nlls(self, requests) -> list[torch.Tensor]:
+        """Per (ids, score_from): NLL (float32, CPU) of ids[t] for t in [score_from, len(ids)); a BOS,
+        if the model takes one, goes in front but is neither scored nor counted. With nothing in
+        front, token 0 is not predicted: NaN."""
+        for ids, score_from in requests:
+            if not 0 <= score_from <= len(ids):
+                raise ValueError(f"score_from must be in [0, {len(ids)}], got {score_from}")
+        fulls, firsts, padded = [], [], []
+        for ids, score_from in requests:
+            full = self.lengths.fit_prefix(self.shaper.prefix, list(ids))
+            prefix = len(full) - len(ids)
+            unpredicted = score_from == 0 and not prefix and bool(ids)  # token 0 with nothing before it
+            fulls.append(full)
+            firsts.append(prefix + max(score_from, 1 if unpredicted else 0))  # first scored index in `full`
+            padded.append(unpredicted)
+        pieces: list[list[torch.Tensor]] = [[] for _ in requests]
+        streamed = [b for b, full in enumerate(fulls) if len(full) > 1]
 
-        def rows_for(start, stop):  # row r predicts full[start + r + 1]
+        def rows_for(i, start, stop):  # row r predicts full[start + r + 1]
+            full, first = fulls[streamed[i]], firsts[streamed[i]]
             return list(range(max(first - 1 - start, 0), min(stop, len(full) - 1) - start))
 
-        def score(start, rows, logits):
-            wanted = targets[start + rows[0] + 1 : start + rows[-1] + 2].to(logits.device)
-            pieces.append(F.cross_entropy(logits, wanted, reduction="none").cpu())
+        def score(i, start, rows, logits):
+            full = fulls[streamed[i]]
+            wanted = torch.tensor(full[start + rows[0] + 1 : start + rows[-1] + 2], dtype=torch.long, device=logits.device)
+            pieces[streamed[i]].append(F.cross_entropy(logits, wanted, reduction="none").cpu())
 
-        self._stream(full, rows_for, score)
-        return torch.cat(pieces) if pieces else torch.zeros(0)
+        if streamed:
+            self._stream([fulls[b] for b in streamed], rows_for, score)
+        answers = []
+        for b in range(len(requests)):
+            nll = torch.cat(pieces[b]) if pieces[b] else torch.zeros(0)
+            answers.append(F.pad(nll, (1, 0), value=float("nan")) if padded[b] else nll)
+        return answers
+
+    def token_nll(self, ids: Sequence[int], score_from: int = 1) -> torch.Tensor:
+        return self.token_nlls([(ids, score_from)])[0]

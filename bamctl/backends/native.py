@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bamctl.backends.base import ALL_TOKENS, Backend, ContinuationScore, EngineOptions, ModelInfo, ModelPeek
+from bamctl.backends.base import ALL_TOKENS, Backend, ContinuationScore, EngineOptions, ModelInfo, ModelPeek, auto_batch_size
 from bamctl.errors import BamctlError
 from bamctl.fingerprints import digest, scaled_hash
 from bamctl.tokenizer import Tokenizer
@@ -14,8 +14,6 @@ class EngineBackend(Backend):
     ``checkpoint`` is anything with ``.model`` and ``.model_hash`` (a bamctl checkpoint,
     an authors' checkpoint mapped onto our model).
     """
-
-    kind = "native"
 
     kind = "native"
 
@@ -59,19 +57,36 @@ class EngineBackend(Backend):
     def bos_for(self, scoring: str) -> bool:
         return False  # bamctl's models are trained without one
 
+    # The engine runs a batch's sequences side by side; one request is a batch of one.
+    def score_continuations(self, requests) -> list[ContinuationScore]:
+        return [ContinuationScore(predicted_ids=predicted, logprobs=logprobs)
+                for predicted, logprobs in self.engine.score_continuations(requests)]
+
+    def generate_many(self, prompts, max_new_tokens):
+        return self.engine.generate_many(prompts, max_new_tokens, stop_ids=tuple(sorted(self.stop_ids)))
+
+    def token_nlls(self, requests):
+        return self.engine.token_nlls(requests)
+
     def score_continuation(self, prompt_ids, target_ids) -> ContinuationScore:
-        predicted, logprobs = self.engine.score_continuation(prompt_ids, target_ids)
-        return ContinuationScore(predicted_ids=predicted, logprobs=logprobs)
+        return self.score_continuations([(prompt_ids, target_ids)])[0]
 
     def generate(self, prompt_ids, max_new_tokens):
-        return self.engine.generate(prompt_ids, max_new_tokens, stop_ids=tuple(sorted(self.stop_ids)))
+        return self.generate_many([prompt_ids], max_new_tokens)[0]
 
     def token_nll(self, ids, score_from=1):
-        return self.engine.token_nll(ids, score_from)
+        return self.token_nlls([(ids, score_from)])[0]
 
     def check_fits(self, n_prompt: int, n_answer: int) -> None:
         """Before any sample: refuse what the memory here cannot hold."""
         self.engine.check_fits(n_prompt + n_answer)
+
+    def check_batch_fits(self, n_prompt: int, n_answer: int, batch: int) -> None:
+        self.engine.check_fits(n_prompt + n_answer, batch)
+
+    def batch_limit(self, n_prompt: int, n_answer: int) -> int:
+        n = n_prompt + n_answer
+        return auto_batch_size(n, self.engine.largest_batch(n), self.engine.device.type)
 
 
 def rope_scaling_for(config, options: EngineOptions):

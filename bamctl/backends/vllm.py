@@ -5,8 +5,10 @@ Same model folders, tokenizer, base/chat modes, BOS rule and ``--beyond-max`` po
 
 - greedy decoding is ``SamplingParams(temperature=0)``; teacher-forced scoring and
   perplexity read vLLM's ``prompt_logprobs`` (the rank-1 token is the argmax);
-- prefix caching is on, so prompts sharing a long prefix (passkey and RULER depths over
-  one haystack) reuse its KV blocks;
+- every sample of one request goes to vLLM in one ``generate`` call (``batch_limit`` is
+  ``UNBOUNDED``), so vLLM schedules them itself (continuous batching); prefix caching is on,
+  so prompts sharing a long prefix (passkey and RULER depths over one haystack) reuse its
+  KV blocks;
 - ``tensor_parallel`` (``VLLMOptions.tensor_parallel``) shards the model over that many GPUs;
 - vLLM fixes its maximum length when the engine starts: the engine is started at the
   first request, sized for the model's configured maximum or that request if longer,
@@ -28,7 +30,7 @@ from typing import Sequence
 
 import torch
 
-from bamctl.backends.base import ContinuationScore, ModelInfo, VLLMOptions
+from bamctl.backends.base import UNBOUNDED, ContinuationScore, ModelInfo, VLLMOptions
 from bamctl.backends.hf_common import (
     LengthPolicy,
     RequestShaper,
@@ -157,43 +159,63 @@ class VLLMBackend(ShapedBackend):
         self._capacity = capacity
         return self._llm
 
-    def _run(self, ids: list[int], n_generate: int, **params):
-        llm = self._engine(len(ids) + n_generate)
+    def _run(self, batch: list[list[int]], n_generate: int, **params) -> list:
+        """One ``generate`` call for every prompt of ``batch``; vLLM's outputs, in the prompts' order."""
+        llm = self._engine(max(len(ids) for ids in batch) + n_generate)
         sampling = self.vllm.SamplingParams(temperature=0.0, max_tokens=max(n_generate, 1), detokenize=False, **params)
-        prompt = {"prompt_token_ids": list(ids)}  # vllm.inputs.TokensPrompt is this TypedDict
-        return llm.generate([prompt], sampling, use_tqdm=False)[0]
+        prompts = [{"prompt_token_ids": list(ids)} for ids in batch]  # vllm.inputs.TokensPrompt is this TypedDict
+        return llm.generate(prompts, sampling, use_tqdm=False)
 
-    # -- request kinds --------------------------------------------------------------------
+    def batch_limit(self, n_prompt: int, n_answer: int) -> int:
+        return UNBOUNDED  # vLLM schedules and sizes its own batches
+
+    # -- request kinds, in batches; one request is a batch of one ------------------------------
+    def score_continuations(self, requests) -> list[ContinuationScore]:
+        prefix = self.shaper.prefix
+        # vLLM reads log p(token t) at entry t: the last target goes in too
+        fed = [self.lengths.fit(prefix, list(prompt), list(target)) + list(target)[-1:] for prompt, target in requests]
+        answers = []
+        for ids, (_, target), output in zip(fed, requests, self._run(fed, 1, prompt_logprobs=1), strict=True):
+            entries = output.prompt_logprobs  # entry t: log p(. | ids[:t])
+            predicted, logprobs = [], []
+            for t in range(len(ids) - len(target), len(ids)):
+                entry = entries[t]
+                predicted.append(next(token for token, lp in entry.items() if lp.rank == 1))
+                logprobs.append(float(entry[ids[t]].logprob))
+            answers.append(ContinuationScore(predicted_ids=predicted, logprobs=logprobs))
+        return answers
+
     def score_continuation(self, prompt_ids: Sequence[int], target_ids: Sequence[int]):
-        targets = list(target_ids)
-        prefix, prompt = self.shaper.prefix, list(prompt_ids)
-        ids = self.lengths.fit(prefix, prompt, targets) + targets[-1:]  # vLLM reads log p(token t) at entry t
-        entries = self._run(ids, 1, prompt_logprobs=1).prompt_logprobs  # entry t: log p(. | ids[:t])
-        predicted, logprobs = [], []
-        for t in range(len(ids) - len(targets), len(ids)):
-            entry = entries[t]
-            predicted.append(next(token for token, lp in entry.items() if lp.rank == 1))
-            logprobs.append(float(entry[ids[t]].logprob))
-        return ContinuationScore(predicted_ids=predicted, logprobs=logprobs)
+        return self.score_continuations([(prompt_ids, target_ids)])[0]
 
     def check_fits(self, n_prompt: int, n_answer: int) -> None:
         """Before any sample: the ``--beyond-max`` policy on the longest prompt; size the engine once."""
         self.lengths.check(n_prompt)
         self.reserve(n_prompt + n_answer)
 
+    def generate_many(self, prompts, max_new_tokens: int) -> list[list[int]]:
+        fed = [self.lengths.fit_prefix(self.shaper.prefix, list(prompt), max_new_tokens) for prompt in prompts]
+        if max_new_tokens < 1 or not fed:
+            return [[] for _ in prompts]
+        outputs = self._run(fed, max_new_tokens, stop_token_ids=sorted(self.stop_ids))
+        return [[int(i) for i in out.outputs[0].token_ids] for out in outputs]
+
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
-        ids = self.lengths.fit_prefix(self.shaper.prefix, list(prompt_ids), max_new_tokens)
-        if max_new_tokens < 1:
-            return []
-        out = self._run(ids, max_new_tokens, stop_token_ids=sorted(self.stop_ids))
-        return [int(i) for i in out.outputs[0].token_ids]
+        return self.generate_many([prompt_ids], max_new_tokens)[0]
+
+    def token_nlls(self, requests) -> list[torch.Tensor]:
+        for ids, score_from in requests:
+            if not 0 <= score_from <= len(ids):
+                raise ValueError(f"score_from must be in [0, {len(ids)}], got {score_from}")
+        fulls = [self.lengths.fit_prefix(self.shaper.prefix, list(ids)) for ids, _ in requests]
+        answers = []
+        for full, (ids, score_from), output in zip(fulls, requests, self._run(fulls, 1, prompt_logprobs=0), strict=True):
+            entries = output.prompt_logprobs
+            prefix = len(full) - len(ids)
+            # entries[0] is None: with nothing in front, token 0 is not predicted (NaN)
+            nll = [float("nan") if t == 0 else -float(entries[t][full[t]].logprob) for t in range(prefix + score_from, len(full))]
+            answers.append(torch.tensor(nll, dtype=torch.float32))
+        return answers
 
     def token_nll(self, ids: Sequence[int], score_from: int = 1) -> torch.Tensor:
-        if not 0 <= score_from <= len(ids):
-            raise ValueError(f"score_from must be in [0, {len(ids)}], got {score_from}")
-        full = self.lengths.fit_prefix(self.shaper.prefix, list(ids))
-        prefix = full[: len(full) - len(ids)]
-        entries = self._run(full, 1, prompt_logprobs=0).prompt_logprobs
-        # entries[0] is None: with nothing in front, token 0 is not predicted (NaN)
-        nll = [float("nan") if t == 0 else -float(entries[t][full[t]].logprob) for t in range(len(prefix) + score_from, len(full))]
-        return torch.tensor(nll, dtype=torch.float32)
+        return self.token_nlls([(ids, score_from)])[0]

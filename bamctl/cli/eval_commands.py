@@ -76,6 +76,7 @@ def run_models(
     from bamctl.tokenizer import get_tokenizer
 
     shard_of = shard_option(ev.shard, os.environ, say=lambda line: stderr.print(line, soft_wrap=True))
+    batch_size = opt.parse_batch_size(ev.batch_size)
     run = _run_options(ev, prompt)
     if run.device is not None:
         from bamctl.devices import resolve_device
@@ -112,7 +113,7 @@ def run_models(
                 continue
             evaluations = [Evaluation(backend, request, store, model_name=name, run_id=run_id) for request in requests]
             versions.update(evaluation.compute_version for evaluation in evaluations)
-            covered |= _evaluate_model(evaluations, name, progress, ev, shard_of, prompts, notes)
+            covered |= _evaluate_model(evaluations, name, progress, ev, shard_of, prompts, notes, batch_size)
             del backend, evaluations  # one model in memory at a time
             gc.collect()
     shard_run.finish()
@@ -120,10 +121,11 @@ def run_models(
             baseline=baseline, current_versions=versions)
 
 
-def _evaluate_model(evaluations, name: str, progress, ev, shard_of, prompts: dict, notes: set) -> set:
-    """Check every request of one model before its first sample, then run them; the keys they cover."""
+def _evaluate_model(evaluations, name: str, progress, ev, shard_of, prompts: dict, notes: set, batch_size: int | None) -> set:
+    """Check every request of one model before its first sample, say its batches, then run them; the keys they cover."""
     for evaluation in evaluations:
-        evaluation.preflight()
+        evaluation.preflight(batch_size)
+        stderr.print(_batch_line(evaluation, name, batch_size), soft_wrap=True)
         _note_other_prompts(prompts, evaluation, name)
         for note in evaluation.plan.notes:
             if note not in notes:
@@ -132,11 +134,23 @@ def _evaluate_model(evaluations, name: str, progress, ev, shard_of, prompts: dic
     covered = set()
     for evaluation in evaluations:
         covered |= evaluation.keys()
-        _run_one(evaluation, name, progress, ev, shard_of)
+        _run_one(evaluation, name, progress, ev, shard_of, batch_size)
     return covered
 
 
-def _run_one(evaluation, name: str, progress, ev, shard_of) -> None:
+def _batch_line(evaluation, name: str, batch_size: int | None) -> str:
+    """``--batch-size`` as it runs: the samples asked at once at each length of the request."""
+    from bamctl.results.render import format_length
+
+    asked = "auto" if batch_size is None else str(batch_size)
+    if evaluation.whole_request(batch_size):
+        return f"{name} {evaluation.request.task}: batches (--batch-size {asked}): all {len(evaluation.plan.slots)} samples at once"
+    sizes = evaluation.batch_sizes(batch_size)
+    per_length = ", ".join(f"{size} at {format_length(length)}" for length, size in sizes.items())
+    return f"{name} {evaluation.request.task}: batches (--batch-size {asked}) of {per_length} samples"
+
+
+def _run_one(evaluation, name: str, progress, ev, shard_of, batch_size: int | None) -> None:
     bar = progress.add_task(f"{evaluation.request.task} {name}", total=evaluation.count(shard_of), rate="")
     tokens, seconds = 0, 0.0
 
@@ -145,7 +159,7 @@ def _run_one(evaluation, name: str, progress, ev, shard_of) -> None:
         tokens, seconds = tokens + row["n_tokens"], seconds + row["seconds"]
         progress.update(bar, advance=1, rate=f"{tokens / max(seconds, 1e-9):,.0f} tok/s")
 
-    stats = evaluation.run(force=ev.force, reuse=ev.reuse, on_row=advance, shard=shard_of, checked=True)
+    stats = evaluation.run(force=ev.force, reuse=ev.reuse, on_row=advance, shard=shard_of, checked=True, batch_size=batch_size)
     progress.update(bar, completed=progress.tasks[bar].total)
     for line in _run_notes(stats, name, ev.out, evaluation.backend):
         stderr.print(line, soft_wrap=True)

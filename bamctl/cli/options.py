@@ -136,6 +136,11 @@ EVALUATION: list[Param] = [
         "One model of a compare: append @KIND:FACTOR to it (rope@yarn:8).")),
     Param("rope_factor", Optional[float], None, typer.Option(
         min=1.0, rich_help_panel=ENGINE_PANEL, help="The factor of --rope-scaling (e.g. 8: the training length times 8).")),
+    Param("batch_size", str, "auto", typer.Option(
+        "--batch-size", "-b", rich_help_panel=ENGINE_PANEL,
+        help="Samples asked of a model at once: auto (the default: as many of one length as fit a token budget and the "
+        "memory estimate, so 512k runs one at a time; vllm: all of a request, scheduled by vLLM) or a number. "
+        "Rows are the same whatever the batch; a crash loses at most the batch in flight.")),
     Param("beyond_max", Optional[BeyondMax], None, typer.Option(
         rich_help_panel=EXTERNAL_PANEL,
         help="hf:/vllm: models past their configured max positions: warn (the default; run anyway, extrapolation is the point) or refuse.")),
@@ -211,6 +216,24 @@ PROMPT: list[Param] = [
 
 Threshold = Annotated[float, typer.Option(min=0.0, max=1.0, help="Accuracy that counts as 'still working' for the effective length.")]
 ModelArgument = Annotated[str, typer.Argument(help="Catalog name, checkpoint directory, or PREFIX:PATH (hf:, bam:, vllm:).")]
+
+
+AUTO_BATCH = "auto"
+
+
+def parse_batch_size(text: str) -> int | None:
+    """``--batch-size``: None for auto, else a positive number of samples."""
+    from bamctl.errors import BamctlError
+
+    if text.strip().lower() == AUTO_BATCH:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise BamctlError(f"--batch-size must be auto or a positive number of samples, not {text!r}")
+    return value
 
 
 def _group_type(name: str, params: list[Param]) -> type:

@@ -190,11 +190,19 @@ class StreamingEngine:
 
             self.subset = VocabSubset(self.config.token_subset, get_tokenizer(self.config.tokenizer).vocab_size)
 
-    def check_fits(self, n_tokens: int) -> None:
-        """Refuse, before any work, a context that the memory here cannot hold."""
+    def check_fits(self, n_tokens: int, batch: int = 1) -> None:
+        """Refuse, before any work, ``batch`` contexts of ``n_tokens`` that the memory here cannot hold."""
         from bamctl.engine.memory import check_fits
 
-        check_fits(self.config, n_tokens, self.chunk_size, self.dtype, self.attention, self.device, self.precision.activations)
+        check_fits(self.config, n_tokens, self.chunk_size, self.dtype, self.attention, self.device,
+                   self.precision.activations, batch)
+
+    def largest_batch(self, n_tokens: int) -> int:
+        """How many sequences of ``n_tokens`` the memory here holds side by side (0: not one)."""
+        from bamctl.engine.memory import budget_bytes, largest_batch
+
+        return largest_batch(self.config, n_tokens, self.chunk_size, self.dtype, self.attention,
+                             budget_bytes(self.device), self.precision.activations)
 
     def _autocast(self):
         """The context every forward runs in: autocast under an autocast precision, else none."""
@@ -213,26 +221,33 @@ class StreamingEngine:
     # -- the one loop everything else is built on ---------------------------------------
     def _stream(
         self,
-        ids: Sequence[int],
+        batch: Sequence[Sequence[int]],
         capacity: int,
         on_hidden: Callable[[int, torch.Tensor], None],
         first_needed: int = 0,
     ) -> tuple[KVCache, ForwardState]:
-        """Run ``ids`` through the model in chunks; ``on_hidden(position, hidden (R, C))`` per chunk.
+        """Run the sequences of ``batch`` through the model side by side, in chunks;
+        ``on_hidden(position, hidden (B, R, C))`` per chunk.
 
-        Only hidden rows of positions ``>= first_needed`` are computed through the last
-        layer; ``position`` is the position of the chunk's first returned row.
+        Unequal sequences are right-padded (with model id 0) to the longest. Attention is
+        causal, so a real token never sees the padding after it: each row's hidden states are
+        those of its sequence run alone, and rows of padding are simply never read. Only
+        hidden rows of positions ``>= first_needed`` are computed through the last layer;
+        ``position`` is the position of the chunk's first returned row.
         """
         cfg = self.config
-        tokens = self._model_ids(ids)[None, :]  # (1, N)
+        longest = max(len(ids) for ids in batch)
+        tokens = torch.zeros(len(batch), longest, dtype=torch.long, device=self.device)
+        for row, ids in enumerate(batch):
+            tokens[row, : len(ids)] = self._model_ids(ids)
         capacity = -(-capacity // CACHE_ROUND) * CACHE_ROUND  # whole blocks: fewer distinct kernel shapes
-        cache = KVCache(cfg.n_layers, 1, cfg.n_heads, capacity, cfg.head_dim, self.precision.activations, self.device)
+        cache = KVCache(cfg.n_layers, len(batch), cfg.n_heads, capacity, cfg.head_dim, self.precision.activations, self.device)
         state = ForwardState(kernel=self._attend, cache=cache, max_distance=capacity - 1)
-        for start in range(0, tokens.shape[1], self.chunk_size):
+        for start in range(0, longest, self.chunk_size):
             chunk = tokens[:, start : start + self.chunk_size]
             keep_from = min(max(first_needed - start, 0), chunk.shape[1])
             with self._autocast():
-                hidden = self.model.hidden(chunk, start, state, keep_from)[0]
+                hidden = self.model.hidden(chunk, start, state, keep_from)
             on_hidden(start + keep_from, hidden)
         return cache, state
 
@@ -240,54 +255,92 @@ class StreamingEngine:
         with self._autocast():  # the head too: under autocast its logits are bfloat16 values, as theirs
             return self.model.output(hidden_rows).float()
 
-    # -- request kinds --------------------------------------------------------------------
+    # -- request kinds, a batch of sequences at once ---------------------------------------
+    # Each takes a list of requests and answers them in order; a batch of one is the single
+    # request. The rows of a batch are those of its requests run alone (tests/test_batching.py).
     @torch.inference_mode()
-    def logits_at(self, ids: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
-        """Logits (len(positions), V) predicting the token after each given position."""
-        wanted = sorted(set(positions))
-        rows: dict[int, torch.Tensor] = {}
+    def logits_at_many(self, batch: Sequence[Sequence[int]], positions: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """Per sequence, logits (len(positions[b]), V) predicting the token after each given position."""
+        wanted = [sorted(set(p)) for p in positions]
+        rows: list[dict[int, torch.Tensor]] = [{} for _ in batch]
 
         def keep(start: int, hidden: torch.Tensor) -> None:
-            for p in wanted:
-                if start <= p < start + hidden.shape[0]:
-                    rows[p] = hidden[p - start]
+            for b, points in enumerate(wanted):
+                for p in points:
+                    if start <= p < start + hidden.shape[1]:
+                        rows[b][p] = hidden[b, p - start]
 
-        self._stream(ids, len(ids), keep, first_needed=wanted[0])
-        return self._logits(torch.stack([rows[p] for p in positions]))
+        self._stream(batch, max(len(ids) for ids in batch), keep, first_needed=min(p[0] for p in wanted))
+        return [self._logits(torch.stack([found[p] for p in asked])) for found, asked in zip(rows, positions)]
+
+    def logits_at(self, ids: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
+        """Logits (len(positions), V) predicting the token after each given position."""
+        return self.logits_at_many([ids], [positions])[0]
 
     @torch.inference_mode()
+    def score_continuations(
+        self, requests: Sequence[tuple[Sequence[int], Sequence[int]]]
+    ) -> list[tuple[list[int], list[float]]]:
+        """Teacher forcing of (prompt ids, target ids) pairs: one pass over each prompt + target,
+        scored at the target positions. Per pair, the argmax token at each target position and the
+        log-probability of each target."""
+        batch = [list(prompt) + list(target) for prompt, target in requests]
+        positions = [range(len(prompt) - 1, len(ids) - 1) for (prompt, _), ids in zip(requests, batch)]
+        answers = []
+        for logits, (_, target_ids) in zip(self.logits_at_many(batch, positions), requests):
+            logprobs = torch.log_softmax(logits, dim=-1)
+            target = self._model_ids(target_ids)
+            answers.append((self._tokenizer_ids(logprobs.argmax(-1)).tolist(), logprobs.gather(1, target[:, None])[:, 0].tolist()))
+        return answers
+
     def score_continuation(self, prompt_ids: Sequence[int], target_ids: Sequence[int]) -> tuple[list[int], list[float]]:
-        """Teacher forcing: one pass over prompt + target, scored at the target positions.
-
-        Returns the argmax token at each target position and the log-probability of each target.
-        """
-        ids = list(prompt_ids) + list(target_ids)
-        positions = range(len(prompt_ids) - 1, len(ids) - 1)
-        logprobs = torch.log_softmax(self.logits_at(ids, positions), dim=-1)
-        target = self._model_ids(target_ids)
-        return self._tokenizer_ids(logprobs.argmax(-1)).tolist(), logprobs.gather(1, target[:, None])[:, 0].tolist()
+        """Teacher forcing of one prompt and its target: the argmax and log-probability at each target position."""
+        return self.score_continuations([(prompt_ids, target_ids)])[0]
 
     @torch.inference_mode()
+    def generate_many(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_ids: Sequence[int] = ()) -> list[list[int]]:
+        """Greedy decoding of each prompt. Decoding steps one position for the whole batch, so
+        prompts are grouped by length (no padding: every row of a group is at the same
+        position), and each group is prefilled and decoded as one batch."""
+        if max_new_tokens < 1:
+            return [[] for _ in prompts]
+        groups: dict[int, list[int]] = {}
+        for index, prompt in enumerate(prompts):
+            groups.setdefault(len(prompt), []).append(index)
+        out: list[list[int]] = [[] for _ in prompts]
+        for indices in groups.values():
+            for index, tokens in zip(indices, self._generate_equal([prompts[i] for i in indices], max_new_tokens, stop_ids)):
+                out[index] = tokens
+        return out
+
+    def _generate_equal(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_ids: Sequence[int]) -> list[list[int]]:
+        """Greedy decoding of prompts of one length, side by side; a row stops after a stop id
+        (included) or ``max_new_tokens``, and the batch when every row has."""
+        n = len(prompts[0])
+        last: list[torch.Tensor] = []
+        _, state = self._stream(
+            prompts, n + max_new_tokens, lambda start, hidden: last.append(hidden[:, -1]) if hidden.shape[1] else None,
+            first_needed=n - 1,
+        )
+        next_ids = self._logits(last[-1]).argmax(-1)  # (B,) model ids
+        out: list[list[int]] = [[] for _ in prompts]
+        done = [False] * len(prompts)
+        position = n
+        while True:
+            for row, token in enumerate(self._tokenizer_ids(next_ids).tolist()):
+                if not done[row]:
+                    out[row].append(int(token))
+                    done[row] = token in stop_ids or len(out[row]) == max_new_tokens
+            if all(done):
+                return out
+            with self._autocast():
+                hidden = self.model.hidden(next_ids[:, None], position, state)[:, -1]
+            next_ids = self._logits(hidden).argmax(-1)
+            position += 1
+
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int] = ()) -> list[int]:
         """Greedy decoding: prefill the prompt, then one token per step from the cache."""
-        last: list[torch.Tensor] = []
-        capacity = len(prompt_ids) + max_new_tokens
-        cache, state = self._stream(
-            prompt_ids, capacity, lambda start, hidden: last.append(hidden[-1]) if len(hidden) else None,
-            first_needed=len(prompt_ids) - 1,
-        )
-        next_id = self._logits(last[-1][None]).argmax(-1)  # (1,) model id
-        out: list[int] = []
-        position = len(prompt_ids)
-        while len(out) < max_new_tokens:
-            out.append(int(self._tokenizer_ids(next_id)))
-            if out[-1] in stop_ids or len(out) == max_new_tokens:
-                break
-            with self._autocast():
-                hidden = self.model.hidden(next_id[None], position, state)[0, -1:]
-            next_id = self._logits(hidden).argmax(-1)
-            position += 1
-        return out
+        return self.generate_many([prompt_ids], max_new_tokens, stop_ids)[0]
 
     @torch.inference_mode()
     def last_query_attention(self, ids: Sequence[int]) -> list[torch.Tensor]:
@@ -301,7 +354,7 @@ class StreamingEngine:
             weights.append(w[0, :, -1].cpu())
             return (w @ v.float()).to(q.dtype)
 
-        _, state = self._stream(ids[:-1], len(ids), lambda start, hidden: None, first_needed=len(ids)) if len(ids) > 1 else (None, None)
+        _, state = self._stream([ids[:-1]], len(ids), lambda start, hidden: None, first_needed=len(ids)) if len(ids) > 1 else (None, None)
         if state is None:
             cache = KVCache(self.config.n_layers, 1, self.config.n_heads, CACHE_ROUND, self.config.head_dim,
                             self.precision.activations, self.device)
@@ -312,33 +365,48 @@ class StreamingEngine:
         return weights
 
     @torch.inference_mode()
-    def token_nll(self, ids: Sequence[int], score_from: int = 1) -> torch.Tensor:
-        """NLL (float32, on CPU) of each token ids[t] for t in [score_from, len(ids)), given ids[:t].
+    def token_nlls(self, requests: Sequence[tuple[Sequence[int], int]]) -> list[torch.Tensor]:
+        """Per (ids, score_from): NLL (float32, on CPU) of each token ids[t] for t in
+        [score_from, len(ids)), given ids[:t].
 
         Token 0 has nothing before it to predict it from, and a model with a vocabulary subset
         has no row for tokens outside it (they share one UNK row it was never trained to
         predict): their NLL is NaN, so they are left out of the sum and of the count of scored
         tokens.
         """
-        if not 0 <= score_from <= len(ids):
-            raise ValueError(f"score_from must be in [0, {len(ids)}], got {score_from}")
-        if score_from == 0:
-            return F.pad(self.token_nll(ids, 1), (1, 0), value=float("nan")) if ids else torch.zeros(0)
-        targets = self._model_ids(ids)
-        pieces: list[torch.Tensor] = []
+        for ids, score_from in requests:
+            if not 0 <= score_from <= len(ids):
+                raise ValueError(f"score_from must be in [0, {len(ids)}], got {score_from}")
+        # Token 0 is never predicted: scored from 1, with a NaN in front.
+        froms = [max(score_from, 1) for _, score_from in requests]
+        streamed = [b for b, (ids, _) in enumerate(requests) if len(ids) > 1]
+        pieces: list[list[torch.Tensor]] = [[] for _ in requests]
+        targets = {b: self._model_ids(requests[b][0]) for b in streamed}
+        if streamed:
+            def score(start: int, hidden: torch.Tensor) -> None:
+                for row, b in enumerate(streamed):
+                    # hidden row r predicts token start + r + 1
+                    n = len(requests[b][0])
+                    first = max(froms[b] - 1 - start, 0)
+                    last = min(hidden.shape[1], n - 1 - start)
+                    for lo in range(first, last, LOGIT_ROWS):
+                        hi = min(lo + LOGIT_ROWS, last)
+                        logits = self._logits(hidden[row, lo:hi])
+                        pieces[b].append(F.cross_entropy(logits, targets[b][start + lo + 1 : start + hi + 1], reduction="none").cpu())
 
-        def score(start: int, hidden: torch.Tensor) -> None:
-            # hidden row r predicts token start + r + 1
-            first = max(score_from - 1 - start, 0)
-            last = min(hidden.shape[0], len(ids) - 1 - start)
-            for lo in range(first, last, LOGIT_ROWS):
-                hi = min(lo + LOGIT_ROWS, last)
-                logits = self._logits(hidden[lo:hi])
-                pieces.append(F.cross_entropy(logits, targets[start + lo + 1 : start + hi + 1], reduction="none").cpu())
+            batch = [requests[b][0] for b in streamed]
+            self._stream(batch, max(len(ids) for ids in batch), score, first_needed=min(froms[b] for b in streamed) - 1)
+        answers = []
+        for b, (ids, score_from) in enumerate(requests):
+            nll = torch.cat(pieces[b]) if pieces[b] else torch.zeros(0)
+            if self.subset is not None and b in targets:
+                unknown = (targets[b][froms[b]:] == self.subset.unk).cpu()
+                nll = nll.masked_fill(unknown, float("nan"))
+            if score_from == 0 and ids:
+                nll = F.pad(nll, (1, 0), value=float("nan"))
+            answers.append(nll)
+        return answers
 
-        self._stream(ids, len(ids), score, first_needed=score_from - 1)
-        nll = torch.cat(pieces) if pieces else torch.zeros(0)
-        if self.subset is not None:
-            unknown = (targets[score_from:] == self.subset.unk).cpu()
-            nll = nll.masked_fill(unknown, float("nan"))
-        return nll
+    def token_nll(self, ids: Sequence[int], score_from: int = 1) -> torch.Tensor:
+        """NLL (float32, on CPU) of each token ids[t] for t in [score_from, len(ids)), given ids[:t] (``token_nlls``)."""
+        return self.token_nlls([(ids, score_from)])[0]
