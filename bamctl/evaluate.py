@@ -121,6 +121,7 @@ class Evaluation:
             "ssmax": info.ssmax,
             "train_length": info.train_length,
             "rope_scaling": info.rope_scaling,
+            "model_revision": info.model_revision,
             "device": backend.device,
             "dtype": backend.dtype,
             "attention": backend.attention,

@@ -84,6 +84,7 @@ def fake_row(
         "dtype": "float32",
         "attention": "sdpa",
         "rope_scaling": None,
+        "model_revision": None,
         "bamctl_version": "0.1.0",
         "git_revision": None,
         "torch_version": "2.13.0",

@@ -346,6 +346,60 @@ def test_missing_model_and_missing_transformers_are_clear_errors(tmp_path, monke
         open_backend(f"hf:{tmp_path}", RunOptions(device="cpu"))
 
 
+# -- Hub ids, from a cache laid out by hand (offline: nothing is downloaded) ---------------
+HUB_ID = "tiny-org/tiny-llama"
+
+
+@pytest.fixture
+def hub_home(tiny_llama, tmp_path, monkeypatch):
+    """HF_HOME holding the tiny Llama's files as two commits of HUB_ID: main, and the tag v2."""
+    from hub_cache import cache_snapshot, commit_sha
+
+    home = tmp_path / "hf-home"
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    commits = {"main": commit_sha("main"), "v2": commit_sha("v2")}
+    for ref, commit in commits.items():
+        cache_snapshot(home / "hub", HUB_ID, tiny_llama, commit, (ref,))
+    return home, commits
+
+
+def test_a_cached_hub_id_runs_offline_and_two_revisions_never_share_rows(hub_home, tiny_llama, tmp_path, capsys):
+    from bamctl.results.store import ResultStore
+
+    _, commits = hub_home
+    out = tmp_path / "r"
+
+    def ppl(model):
+        code, _, err = _cli(capsys, "ppl", f"hf:{model}", "--lengths", "16", "--device", "cpu", "--out", str(out), "--quiet")
+        assert code == 0, err
+        return err
+
+    assert "already in" not in ppl(HUB_ID)
+    assert "already in" not in ppl(f"{HUB_ID}@v2")  # the same files at another commit: another model
+    assert "already in" in ppl(f"{HUB_ID}@{commits['main']}")  # main's commit by its sha: main's rows
+    ppl(str(tiny_llama))  # the same files as a local folder
+    rows = ResultStore(out).read()
+    revisions = rows["model_revision"].fillna("local folder")
+    hashes = rows.groupby(revisions)["model_hash"].unique()
+    assert set(hashes.index) == {commits["main"], commits["v2"], "local folder"}
+    assert all(len(h) == 1 for h in hashes) and len({h[0] for h in hashes}) == 3
+    nll = rows.groupby([revisions, rows["document_start"], rows["position"]])["nll"].first().unstack(0)
+    assert len(nll) > 0 and nll.nunique(axis=1).eq(1).all()  # equal files compute equal numbers
+
+
+def test_a_hub_id_not_in_the_cache_offline_is_one_line_naming_the_cache(hub_home, tmp_path, capsys):
+    home, _ = hub_home
+    code, _, err = _cli(capsys, "passkey", "hf:nobody/nothing", "--lengths", "16", "--device", "cpu",
+                        "--out", str(tmp_path / "r"), "--quiet")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert str(home / "hub" / "models--nobody--nothing") in err and "HF_HUB_OFFLINE" in err
+    assert not (tmp_path / "r").exists() or not list((tmp_path / "r").glob("*.parquet"))
+
+
 def _smollm2_gguf() -> Path:
     import importlib.util
 

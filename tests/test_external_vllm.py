@@ -239,3 +239,29 @@ def test_a_vllm_run_sends_each_request_in_one_call_and_rows_match_one_at_a_time(
     assert calls_one == [1] * len(one)
     assert (one["request_digest"] == batched["request_digest"]).all()
     assert (one["nll"] == batched["nll"]).all() and (one["n_scored"] == batched["n_scored"]).all()
+
+
+def test_a_cached_hub_id_opens_from_its_snapshot_and_its_commit_is_its_identity(fake_vllm, tmp_path, monkeypatch):
+    from hub_cache import cache_snapshot, commit_sha
+
+    folder, model = fake_vllm
+    home = tmp_path / "hf-home"
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    main = cache_snapshot(home / "hub", "tiny-org/tiny-llama", folder, commit_sha("main"), ("main",))
+    v2 = cache_snapshot(home / "hub", "tiny-org/tiny-llama", folder, commit_sha("v2"), ("v2",))
+    first = open_backend("vllm:tiny-org/tiny-llama", RunOptions())
+    second = open_backend("vllm:tiny-org/tiny-llama@v2", RunOptions())
+    assert (first.model_path, first.info.model_revision) == (str(main), main.name)
+    assert (second.model_path, second.info.model_revision) == (str(v2), v2.name)
+    assert first.info.model_hash != second.info.model_hash  # identical files, two commits: two models
+    assert open_backend(f"vllm:{folder}", RunOptions()).info.model_revision is None
+    prompt = [5 + i for i in range(12)]
+    with torch.no_grad():
+        greedy = model.generate(torch.tensor([[1] + prompt]), max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert second.generate(prompt, 4) == greedy[0, len(prompt) + 1 :].tolist()  # vLLM ran the snapshot
+    with pytest.raises(BamctlError, match="models--tiny-org--missing"):
+        open_backend("vllm:tiny-org/missing", RunOptions())

@@ -61,3 +61,20 @@ def test_version_1_rows_read_into_version_2_columns(tmp_path):
     assert ruler["needle_depth"] == 0.4375
     assert frame[frame["protocol"] == "exact"].iloc[0]["depth"] == 0.25
     assert len(ResultStore(tmp_path).done_keys()) == 7
+
+
+def test_version_6_rows_read_with_a_null_model_revision_and_keep_their_keys(tmp_path):
+    from results_fakes import fake_row
+
+    from bamctl.results.schema import SCHEMA, row_key, rows_to_table
+
+    row = fake_row()
+    v6 = rows_to_table([row]).drop_columns(["model_revision"])
+    v6 = v6.replace_schema_metadata({**SCHEMA.metadata, VERSION_KEY: b"6"})
+    pq.write_table(v6, tmp_path / "part-00000000000000000001-a.parquet")
+    store = ResultStore(tmp_path)
+    table = store.read_table()
+    assert table.column("model_revision").null_count == 1 == table.num_rows
+    # unlike the versions before 6, its request digest and compute version stay: it can be reused
+    (key, stored), = store.done_requests().items()
+    assert key == row_key(row) and (stored.request_digest, stored.compute_version) == ("rq-passkey-1024-0.5-0-0", "cv-1")

@@ -40,6 +40,7 @@ class ModelInfo:
     ssmax: bool
     train_length: int
     rope_scaling: str | None = None  # "yarn:8" when RoPE was scaled at inference
+    model_revision: str | None = None  # the Hub commit sha of an hf:/vllm: model named by its Hub id
 
 
 @dataclass(frozen=True)

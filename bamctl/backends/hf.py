@@ -21,14 +21,14 @@ Answers the three request kinds with the model's own forward:
   scoring only; perplexity always reads raw text).
 
 ``PATH`` is a folder with ``config.json`` (``save_pretrained`` output), or a ``.gguf``
-file (or a folder holding exactly one), which transformers dequantises on load.
-Nothing is downloaded: loading is ``local_files_only``.
+file (or a folder holding exactly one), which transformers dequantises on load; or a Hub
+id, ``ORG/NAME[@REVISION]``, found in (or, online, downloaded into) the Hugging Face cache
+by ``bamctl.backends.hub``. Loading itself is ``local_files_only``, from that folder.
 """
 
 from __future__ import annotations
 
 import inspect
-from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
@@ -40,10 +40,9 @@ from bamctl.backends.hf_common import (
     RequestShaper,
     ShapedBackend,
     estimate_bytes,
+    find_model,
     import_transformers,
-    locate,
     max_positions,
-    model_fingerprint,
     positional_encoding,
     trained_length,
 )
@@ -80,7 +79,8 @@ class HFBackend(ShapedBackend):
         import_transformers()
         from transformers import AutoModelForCausalLM
 
-        folder, gguf_file = locate(Path(reference).expanduser())
+        files = find_model(reference)
+        folder, gguf_file = files.folder, files.gguf_file
         device = resolve_device(options.device)
         dtype = resolve_dtype(options.dtype, device)
         kwargs = {"local_files_only": True, **({"gguf_file": gguf_file} if gguf_file else {})}
@@ -95,7 +95,7 @@ class HFBackend(ShapedBackend):
             raise BamctlError(f"hf: cannot load {reference}: {str(err).splitlines()[0]}") from None
         self.model = model.to(device=device, dtype=dtype).eval()
         self.tokenizer = model_tokenizer(folder, gguf_file, options.tokenizer, reference)
-        name = gguf_file.removesuffix(".gguf") if gguf_file else folder.resolve().name
+        name = files.name
         config = self.model.config
         rope_label = None if options.rope_scaling is None else f"{options.rope_scaling}:{options.rope_factor:g}"
         limit = max_positions(config)
@@ -110,11 +110,12 @@ class HFBackend(ShapedBackend):
         self.keep_arg = next((n for n in ("logits_to_keep", "num_logits_to_keep") if n in parameters), None)
         self.info = ModelInfo(
             name=name,
-            model_hash=scaled_hash(model_fingerprint(folder, gguf_file)[:16], rope_label),
+            model_hash=scaled_hash(files.model_hash(), rope_label),
             pe=positional_encoding(config),
             ssmax=False,
             train_length=trained_length(config, limit),
             rope_scaling=rope_label,
+            model_revision=files.revision,
         )
         self.device = str(device)
         self.dtype = str(dtype).removeprefix("torch.")

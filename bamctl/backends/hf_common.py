@@ -1,6 +1,6 @@
 """Hugging Face plumbing shared by the ``hf:`` and ``vllm:`` back-ends.
 
-Finding a model folder or GGUF file, fingerprinting its weights, reading what its config
+Finding a model folder or GGUF file (a local path, or a Hub id through ``hub``), fingerprinting its weights, reading what its config
 says about length and positions, the ``--beyond-max`` policy, and what goes in front of
 a request (one BOS in base mode, or the chat template). Nothing here loads a model.
 """
@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from bamctl.backends.base import ALL_TOKENS, BEYOND_MAX, Backend, Fitting
 from bamctl.errors import BamctlError
+from bamctl.fingerprints import digest
 
 INSTALL_HINT = "pip install 'bamctl[hf]'"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
@@ -44,6 +46,33 @@ def locate(path: Path) -> tuple[Path, str | None]:
         return path, ggufs[0].name
     what = f"{len(ggufs)} .gguf files; name one" if ggufs else "no config.json and no .gguf file"
     raise BamctlError(f"hf: {path} is not a Hugging Face model folder ({what})")
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """A reference's model, found: its folder, GGUF file, the name messages give it, and the Hub
+    commit it came from (None for a local path)."""
+
+    folder: Path
+    gguf_file: str | None
+    name: str
+    revision: str | None = None
+
+    def model_hash(self) -> str:
+        """The weights' and configs' fingerprint; with a Hub commit, of that commit too: two
+        revisions are two models even where their files are equal (the commit is what was asked)."""
+        weights = model_fingerprint(self.folder, self.gguf_file)[:16]
+        return weights if self.revision is None else digest([weights, "revision", self.revision])
+
+
+def find_model(reference: str) -> ModelFiles:
+    """The files of ``reference``: an existing path, else a Hub id from the cache (``bamctl.backends.hub``)."""
+    from bamctl.backends.hub import resolve
+
+    source = resolve(reference)
+    folder, gguf_file = locate(source.path)
+    name = source.repo_id or (gguf_file.removesuffix(".gguf") if gguf_file else folder.resolve().name)
+    return ModelFiles(folder, gguf_file, name, source.revision)
 
 
 # Config files beside the weights that change what the model computes or emits (a GGUF holds its own).
@@ -250,7 +279,8 @@ class ShapedBackend(Backend):
 def read_config(reference: str):
     """The model's Hugging Face config (local files only), and its folder and GGUF file name."""
     transformers = import_transformers()
-    folder, gguf_file = locate(Path(reference).expanduser())
+    files = find_model(reference)
+    folder, gguf_file = files.folder, files.gguf_file
     try:
         config = transformers.AutoConfig.from_pretrained(
             str(folder), local_files_only=True, **({"gguf_file": gguf_file} if gguf_file else {})

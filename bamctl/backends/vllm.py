@@ -1,6 +1,6 @@
 """``vllm:PATH``: the ``hf:`` interface through vLLM, for GPUs and models larger than one.
 
-Same model folders, tokenizer, base/chat modes, BOS rule and ``--beyond-max`` policy as
+Same model folders and Hub ids, tokenizer, base/chat modes, BOS rule and ``--beyond-max`` policy as
 ``bamctl.backends.hf`` (``bamctl.backends.hf_common``). Differences:
 
 - greedy decoding is ``SamplingParams(temperature=0)``; teacher-forced scoring and
@@ -25,7 +25,6 @@ import gc
 import os
 from contextlib import contextmanager
 import sys
-from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -35,9 +34,8 @@ from bamctl.backends.hf_common import (
     LengthPolicy,
     RequestShaper,
     ShapedBackend,
-    locate,
+    find_model,
     max_positions,
-    model_fingerprint,
     positional_encoding,
     trained_length,
 )
@@ -90,7 +88,8 @@ class VLLMBackend(ShapedBackend):
         self.vllm = import_vllm()
         from transformers import AutoConfig
 
-        folder, gguf_file = locate(Path(reference).expanduser())
+        files = find_model(reference)
+        folder, gguf_file = files.folder, files.gguf_file
         if options.dtype not in DTYPES:
             raise BamctlError(f"unknown dtype {options.dtype!r}; use one of {', '.join(DTYPES)}")
         self.model_path = str(folder / gguf_file) if gguf_file else str(folder)
@@ -100,7 +99,7 @@ class VLLMBackend(ShapedBackend):
             config = AutoConfig.from_pretrained(str(folder), local_files_only=True, **({"gguf_file": gguf_file} if gguf_file else {}))
         except (OSError, ValueError) as err:
             raise BamctlError(f"vllm: cannot read the config of {reference}: {str(err).splitlines()[0]}") from None
-        name = gguf_file.removesuffix(".gguf") if gguf_file else folder.resolve().name
+        name = files.name
         self.limit = max_positions(config)
         self.lengths = LengthPolicy(name, self.limit, options.beyond_max)
         self.shaper = RequestShaper(self.tokenizer, options.chat_template, options.bos)
@@ -112,10 +111,11 @@ class VLLMBackend(ShapedBackend):
             self.stop_ids.add(self.tokenizer.eos_id)
         self.info = ModelInfo(
             name=name,
-            model_hash=model_fingerprint(folder, gguf_file)[:16],
+            model_hash=files.model_hash(),
             pe=positional_encoding(config),
             ssmax=False,
             train_length=trained_length(config, self.limit),
+            model_revision=files.revision,
         )
         self.device = "cuda"
         self.dtype = ran_dtype(self.vllm_dtype, config)

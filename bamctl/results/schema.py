@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 VERSION_KEY = b"bamctl.schema_version"
 
 
@@ -37,6 +37,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("model", pa.string(), False, "model name as the user gave it"),
     Column("request_digest", pa.string(), True, "digest of exactly what the sample asked of the model: the ids fed, the answer fed after them and its scored targets (or the scored spans), the generation budget, the request kind and metric, what the back-end put around the prompt (BOS, chat template); a row is reused only for the same digest; null before version 6 (such rows are recomputed)"),
     Column("model_hash", pa.string(), False, "hash of the model weights and every config field that changes its forward pass (bamctl checkpoints: config.json's `model` table; the authors' checkpoints: the config read from args.json, prior form included; hf:/vllm:: config.json and generation_config.json), and of `rope_scaling` when RoPE is scaled at inference (another model); a renamed folder keeps it; identifies the model"),
+    Column("model_revision", pa.string(), True, "the Hub commit sha of an hf:/vllm: model named by its Hub id (`hf:ORG/NAME[@REVISION]`, resolved through the Hugging Face cache); also in `model_hash`, so two revisions never share rows, even with identical weights; null for local folders, bamctl's own models and rows before version 7"),
     Column("backend", pa.string(), True, "the back-end that computed the row: native (bamctl's engine), authors (bam:), hf, vllm; part of the model's identity (an hf and a vLLM run of one checkpoint are two models); null before version 6"),
     Column("compute_version", pa.string(), True, "digest of the code and library versions that turned the request into the row's number (the back-end's module and every bamctl module it reaches, its C++ kernel, the scoring code; torch, transformers, vLLM versions); a docstring or comment edit does not move it; a rerun under another one recomputes unless `--reuse`; null before version 6"),
     Column("pe", pa.string(), False, "positional encoding (rope, alibi, nope, bam, ...)"),
@@ -187,6 +188,10 @@ def upgrade(table: pa.Table, version: int) -> pa.Table:
 
     Before version 6 no row said which request and code computed it (``request_digest``,
     ``compute_version``, ``backend``, ``draw`` read as null): such rows are shown, never reused.
+
+    Before version 7 no model was named by its Hub id, so every row's ``model_revision`` is null
+    (a local folder or bamctl's own model) and its identity is unchanged: such a row is reused
+    as any other, when its request digest and compute version match.
     """
     if version < 5 and "fingerprint" in table.column_names:
         table = table.set_column(table.column_names.index("fingerprint"), "fingerprint", pa.nulls(table.num_rows, pa.string()))
@@ -194,7 +199,8 @@ def upgrade(table: pa.Table, version: int) -> pa.Table:
         if version < 6 and name in table.column_names:
             table = table.set_column(table.column_names.index(name), name, pa.nulls(table.num_rows, pa.string()))
     if version >= 2:
-        return table  # version 2 lacked `fingerprint`, version 3 `rope_scaling`: both read as null
+        # version 2 lacked `fingerprint`, version 3 `rope_scaling`, version 6 `model_revision`: all read as null
+        return table
     rows = table.to_pylist()
     for row in rows:
         old, variant = row.pop("protocol"), row.pop("variant")
