@@ -9,6 +9,7 @@ median of the calls after it.
     python bench/gpu_bench.py deps
     python bench/gpu_bench.py attention --out OUT --lengths 16k,64k
     python bench/gpu_bench.py passkey --out OUT --lengths 32k,512k --preset l12
+    python bench/gpu_bench.py batches --out OUT --lengths 4k --preset l12
     python bench/gpu_bench.py tests --out OUT --junit OUT/cuda-tests.xml
 
 ``attention``: the engine's FlexAttention kernel with a BAM prior and SSMax against torch's
@@ -229,6 +230,57 @@ def passkey(args) -> int:
     return 0
 
 
+def batches(args) -> int:
+    """Passkey tokens/s at one length, one request per call against ``--batch-size auto``'s batches."""
+    import torch
+
+    from bamctl.backends.base import auto_batch_size
+    from bamctl.checkpoint import new_random_model
+    from bamctl.engine.stream import StreamingEngine
+    from bamctl.lengths import parse_lengths
+    from bamctl.model import ModelConfig
+    from bamctl.tasks import generate_samples
+    from bamctl.tokenizer import get_tokenizer
+
+    config = ModelConfig.from_preset(args.preset, "bam-ssmax", train_length=512)
+    model = new_random_model(config, seed=0)
+    engine = StreamingEngine(model, device=args.device, dtype=args.dtype, chunk_size=args.chunk_size, attention=args.attention)
+    tokenizer = get_tokenizer(config.tokenizer)
+    table = Table(
+        args.out, "batches",
+        f"passkey tokens/s, B = 1 against --batch-size auto, random {args.preset} BAM+SSMax, "
+        f"{str(engine.dtype).removeprefix('torch.')}, {engine.attention} attention, chunk {args.chunk_size}, "
+        f"{_device_name(engine.device)}; {args.prompts} prompts per length, warm (after one cold pass each)",
+        ["length", "auto batch", "B=1 tok/s", "auto tok/s", "auto / B=1", "same answers"],
+    )
+    for n in parse_lengths(args.lengths):
+        samples = list(generate_samples("passkey", [n], args.prompts, 0, tokenizer, [0.5]))
+        requests = [(s.input_ids, s.target_ids) for s in samples]
+        tokens = sum(len(p) + len(t) for p, t in requests)
+        each = len(requests[0][0]) + len(requests[0][1])  # exact protocol: every prompt of a length is as long
+        auto = auto_batch_size(each, engine.largest_batch(each), engine.device.type)
+
+        def passes(batch):
+            out = []
+            for lo in range(0, len(requests), batch):
+                out += engine.score_continuations(requests[lo : lo + batch])
+            return out
+
+        answers = {}
+        seconds = {}
+        for batch in (1, auto):
+            passes(batch)  # cold: compilation and allocation
+            _sync(engine.device)
+            start = time.perf_counter()
+            answers[batch] = passes(batch)
+            _sync(engine.device)
+            seconds[batch] = time.perf_counter() - start
+        same = sum(a[0] == b[0] for a, b in zip(answers[1], answers[auto]))
+        table.add(**{"length": n, "auto batch": auto, "B=1 tok/s": tokens / seconds[1], "auto tok/s": tokens / seconds[auto],
+                     "auto / B=1": seconds[1] / seconds[auto], "same answers": f"{same}/{len(requests)}"})
+    return 0
+
+
 def _device_name(device) -> str:
     import torch
 
@@ -281,6 +333,14 @@ def main(argv: list[str] | None = None) -> int:
     pk.add_argument("--dtype", default="auto")
     pk.add_argument("--matmul-size", type=int, default=8192, help="side of the timed bf16 matmul")
 
+    bt = commands.add_parser("batches", parents=[common], help="passkey tokens/s, B = 1 against --batch-size auto")
+    bt.add_argument("--lengths", default="4k")
+    bt.add_argument("--preset", default="l12")
+    bt.add_argument("--prompts", type=int, default=32)
+    bt.add_argument("--chunk-size", type=int, default=8192)
+    bt.add_argument("--attention", default="auto")
+    bt.add_argument("--dtype", default="auto")
+
     ts = commands.add_parser("tests", help="the pytest phase's JUnit XML as a table")
     ts.add_argument("--out", type=Path, required=True)
     ts.add_argument("--junit", type=Path, required=True)
@@ -290,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         from bamctl.devices import resolve_device
 
         args.device = str(resolve_device("auto"))
-    return {"deps": deps, "attention": attention, "passkey": passkey, "tests": tests}[args.command](args)
+    return {"deps": deps, "attention": attention, "passkey": passkey, "batches": batches, "tests": tests}[args.command](args)
 
 
 if __name__ == "__main__":

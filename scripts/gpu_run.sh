@@ -10,6 +10,7 @@
 #   tests      pytest -m cuda: attention paths against a float32 reference, auto, an authors' checkpoint, bf16
 #   attention  FlexAttention BAM+SSMax against SDPA (causal, no bias) at 16k and 64k
 #   passkey    a random l12 BAM+SSMax on passkey at 32k and 512k against the FLOP floor (bf16 matmul measured)
+#   batches    the same model's passkey tokens/s at 4k, one request per call against --batch-size auto
 # OUTDIR/summary.md lists each phase's exit status and seconds. A failed phase does not stop the next;
 # the run exits 1 when any phase was short of ok.
 # The source tree is first on PYTHONPATH, so every phase runs this checkout even if the install fails.
@@ -29,13 +30,15 @@ if [ "$DRY" = 1 ]; then
   INSTALL="--dry-run"  # pip resolves and builds, installs nothing: the environment stays as it is
   ATTENTION=(--device cpu --lengths 512,1k --heads 2 --head-dim 48 --dtype float32 --repeats 1)
   PASSKEY=(--device cpu --preset tiny --lengths 512,1k --chunk-size 256 --matmul-size 256 --repeats 1)
-  : "${TIMEOUT_INSTALL:=120}" "${TIMEOUT_TESTS:=900}" "${TIMEOUT_ATTENTION:=600}" "${TIMEOUT_PASSKEY:=300}"
+  BATCHES=(--device cpu --preset tiny --lengths 512 --prompts 4 --chunk-size 256)
+  : "${TIMEOUT_INSTALL:=120}" "${TIMEOUT_TESTS:=900}" "${TIMEOUT_ATTENTION:=600}" "${TIMEOUT_PASSKEY:=300}" "${TIMEOUT_BATCHES:=300}"
 else
   INSTALL=""
   ATTENTION=(--lengths 16k,64k --repeats 3)
   PASSKEY=(--preset l12 --lengths 32k,512k --chunk-size 8192 --repeats 1)
-  # 545 s at most, under a 600 s limit on one command; the tests compile ~10 FlexAttention kernels, passkey ~10
-  : "${TIMEOUT_INSTALL:=45}" "${TIMEOUT_TESTS:=200}" "${TIMEOUT_ATTENTION:=90}" "${TIMEOUT_PASSKEY:=210}"
+  BATCHES=(--preset l12 --lengths 4k --prompts 32 --chunk-size 8192)
+  # 555 s at most, under a 600 s limit on one command; the tests compile ~10 FlexAttention kernels, passkey ~10
+  : "${TIMEOUT_INSTALL:=45}" "${TIMEOUT_TESTS:=170}" "${TIMEOUT_ATTENTION:=90}" "${TIMEOUT_PASSKEY:=190}" "${TIMEOUT_BATCHES:=60}"
 fi
 
 FAILED=0
@@ -74,6 +77,7 @@ run_phase install "$TIMEOUT_INSTALL" bash -c install
 run_phase cuda-tests "$TIMEOUT_TESTS" bash -c cuda_tests
 run_phase attention "$TIMEOUT_ATTENTION" "$PYTHON" bench/gpu_bench.py attention --out "$OUT" "${ATTENTION[@]}"
 run_phase passkey "$TIMEOUT_PASSKEY" "$PYTHON" bench/gpu_bench.py passkey --out "$OUT" "${PASSKEY[@]}"
+run_phase batches "$TIMEOUT_BATCHES" "$PYTHON" bench/gpu_bench.py batches --out "$OUT" "${BATCHES[@]}"
 printf '\n== summary (%s)\n' "$OUT"
 cat "$OUT/summary.md"
 exit "$FAILED"

@@ -55,6 +55,18 @@ def test_passkey_phase_writes_its_table_with_the_floor(gpu_bench, tmp_path):
     assert "| 256 |" in (tmp_path / "passkey.md").read_text()
 
 
+def test_batches_phase_runs_one_request_per_call_and_auto_on_the_same_prompts(gpu_bench, tmp_path):
+    code = gpu_bench.main([
+        "batches", "--out", str(tmp_path), "--device", "cpu", "--preset", "micro", "--lengths", "256",
+        "--prompts", "3", "--chunk-size", "128", "--attention", "blockwise",
+    ])
+    assert code == 0
+    (row,) = json.loads((tmp_path / "batches.json").read_text())["rows"]
+    assert row["length"] == 256 and row["auto batch"] > 1
+    assert row["same answers"] == "3/3"  # a batch answers as its prompts do alone
+    assert row["auto / B=1"] == pytest.approx(row["auto tok/s"] / row["B=1 tok/s"])
+
+
 def test_tests_phase_reads_the_junit_report(gpu_bench, tmp_path):
     junit = tmp_path / "report.xml"
     junit.write_text(
@@ -87,16 +99,16 @@ def test_deps_names_what_is_missing_and_never_torch(gpu_bench, monkeypatch):
 
 
 def test_run_script_times_each_phase_out_and_still_writes_the_summary(tmp_path):
-    limits = {f"TIMEOUT_{phase}": "0.2" for phase in ("INSTALL", "TESTS", "ATTENTION", "PASSKEY")}
+    limits = {f"TIMEOUT_{phase}": "0.2" for phase in ("INSTALL", "TESTS", "ATTENTION", "PASSKEY", "BATCHES")}
     env = {**os.environ, **limits, "PYTHON": sys.executable}
     done = subprocess.run(["bash", "scripts/gpu_run.sh", str(tmp_path), "--dry-run"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
     rows = [line.split("|")[1:-1] for line in (tmp_path / "summary.md").read_text().splitlines()[2:]]
     assert [(name.strip(), rc.strip(), status.strip()) for name, rc, _, status in rows] == [
-        (phase, "124", "timed out") for phase in ("install", "cuda-tests", "attention", "passkey")
+        (phase, "124", "timed out") for phase in ("install", "cuda-tests", "attention", "passkey", "batches")
     ]
     assert done.returncode == 1, done.stdout  # any phase short of ok fails the run
-    assert all((tmp_path / f"{phase}.log").is_file() for phase in ("install", "cuda-tests", "attention", "passkey"))
+    assert all((tmp_path / f"{phase}.log").is_file() for phase in ("install", "cuda-tests", "attention", "passkey", "batches"))
 
 
 def test_gpu_check_prints_its_results_with_a_real_command(tmp_path, capsys):
