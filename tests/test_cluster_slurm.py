@@ -100,3 +100,21 @@ def test_slurm_shards_give_exactly_the_rows_and_the_table_of_one_process(slurm, 
     assert len(_raw(out)) == ROWS  # nothing doubled
     assert captured.out == table
     assert "shards: 2 done" in captured.err
+
+
+@pytest.mark.parametrize("array, expected", [("1-2", {"1": "0/2", "2": "1/2"}),
+                                             ("0-2:2", {"0": "0/2", "2": "1/2"})])
+def test_shard_auto_in_an_offset_or_stepped_array(slurm, tmp_path, array, expected):
+    """What Slurm itself sets in an array's tasks, read by --shard auto: one shard per task, none outside."""
+    import sys
+    import time
+
+    probe = (f"{sys.executable} -c 'import os; from bamctl.cluster.shards import shard_from_environment as s; "
+             "(i, n), _ = s(os.environ); print(f\"{i}/{n}\")'")
+    slurm.run("sbatch", f"--array={array}", "--cpus-per-task=1", f"--output={tmp_path}/%a.out", "--wrap", probe)
+    for _ in range(120):
+        outputs = {p.stem: p.read_text().strip() for p in tmp_path.glob("*.out")}
+        if len(outputs) == len(expected) and all(outputs.values()):
+            break
+        time.sleep(0.5)
+    assert outputs == expected
