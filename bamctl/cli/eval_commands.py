@@ -69,6 +69,7 @@ def run_models(
 
     from bamctl.backends import open_backend, peek_backend
     from bamctl.cluster import sweep
+    from bamctl.cli.sweep_plans import model_plans
     from bamctl.cluster.shards import shard_option
     from bamctl.evaluate import Evaluation, new_run_id
     from bamctl.results.store import ResultStore
@@ -92,7 +93,7 @@ def run_models(
         _refuse_mixed_vocabularies(names, peeks)
     if asked.lengths is None:
         _say_planned_lengths(requests, plans, peeks)
-    shard_run = sweep.enter(ev.out, sweep.describe(models, requests, plans, run.asked()), shard_of)
+    shard_run = sweep.enter(ev.out, sweep.describe(models, requests, model_plans(requests, peeks), run.asked()), shard_of)
     store = ResultStore(ev.out)
     store.ensure_writable()
     if ev.quiet:

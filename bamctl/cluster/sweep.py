@@ -2,7 +2,8 @@
 
 A sweep is what decides which rows a command makes and what they hold: the models as
 given, each task request (task, protocol, lengths, samples, seeds, depths, generator
-options, and the prompts' fingerprint) and the engine options asked for. Its id is the
+options) with, per model, the fingerprint of the prompts that model runs (its protocol
+resolved with its tokenizer, ``bamctl.cli.sweep_plans``), and the engine options asked for. Its id is the
 fingerprint of that description; how many shards run it is not part of it.
 
 A sharded run (``--shard I/N`` with N > 1, ``--shard auto``, or a shard of ``bamctl
@@ -49,11 +50,12 @@ class SweepPlanned(Exception):
         self.description, self.out = description, out
 
 
-def describe(models: Sequence[str], requests: Sequence[Any], plans: Sequence[Any], engine: dict) -> dict:
-    """The description of a sweep, from what ``run_models`` checked (JSON-able)."""
+def describe(models: Sequence[str], requests: Sequence[Any], plans: Sequence[Sequence[dict]], engine: dict) -> dict:
+    """The description of a sweep, from what ``run_models`` checked (JSON-able). ``plans[r][m]``
+    maps each protocol model ``m`` may run for request ``r`` to that plan's fingerprint."""
     return {
         "models": list(models),
-        "requests": [{**asdict(request), "fingerprint": plan.fingerprint} for request, plan in zip(requests, plans)],
+        "requests": [{**asdict(request), "plans": dict(zip(models, per_model))} for request, per_model in zip(requests, plans)],
         "engine": dict(sorted(engine.items())),
     }
 
@@ -77,17 +79,24 @@ def differences(given: dict, here: dict, prefix: str = "") -> list[str]:
     return [] if given == here else [f"{prefix}: {given!r} -> {here!r}"]
 
 
-def _requests_share_keys(a: dict, b: dict) -> bool:
-    same = all(a[k] == b[k] for k in ("task", "protocol", "options", "fingerprint"))
+def _plans(request: dict, model: str) -> set[tuple[str, str]]:
+    """(protocol, fingerprint) pairs ``model`` may run for ``request``; a manifest written before
+    per-model plans holds one fingerprint for all models."""
+    if "plans" in request:
+        return set(request["plans"].get(model, {}).items())
+    return {(request["protocol"], request["fingerprint"])}
+
+
+def _requests_share_keys(a: dict, b: dict, models: set[str]) -> bool:
+    same = a["task"] == b["task"] and a["options"] == b["options"] and any(_plans(a, m) & _plans(b, m) for m in models)
     depths_apart = a["depths"] is not None and b["depths"] is not None and not set(a["depths"]) & set(b["depths"])
     return same and not depths_apart and bool(set(a["seeds"]) & set(b["seeds"])) and bool(set(a["lengths"]) & set(b["lengths"]))
 
 
 def share_keys(a: dict, b: dict) -> bool:
     """Whether two sweeps would write rows under the same resume keys."""
-    return bool(set(a["models"]) & set(b["models"])) and any(
-        _requests_share_keys(ra, rb) for ra in a["requests"] for rb in b["requests"]
-    )
+    models = set(a["models"]) & set(b["models"])
+    return bool(models) and any(_requests_share_keys(ra, rb, models) for ra in a["requests"] for rb in b["requests"])
 
 
 @dataclass(frozen=True)
