@@ -45,6 +45,7 @@ if [ -s "$DIR/pids" ]; then
 fi
 
 mkdir -p "$DIR"/{munge,state,spool,log}
+chmod 755 "$DIR"  # MariaDB runs as user mysql and must reach its data folder in here
 chmod 700 "$DIR/munge"
 : > "$DIR/pids"   # one "name pid" line per daemon started, in start order
 started() { echo "$1 $2" >> "$DIR/pids"; }
