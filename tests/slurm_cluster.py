@@ -49,7 +49,7 @@ def _free_port() -> int:
 def why_not(accounting: bool) -> str | None:
     """Why no Slurm can be started here; None when one can."""
     if os.geteuid() != 0:
-        return "a Slurm of its own needs root (slurmd starts jobs as their user); run as root, as .ci/run does"
+        return "a Slurm of its own needs root (slurmd starts jobs as their user); run the slurm tests as root"
     for mode in {False, accounting}:
         missing = [tool for tool in NEEDED[mode] if shutil.which(tool) is None]
         if missing:

@@ -10,6 +10,8 @@ counts as failed just like one that raised. Whether a Slurm job is alive comes f
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import time
 from collections.abc import Callable
@@ -121,7 +123,8 @@ def submit_shards(executor: Any, job: Callable, args_for: Callable[[int], tuple]
     """One job per shard index, as one Slurm array where the executor makes arrays; sbatch's
     refusal (an unknown option; a partition, account, QOS or GRES the cluster lacks) as one line."""
     try:
-        with executor.batch():
+        # submitit echoes sbatch's stderr on a refusal; the one line below says it instead
+        with contextlib.redirect_stderr(io.StringIO()), executor.batch():
             jobs = [executor.submit(job, *args_for(index)) for index in indices]
     except Exception as err:  # noqa: BLE001 - submitit raises its own types around sbatch's output
         raise BamctlError(f"sbatch refuses these shards: {slurm.first_error(str(err)) or type(err).__name__}") from None
