@@ -170,6 +170,9 @@ def test_ctrl_c_cancels_the_jobs_or_leaves_them_for_a_rerun_to_attach_to(slurm, 
     err = capsys.readouterr().err
     kept = [entry["job"] for entry in _jobs(out).values()]
     assert "keep running" in err and set(kept).isdisjoint(first)
+    # another split of the same sweep would share their samples: refused while they run
+    assert run_cli("submit", "--shards", 3, "--executor", "slurm", *ONE_CORE, "--", *_compare(models, out)) == 2
+    assert "of a 2-shard submit of this sweep still run" in capsys.readouterr().err
     with hang_guard(300):
         assert run_sweep(_compare(models, out), 2, settings, queue_poll_s=1) == 0
     captured = capsys.readouterr()

@@ -123,6 +123,11 @@ def run_sweep(command: list[str], shards: int, settings, *, shard_job=run_shard,
         raise BamctlError("--keep-jobs needs Slurm: local shards are processes of this command and end with it")
     record = sweep.SweepRecord(out, sweep.sweep_id(description))
     todo = sorted(set(range(shards)) - record.finished_shards(shards))
+    for other in (n for n in record.split_counts() if n != shards):
+        live = submit.attach(executor, record.recorded_jobs(other))
+        if live:  # their samples are split otherwise: both splits running would compute some twice
+            raise BamctlError(f"jobs {', '.join(s.job_id for s in live)} of a {other}-shard submit of this sweep still run; "
+                              f"wait for them (bamctl submit --shards {other} ... attaches) or scancel them first")
     attached = submit.attach(executor, {i: job for i, job in record.recorded_jobs(shards).items() if i in todo})
     to_submit = [i for i in todo if i not in {shard.index for shard in attached}]
     if dry_run:
@@ -173,8 +178,11 @@ def _interrupted(executor, jobs, keep_jobs: bool) -> int:
              "for them (it attaches to them and submits nothing twice)")
     else:
         _say(f"interrupted: cancelling {len(live)} jobs ({', '.join(live)})")
-        submit.cancel(executor, jobs)
-        _say("cancelled; finished samples are kept: run the same command again to resume (--keep-jobs leaves jobs running)")
+        ending = submit.cancel(executor, jobs)
+        if ending:
+            _say(f"jobs {', '.join(ending)} are still ending: wait until squeue no longer lists them before running it again")
+        else:
+            _say("cancelled; finished samples are kept: run the same command again to resume (--keep-jobs leaves jobs running)")
     return EXIT_INTERRUPTED
 
 

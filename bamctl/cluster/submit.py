@@ -137,14 +137,17 @@ def attach(executor: Any, jobs: dict[int, dict]) -> list[ShardStatus]:
         return []
     from submitit.slurm.slurm import SlurmJob
 
-    queued = slurm.queue([entry["job"] for entry in jobs.values()]) or {}
+    queued = slurm.queue([entry["job"] for entry in jobs.values()])
+    if queued is None:  # resubmitting could run a live shard twice
+        raise BamctlError(f"cannot tell whether this sweep's jobs {', '.join(e['job'] for e in jobs.values())} still run: "
+                          "squeue did not answer; try again")
     return [ShardStatus(index, SlurmJob(folder=executor._executor.folder, job_id=entry["job"]), state=queued[entry["job"]].state)
             for index, entry in sorted(jobs.items()) if entry["job"] in queued]
 
 
 def cancel(executor: Any, shards: list[ShardStatus], *, wait_s: float = 60.0) -> list[str]:
     """Cancel the jobs of the shards still live and wait until they have left the queue, so that
-    none writes a row after this returns; their ids."""
+    none writes a row after this returns; the ids of those still ending after ``wait_s``."""
     live = [s for s in shards if s.live]
     ids = [s.job_id for s in live]
     deadline = time.monotonic() + wait_s
@@ -153,11 +156,13 @@ def cancel(executor: Any, shards: list[ShardStatus], *, wait_s: float = 60.0) ->
             shard.job.cancel(check=False)
         while time.monotonic() < deadline and not all(s.job.done() for s in live):
             time.sleep(0.2)
-    else:
-        slurm.cancel(ids)
-        while time.monotonic() < deadline and (slurm.queue(ids) or {}):
-            time.sleep(1.0)
-    return ids
+        return [s.job_id for s in live if not s.job.done()]
+    slurm.cancel(ids)
+    left = slurm.queue(ids)
+    while time.monotonic() < deadline and left != {}:
+        time.sleep(1.0)
+        left = slurm.queue(ids)
+    return sorted(left) if left is not None else ids
 
 
 def _update_slurm(shards: list[ShardStatus]) -> None:

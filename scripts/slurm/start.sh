@@ -58,7 +58,10 @@ wait_for() {  # wait_for WHAT SECONDS COMMAND...: until COMMAND succeeds
 
 # 1. munge, on its own key and socket (slurm.conf's AuthInfo points every daemon and command at it)
 SOCKET=$DIR/munge/munge.socket
-[ -s "$DIR/munge/munge.key" ] || mungekey --create --keyfile="$DIR/munge/munge.key"
+if [ ! -s "$DIR/munge/munge.key" ]; then
+  if command -v mungekey >/dev/null; then mungekey --create --keyfile="$DIR/munge/munge.key"
+  else head -c 1024 /dev/urandom > "$DIR/munge/munge.key"; fi  # munge before 0.5.14 has no mungekey
+fi
 chmod 600 "$DIR/munge/munge.key"
 munged --force --socket="$SOCKET" --key-file="$DIR/munge/munge.key" --pid-file="$DIR/munge/munged.pid" \
   --log-file="$DIR/log/munged.log" --seed-file="$DIR/munge/munged.seed"
