@@ -74,6 +74,7 @@ class SlurmManager:
         started = subprocess.run(["bash", str(START), *(["--accounting"] if accounting else []), str(folder)],
                                  env=env, capture_output=True, text=True, timeout=300)
         if started.returncode != 0:
+            shutil.rmtree(folder, ignore_errors=True)  # start.sh stopped what it had started
             pytest.fail(f"scripts/slurm/start.sh failed: {started.stderr.strip() or started.stdout.strip()}")
         self.current = Slurm(folder, accounting)
         return self.current
