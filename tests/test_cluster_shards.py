@@ -11,6 +11,13 @@ from bamctl.errors import BamctlError
     # no count: from MIN/MAX (and the step of --array=3-9:2, i.e. tasks 3,5,7,9)
     ({"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_MIN": "3", "SLURM_ARRAY_TASK_MAX": "6"}, (2, 4)),
     ({"SLURM_ARRAY_TASK_ID": "7", "SLURM_ARRAY_TASK_MIN": "3", "SLURM_ARRAY_TASK_MAX": "9", "SLURM_ARRAY_TASK_STEP": "2"}, (2, 4)),
+    # what Slurm 22.05 sets for --array=1-2 (task 2) and --array=0-2:2 (task 2): COUNT is no index bound
+    ({"SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_TASK_COUNT": "2", "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_MAX": "2",
+      "SLURM_ARRAY_TASK_STEP": "1"}, (1, 2)),
+    ({"SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_TASK_COUNT": "2", "SLURM_ARRAY_TASK_MIN": "0", "SLURM_ARRAY_TASK_MAX": "2",
+      "SLURM_ARRAY_TASK_STEP": "2"}, (1, 2)),
+    ({"SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_COUNT": "2", "SLURM_ARRAY_TASK_MIN": "0", "SLURM_ARRAY_TASK_MAX": "2",
+      "SLURM_ARRAY_TASK_STEP": "2"}, (0, 2)),
     # an array task carries SLURM_PROCID/NTASKS of its own one-task job too: the array decides
     ({"SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_TASK_COUNT": "3", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}, (1, 3)),
     ({"SLURM_PROCID": "3", "SLURM_NTASKS": "8"}, (3, 8)),
@@ -46,6 +53,7 @@ def test_auto_split_covers_every_slot_once():
     {"SLURM_ARRAY_TASK_ID": "x", "SLURM_ARRAY_TASK_COUNT": "4"},
     {"SLURM_ARRAY_TASK_ID": "4", "SLURM_ARRAY_TASK_COUNT": "4"},
     {"SLURM_ARRAY_TASK_ID": "2"},  # neither a count nor MIN/MAX
+    {"SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_TASK_MIN": "0", "SLURM_ARRAY_TASK_MAX": "2", "SLURM_ARRAY_TASK_STEP": "2"},
     {"RANK": "0", "WORLD_SIZE": "0"},
 ])
 def test_auto_refuses_a_broken_environment_by_name(env):

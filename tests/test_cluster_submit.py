@@ -90,6 +90,10 @@ def test_four_local_shards_give_exactly_the_rows_and_the_table_of_one_process(mo
     assert captured.out == table
     assert "shards: 4 done, 0 running, 0 waiting, 0 failed" in captured.err
     assert (tmp_path / "results-shards").is_dir()  # logs beside the results, never inside
+    shard_logs = list((tmp_path / "results-shards").glob("*_log.*"))
+    assert len(shard_logs) == 2 * 4  # stdout and stderr of each shard: no more jobs than shards
+    assert not any("accuracy" in log.read_text() or "plot written" in log.read_text() for log in shard_logs)  # no partial tables
+    assert len(ResultStore(out).part_files()) == 1  # compacted: one file, one row per key
 
 
 def test_a_killed_shard_is_named_and_only_it_is_resubmitted(models, one_process, tmp_path, capsys):
@@ -110,7 +114,7 @@ def test_a_killed_shard_is_named_and_only_it_is_resubmitted(models, one_process,
 
     assert run_cli("submit", "--shards", 4, "--executor", "local", "--logs", tmp_path / "logs", "--", *_compare(models, out)) == 0
     captured = capsys.readouterr()
-    assert "submitting 1 of 4 shards" in captured.err
+    assert "submitted 1 of 4 shards" in captured.err
     rows, table = one_process
     assert len(ResultStore(out).read_table(dedupe=False)) == ROWS  # the killed shard's first row was not redone
     assert stable(ResultStore(out).read()).equals(stable(rows))
@@ -133,7 +137,7 @@ def test_a_submitted_shard_refuses_a_sweep_other_than_the_one_submitted(models, 
     from bamctl.cli.submit_commands import plan_sweep
 
     out = tmp_path / "results"
-    description, planned_out = plan_sweep(_compare(models, out))
+    description, planned_out, _ = plan_sweep(_compare(models, out))
     record = sweep.claim(planned_out, description)
     with sweep.expecting(record.id):  # what a job of `bamctl submit` runs under
         assert run_cli(*_compare(models, out), "--samples", "1", "--quiet", "--shard", "0/2") == 2
@@ -185,3 +189,56 @@ def test_a_failed_shard_is_named_by_its_error_line(tmp_path):
     assert shard.last_error() == "error: --lengths reach 9,000 tokens, past m's maximum"
     log.write_text("submitit INFO (x) - Starting\n")  # killed: nothing of its own
     assert "killed" in shard.last_error()
+    # a Slurm time limit: the cause is submitit's line, not srun's report after it
+    log.write_text("submitit WARNING (x) - Bypassing signal SIGCONT\n"
+                   "submitit.core.utils.UncompletedJobError: Job not requeued because: timed-out and not checkpointable.\n"
+                   "submitit INFO (x) - Exiting after failure\n"
+                   "srun: error: vm: task 0: Exited with exit code 1\n")
+    assert shard.last_error() == "submitit.core.utils.UncompletedJobError: Job not requeued because: timed-out and not checkpointable."
+
+
+def _interrupt_when_running(line):
+    """Ctrl-C, as the user presses it while shards run."""
+    if ", 0 running" not in line:
+        raise KeyboardInterrupt
+
+
+def test_ctrl_c_cancels_the_local_shards_and_a_rerun_computes_nothing_twice(models, one_process, tmp_path, capsys):
+    from bamctl.cli.submit_commands import EXIT_INTERRUPTED, run_sweep
+
+    out = tmp_path / "results"
+    settings = JobSettings(executor="local", logs=tmp_path / "logs", minutes=10)
+    assert run_sweep(_compare(models, out), 2, settings, show=_interrupt_when_running) == EXIT_INTERRUPTED
+    err = capsys.readouterr().err
+    assert "interrupted: cancelling 2 jobs" in err
+    (jobs,) = [sweep.SweepRecord(out, r.id).recorded_jobs(2) for r in sweep.records(out)]
+    assert all(entry["job"] in err for entry in jobs.values())  # named by id
+    partial = len(ResultStore(out).read_table(dedupe=False))
+    assert partial < ROWS  # cancelled, not finished
+    assert run_cli("submit", "--shards", 2, "--executor", "local", "--logs", tmp_path / "logs", "--", *_compare(models, out)) == 0
+    rows, table = one_process
+    assert stable(ResultStore(out).read()).equals(stable(rows))
+    raw = ResultStore(out).read_table(dedupe=False).to_pandas()
+    assert not raw.duplicated(subset=KEYS).any()
+    assert capsys.readouterr().out == table
+
+
+def test_dry_run_and_status_write_nothing_and_show_the_shards(models, tmp_path, capsys):
+    out = tmp_path / "results"
+    assert run_cli("submit", "--shards", 2, "--executor", "local", "--dry-run", "--", *_compare(models, out)) == 0
+    captured = capsys.readouterr()
+    assert captured.out.count("--shard ") == 2 and "--shard 1/2" in captured.out
+    assert not out.exists()
+    assert run_cli("submit", "--status", out) == 2  # nothing recorded there
+    assert "holds no sweep" in capsys.readouterr().err
+    assert run_cli(*_compare(models, out), "--quiet", "--shard", "0/2") == 0  # one shard of two, run by hand
+    capsys.readouterr()
+    assert run_cli("submit", "--status", out) == 0
+    shown = capsys.readouterr().out
+    assert "0/2" in shown and "done" in shown and "1/2" in shown and "not submitted" in shown
+
+
+def test_submit_without_a_command_is_one_line_and_exit_2(capsys):
+    assert run_cli("submit") == 2
+    err = capsys.readouterr().err
+    assert "needs the evaluation command" in err and "Traceback" not in err

@@ -69,6 +69,7 @@ def run_models(
 
     from bamctl.backends import open_backend, peek_backend
     from bamctl.cluster import sweep
+    from bamctl.cli.sweep_plans import model_plans
     from bamctl.cluster.shards import shard_option
     from bamctl.evaluate import Evaluation, new_run_id
     from bamctl.results.store import ResultStore
@@ -93,7 +94,9 @@ def run_models(
         _refuse_mixed_vocabularies(names, peeks)
     if asked.lengths is None:
         _say_planned_lengths(requests, plans, peeks)
-    shard_run = sweep.enter(ev.out, sweep.describe(models, requests, plans, run.asked()), shard_of)
+    report = {"names": names, "json": ev.json, "threshold": threshold, "plot": plot and str(plot), "baseline": baseline}
+    shard_run = sweep.enter(ev.out, sweep.describe(models, requests, model_plans(requests, peeks), run.asked()), shard_of,
+                            report=report)
     store = ResultStore(ev.out)
     store.ensure_writable()
     if ev.quiet:
@@ -116,6 +119,12 @@ def run_models(
             covered |= _evaluate_model(evaluations, name, progress, ev, shard_of, prompts, notes, batch_size)
             del backend, evaluations  # one model in memory at a time
             gc.collect()
+    if shard_run.submitted:  # `bamctl submit` prints the whole sweep's table: no partial table or plot here
+        from bamctl.cli import shard_report
+
+        shard_run.save_report(shard_report.to_json(covered, names_by_identity, versions))
+        shard_run.finish()
+        return
     shard_run.finish()
     _report(store, covered, names_by_identity, names, json_output=ev.json, threshold=threshold, plot=plot,
             baseline=baseline, current_versions=versions)

@@ -37,14 +37,19 @@ def _integer(env: Mapping[str, str], name: str) -> int:
 
 
 def _slurm_array(env: Mapping[str, str]) -> tuple[Shard, str]:
+    """The task's place in its array. MIN/MAX/STEP first: ``--array=1-2`` or ``0-4:2`` numbers its
+    tasks 1, 2 or 0, 2, 4, so the task id is a shard index only once MIN is taken off and STEP
+    divided out; COUNT alone holds only for arrays that start at 0 with step 1."""
     task = _integer(env, "SLURM_ARRAY_TASK_ID")
+    if "SLURM_ARRAY_TASK_MIN" in env and "SLURM_ARRAY_TASK_MAX" in env:
+        low, high = _integer(env, "SLURM_ARRAY_TASK_MIN"), _integer(env, "SLURM_ARRAY_TASK_MAX")
+        step = _integer(env, "SLURM_ARRAY_TASK_STEP") if "SLURM_ARRAY_TASK_STEP" in env else 1
+        if step < 1 or (task - low) % step:
+            raise BamctlError(f"--shard auto: SLURM_ARRAY_TASK_ID={task} is not in the array {low}-{high}:{step}")
+        return ((task - low) // step, (high - low) // step + 1), "SLURM_ARRAY_TASK_ID within SLURM_ARRAY_TASK_MIN..MAX:STEP"
     if "SLURM_ARRAY_TASK_COUNT" in env:
         return (task, _integer(env, "SLURM_ARRAY_TASK_COUNT")), "SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT"
-    if "SLURM_ARRAY_TASK_MIN" not in env or "SLURM_ARRAY_TASK_MAX" not in env:
-        raise BamctlError("--shard auto: SLURM_ARRAY_TASK_ID is set but neither SLURM_ARRAY_TASK_COUNT nor SLURM_ARRAY_TASK_MIN/MAX")
-    low, high = _integer(env, "SLURM_ARRAY_TASK_MIN"), _integer(env, "SLURM_ARRAY_TASK_MAX")
-    step = _integer(env, "SLURM_ARRAY_TASK_STEP") if "SLURM_ARRAY_TASK_STEP" in env else 1
-    return ((task - low) // step, (high - low) // step + 1), "SLURM_ARRAY_TASK_ID within SLURM_ARRAY_TASK_MIN..MAX"
+    raise BamctlError("--shard auto: SLURM_ARRAY_TASK_ID is set but neither SLURM_ARRAY_TASK_MIN/MAX nor SLURM_ARRAY_TASK_COUNT")
 
 
 def _pair(index: str, count: str) -> Callable[[Mapping[str, str]], tuple[Shard, str]]:

@@ -2,13 +2,17 @@
 
 A sweep is what decides which rows a command makes and what they hold: the models as
 given, each task request (task, protocol, lengths, samples, seeds, depths, generator
-options, and the prompts' fingerprint) and the engine options asked for. Its id is the
+options) with, per model, the fingerprint of the prompts that model runs (its protocol
+resolved with its tokenizer, ``bamctl.cli.sweep_plans``), and the engine options asked for. Its id is the
 fingerprint of that description; how many shards run it is not part of it.
 
 A sharded run (``--shard I/N`` with N > 1, ``--shard auto``, or a shard of ``bamctl
 submit``) records its sweep in the results directory, ``OUT/_sweeps/ID.json``
 (hidden from every Parquet reader by its ``_``), and marks each shard that finished,
-``OUT/_sweeps/ID/done-I-of-N``. Before anything is written it refuses:
+``OUT/_sweeps/ID/done-I-of-N``. Under ``bamctl submit`` the same folder holds the jobs
+submitted (``jobs-of-N.json``: id and log of each shard's job, for a rerun to attach to and
+for ``bamctl submit --status``) and what each shard covered (``report-I-of-N.json``), from
+which ``submit`` prints the sweep's one table. Before anything is written it refuses:
 
 - a sweep other than the one ``bamctl submit`` gave it (the job's environment differs:
   another checkout, another corpus file, other options);
@@ -44,16 +48,17 @@ _planning: contextvars.ContextVar[bool] = contextvars.ContextVar("planning_sweep
 class SweepPlanned(Exception):
     """Raised instead of running, inside :func:`planning`: the command's sweep, checked and described."""
 
-    def __init__(self, description: dict, out: Path):
+    def __init__(self, description: dict, out: Path, report: dict | None = None):
         super().__init__("sweep planned")
-        self.description, self.out = description, out
+        self.description, self.out, self.report = description, out, report or {}
 
 
-def describe(models: Sequence[str], requests: Sequence[Any], plans: Sequence[Any], engine: dict) -> dict:
-    """The description of a sweep, from what ``run_models`` checked (JSON-able)."""
+def describe(models: Sequence[str], requests: Sequence[Any], plans: Sequence[Sequence[dict]], engine: dict) -> dict:
+    """The description of a sweep, from what ``run_models`` checked (JSON-able). ``plans[r][m]``
+    maps each protocol model ``m`` may run for request ``r`` to that plan's fingerprint."""
     return {
         "models": list(models),
-        "requests": [{**asdict(request), "fingerprint": plan.fingerprint} for request, plan in zip(requests, plans)],
+        "requests": [{**asdict(request), "plans": dict(zip(models, per_model))} for request, per_model in zip(requests, plans)],
         "engine": dict(sorted(engine.items())),
     }
 
@@ -77,17 +82,24 @@ def differences(given: dict, here: dict, prefix: str = "") -> list[str]:
     return [] if given == here else [f"{prefix}: {given!r} -> {here!r}"]
 
 
-def _requests_share_keys(a: dict, b: dict) -> bool:
-    same = all(a[k] == b[k] for k in ("task", "protocol", "options", "fingerprint"))
+def _plans(request: dict, model: str) -> set[tuple[str, str]]:
+    """(protocol, fingerprint) pairs ``model`` may run for ``request``; a manifest written before
+    per-model plans holds one fingerprint for all models."""
+    if "plans" in request:
+        return set(request["plans"].get(model, {}).items())
+    return {(request["protocol"], request["fingerprint"])}
+
+
+def _requests_share_keys(a: dict, b: dict, models: set[str]) -> bool:
+    same = a["task"] == b["task"] and a["options"] == b["options"] and any(_plans(a, m) & _plans(b, m) for m in models)
     depths_apart = a["depths"] is not None and b["depths"] is not None and not set(a["depths"]) & set(b["depths"])
     return same and not depths_apart and bool(set(a["seeds"]) & set(b["seeds"])) and bool(set(a["lengths"]) & set(b["lengths"]))
 
 
 def share_keys(a: dict, b: dict) -> bool:
     """Whether two sweeps would write rows under the same resume keys."""
-    return bool(set(a["models"]) & set(b["models"])) and any(
-        _requests_share_keys(ra, rb) for ra in a["requests"] for rb in b["requests"]
-    )
+    models = set(a["models"]) & set(b["models"])
+    return bool(models) and any(_requests_share_keys(ra, rb, models) for ra in a["requests"] for rb in b["requests"])
 
 
 @dataclass(frozen=True)
@@ -121,6 +133,42 @@ class SweepRecord:
     def finished_shards(self, count: int) -> set[int]:
         return {i for i in range(count) if self._mark(i, count).exists()}
 
+    @property
+    def folder(self) -> Path:
+        return self.out / SWEEPS_DIR / self.id
+
+    def _jobs_file(self, count: int) -> Path:
+        return self.folder / f"jobs-of-{count}.json"
+
+    def record_jobs(self, count: int, jobs: dict[int, dict]) -> None:
+        """Add the jobs just submitted (shard index -> {"job": id, "log": path}) to those recorded."""
+        merged = {**self.recorded_jobs(count), **jobs}
+        self.folder.mkdir(parents=True, exist_ok=True)
+        text = json.dumps({str(index): entry for index, entry in sorted(merged.items())}, indent=2)
+        atomic_write(self._jobs_file(count), lambda path: Path(path).write_text(text + "\n", encoding="utf-8"))
+
+    def recorded_jobs(self, count: int) -> dict[int, dict]:
+        try:
+            return {int(index): entry for index, entry in json.loads(self._jobs_file(count).read_text(encoding="utf-8")).items()}
+        except (OSError, ValueError):
+            return {}
+
+    def split_counts(self) -> list[int]:
+        """The shard counts this sweep was submitted or run with."""
+        names = [p.name for p in self.folder.iterdir()] if self.folder.is_dir() else []
+        counts = {int(n.rpartition("-of-")[2].removesuffix(".json")) for n in names if "-of-" in n}
+        return sorted(counts)
+
+    def save_report(self, shard: tuple[int, int], report: dict) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(report, default=str)
+        atomic_write(self.folder / f"report-{shard[0]}-of-{shard[1]}.json", lambda path: Path(path).write_text(text, encoding="utf-8"))
+
+    def reports(self, count: int) -> list[dict]:
+        """What each finished shard of an ``count``-way split covered, as its ``save_report`` wrote it."""
+        return [json.loads((self.folder / f"report-{i}-of-{count}.json").read_text(encoding="utf-8"))
+                for i in sorted(self.finished_shards(count)) if (self.folder / f"report-{i}-of-{count}.json").exists()]
+
     def finished(self) -> bool:
         """Every shard of some split of this sweep has finished."""
         folder = self.out / SWEEPS_DIR / self.id
@@ -133,8 +181,9 @@ def records(out: Path) -> list[SweepRecord]:
     return [SweepRecord(Path(out), p.stem) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
 
 
-def claim(out: Path, description: dict) -> SweepRecord:
-    """Record ``description`` in ``out`` unless an unfinished other sweep there shares its keys."""
+def check_claim(out: Path, description: dict) -> SweepRecord:
+    """The record ``description`` would have in ``out``; refused where an unfinished other sweep
+    there shares its keys. Writes nothing."""
     description = _normalised(description)
     record = SweepRecord(Path(out), sweep_id(description))
     for other in records(out):
@@ -147,7 +196,13 @@ def claim(out: Path, description: dict) -> SweepRecord:
                 f"differences: {'; '.join(differences(theirs, description)) or 'none'}. Run it with the same "
                 f"options, use another --out, or delete {other.manifest} if that sweep is abandoned"
             )
-    record.write(description)
+    return record
+
+
+def claim(out: Path, description: dict) -> SweepRecord:
+    """Record ``description`` in ``out`` unless an unfinished other sweep there shares its keys."""
+    record = check_claim(out, description)
+    record.write(_normalised(description))
     return record
 
 
@@ -157,16 +212,23 @@ class ShardRun:
 
     record: SweepRecord | None
     shard: tuple[int, int]
+    submitted: bool = False  # a shard of `bamctl submit`, which prints the sweep's table itself
 
     def finish(self) -> None:
         if self.record is not None:
             self.record.finish(self.shard)
 
+    def save_report(self, report: dict) -> None:
+        """What this shard covered, for ``submit``'s table; written before the finish mark."""
+        if self.record is not None:
+            self.record.save_report(self.shard, report)
 
-def enter(out: Path, description: dict, shard: tuple[int, int]) -> ShardRun:
-    """Check this run against the sweep it was given and the results directory, before any work."""
+
+def enter(out: Path, description: dict, shard: tuple[int, int], *, report: dict | None = None) -> ShardRun:
+    """Check this run against the sweep it was given and the results directory, before any work.
+    ``report``: how the command prints its table (names, --json, --plot ...), for ``submit``."""
     if _planning.get():
-        raise SweepPlanned(_normalised(description), Path(out))
+        raise SweepPlanned(_normalised(description), Path(out), report)
     given, here = _given.get(), sweep_id(_normalised(description))
     if given is not None and given != here:
         record = SweepRecord(Path(out), given)
@@ -174,7 +236,7 @@ def enter(out: Path, description: dict, shard: tuple[int, int]) -> ShardRun:
         raise BamctlError(f"shard {shard[0]}/{shard[1]} runs another sweep than the one submitted ({given}): {why}; nothing written")
     if given is None and shard[1] == 1:
         return ShardRun(None, shard)
-    return ShardRun(claim(out, description), shard)
+    return ShardRun(claim(out, description), shard, submitted=given is not None)
 
 
 @contextmanager

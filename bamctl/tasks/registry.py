@@ -279,6 +279,16 @@ def get_task(task: str, protocol: str | None = None, tokenizer: Tokenizer | None
     return protocols[task][protocol]
 
 
+def protocol_candidates(task: str, protocol: str | None = None) -> list[str]:
+    """The protocols ``protocol`` may turn out to be once a tokenizer is known: each of ``auto``'s
+    list for ``auto``, else the one named."""
+    protocols, defaults, autos = _load()
+    protocol = defaults.get(task) if protocol is None else protocol
+    if protocol == AUTO and autos.get(task):
+        return list(autos[task])
+    return [get_task(task, protocol).protocol]
+
+
 @dataclass(frozen=True)
 class TaskPlan:
     """A request's samples, planned: ``slots`` in order, each built on demand by ``build``."""
