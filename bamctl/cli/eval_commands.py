@@ -18,6 +18,7 @@ from rich.console import Console
 
 from bamctl.cli import options as opt
 from bamctl.cli.app import app
+from bamctl.cli.plot_paths import plot_path
 from bamctl.cli.requests import AskedRequests, task_names
 from bamctl.errors import BamctlError
 
@@ -342,7 +343,7 @@ def ppl(model: opt.ModelArgument, *, samples, prompt, evaluation) -> None:
 def compare(
     models: Annotated[list[str], typer.Argument(help="Models side by side: catalog names, checkpoint directories or PREFIX:PATH.")],
     task: Annotated[str, typer.Option("--task", "-t", help="passkey, a RULER task (niah_single_1, ...) or ppl.")] = "passkey",
-    plot: Annotated[Optional[Path], typer.Option(help="PNG of models x lengths, each cell coloured by its score with the number written in it (default: OUT-TASK.png beside the results directory, which stays a plain Parquet dataset; `bamctl plot curves` draws lines).")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="PNG of models x lengths, each cell coloured by its score with the number written in it (default: beside the folder holding the results, never inside it, so Parquet readers meet only data: results-passkey.png for --out results, results-main-passkey.png for --out results/main; `bamctl plot curves` draws lines).")] = None,
     threshold: opt.Threshold = 0.9,
     baseline: Annotated[Optional[str], typer.Option(help="The model every other is tested against at each length, on the samples both ran: a paired sign-flip test over the independent draws (passkey keys, RULER draws, documents; every flip enumerated up to 13 draws; the exact McNemar test when each draw is one 0/1 prompt), Holm over lengths. Default: the first model.")] = None,
     *,
@@ -372,15 +373,7 @@ def compare(
         evaluation,
         prompt,
         threshold=threshold,
-        plot=beside(evaluation.out, plot, task),
+        plot=plot_path(evaluation.out, plot, task),
         baseline=baseline or names[0],
     )
 
-
-def beside(results: Path, plot: Path | None, name: str) -> Path:
-    """Where a plot of a results directory goes: ``--plot``, or ``DIR-NAME.png`` next to it; never
-    inside it, so the directory stays a Parquet dataset any reader opens as it is."""
-    path = plot if plot is not None else results.parent / f"{results.name}-{name}.png"
-    if path.resolve().is_relative_to(results.resolve()):
-        raise BamctlError(f"--plot {path} is inside the results directory {results}; put it beside it (a results directory holds Parquet files only)")
-    return path
