@@ -189,7 +189,9 @@ class Evaluation:
         return todo, sample
 
     def preflight(self) -> None:
-        """Let the back-end refuse the longest request now, before any sample, rather than after hours of work."""
+        """Let the back-end refuse the longest request now, and the task a length too short for it with
+        this model's tokenizer, before any sample, rather than after hours of work."""
+        self.plan.check_lengths()
         spec = self.plan.spec
         longest = max(slot.length for slot in self.plan.slots)
         # A generation budget lies inside the length (RULER); teacher-forced answers are fed after it.

@@ -50,6 +50,33 @@ def test_nonsense_is_one_line_and_exit_2_before_any_work(model_dir, tmp_path, ca
     assert not list(tmp_path.glob("*.parquet"))
 
 
+@pytest.fixture
+def no_model_opened(monkeypatch):
+    """Fails a test whose command opens a model: its checks must come before any is loaded."""
+    import bamctl.backends
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was opened before the run's checks ended")
+
+    monkeypatch.setattr(bamctl.backends, "open_backend", refuse)
+
+
+def test_a_second_task_too_short_for_a_length_stops_the_run_before_any_model_loads(model_dir, tmp_path, capsys, no_model_opened):
+    # niah_single_1 fits 256 tokens, niah_multikey_1 does not: once the first task's samples were stored first.
+    code, _, err = cli(capsys, "ruler", model_dir, "--task", "niah_single_1,niah_multikey_1", "--lengths", "256,512",
+                       "--samples", "1", "--out", str(tmp_path / "r"), "--quiet")
+    line = one_line(err)
+    assert code == 2 and "length 256 is too short for niah_multikey_1" in line and "start --lengths at 512" in line
+    assert not list(tmp_path.rglob("*.parquet"))
+
+
+def test_default_lengths_too_short_for_a_task_are_refused_with_the_lengths_that_fit(model_dir, tmp_path, capsys, no_model_opened):
+    code, _, err = cli(capsys, "ruler", model_dir, "--task", "niah_single_1", "--out", str(tmp_path / "r"), "--quiet")
+    assert code == 2 and "length 128 is too short for niah_single_1" in err and "start --lengths at 256" in err
+    assert len([line for line in err.strip().splitlines() if line.startswith("error")]) == 1
+    assert not list(tmp_path.rglob("*.parquet"))
+
+
 def test_a_zero_stride_is_refused_not_run_as_the_window(model_dir, tmp_path, capsys):
     code, _, err = cli(capsys, "ppl", model_dir, "--lengths", "256", "--stride", "0", "--out", str(tmp_path), "--quiet")
     assert code == 2 and "--stride" in one_line(err)

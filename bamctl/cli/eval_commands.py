@@ -61,7 +61,9 @@ def run_models(
     """Evaluate every model on the requests ``asked`` (``bamctl.cli.requests.AskedRequests``); print one summary.
 
     Everything is checked before the first model loads: options, seeds, shard, model
-    references and their back-ends, task names and protocols, and the plans. Models are
+    references and their back-ends, task names and protocols, and the plans of every task,
+    each one's shortest length built (with GPT-2's tokenizer; again with each model's own
+    before its first sample). Models are
     then opened one at a time and released before the next; each back-end checks its
     longest request (memory, ``--beyond-max``) before its first sample.
     """
@@ -86,6 +88,8 @@ def run_models(
     requests = asked.for_models([p.train_length for p in peeks])
     # Options, protocols and plans checked now; what depends on each model's tokenizer, when it loads.
     plans = [request.plan(get_tokenizer("gpt2"), check_tokenizer=False) for request in requests]
+    for plan in plans:  # every task's shortest length built, so none is found too short mid-run
+        plan.check_lengths()
     for request in requests:
         _refuse_beyond_max(request, models, peeks, run)
     names = _model_names(models)

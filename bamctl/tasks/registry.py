@@ -279,6 +279,11 @@ def get_task(task: str, protocol: str | None = None, tokenizer: Tokenizer | None
     return protocols[task][protocol]
 
 
+# (plan fingerprint, slots) whose samples built: a sample is a pure function of its slot and
+# the plan's fingerprinted inputs, so building them again proves nothing new.
+_BUILT_FINE: set[tuple] = set()
+
+
 @dataclass(frozen=True)
 class TaskPlan:
     """A request's samples, planned: ``slots`` in order, each built on demand by ``build``."""
@@ -296,6 +301,32 @@ class TaskPlan:
 
     def samples(self) -> Iterator[Sample]:
         return (self.build(slot) for slot in self.slots)
+
+    def check_lengths(self) -> None:
+        """Build every sample of the shortest length now, and drop them: a length too short for the
+        task (its prompt around the haystack, its vocabulary) is refused before any work, not when
+        the run reaches it. Longer lengths only give the prompt more room."""
+        lengths = sorted({slot.length for slot in self.slots})
+        shortest = tuple(slot for slot in self.slots if slot.length == lengths[0])
+        key = (self.fingerprint, shortest)
+        if key in _BUILT_FINE:  # the same prompts already built (another model of the same tokenizer)
+            return
+        try:
+            for slot in shortest:
+                self.build(slot)
+        except BamctlError as err:
+            raise BamctlError(f"{err}; {self._fitting_lengths(lengths[1:])}") from None
+        _BUILT_FINE.add(key)
+
+    def _fitting_lengths(self, longer: list[int]) -> str:
+        """What to ask instead: the shortest of the other planned lengths whose first sample builds."""
+        for length in longer:
+            try:
+                self.build(next(slot for slot in self.slots if slot.length == length))
+            except BamctlError:
+                continue
+            return f"start --lengths at {length:,} (the shortest asked for that fits)"
+        return "ask for longer --lengths"
 
     @property
     def n_rows(self) -> int:
