@@ -131,6 +131,10 @@ class Evaluation:
         """Rows this shard of the request produces (before skipping): the progress bar's total."""
         return sum(len(slot.rows) for slot in self._mine(shard))
 
+    def slots_of(self, shard: tuple[int, int] = (0, 1)) -> list[SampleSlot]:
+        """The slots this shard visits, in the order it visits them (the progress display prices them)."""
+        return self._mine(shard)
+
     def _mine(self, shard: tuple[int, int]) -> list[SampleSlot]:
         """The slots of shard ``(i, n)``: slots i, i + n, i + 2n, …"""
         index, count = shard

@@ -39,7 +39,8 @@ def _run_options(ev, prompt) -> "RunOptions":  # noqa: F821 - bamctl.backends, i
 
 
 def _progress(quiet: bool):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    """The bar on a terminal; elsewhere (a log file) it is off, and each finished cell prints a line."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     return Progress(
         TextColumn("{task.description}"),
@@ -47,8 +48,7 @@ def _progress(quiet: bool):
         MofNCompleteColumn(),
         TextColumn("{task.fields[rate]}"),
         TimeElapsedColumn(),
-        TextColumn("eta"),
-        TimeRemainingColumn(),
+        TextColumn("eta {task.fields[eta]}"),  # priced by length (bamctl.cli.progress), not by sample count
         console=stderr,
         disable=quiet or not sys.stderr.isatty(),
         transient=False,
@@ -142,15 +142,27 @@ def _evaluate_model(evaluations, name: str, progress, ev, shard_of, prompts: dic
 
 
 def _run_one(evaluation, name: str, progress, ev, shard_of) -> None:
-    bar = progress.add_task(f"{evaluation.request.task} {name}", total=evaluation.count(shard_of), rate="")
+    from bamctl.cli.progress import RunProgress, format_seconds
+
+    label = f"{evaluation.request.task} {name}"
+    bar = progress.add_task(label, total=evaluation.count(shard_of), rate="", eta="-:--:--")
+    without_bar = not ev.quiet and progress.disable  # stderr is no terminal: a line per finished cell instead
+    say = (lambda line: stderr.print(line, soft_wrap=True)) if without_bar else None
+    tracker = RunProgress(evaluation.slots_of(shard_of), label, say=say)
     tokens, seconds = 0, 0.0
 
     def advance(row):
         nonlocal tokens, seconds
         tokens, seconds = tokens + row["n_tokens"], seconds + row["seconds"]
-        progress.update(bar, advance=1, rate=f"{tokens / max(seconds, 1e-9):,.0f} tok/s")
+        tracker.row_written(row)
+        left = tracker.eta()
+        progress.update(bar, advance=1, rate=f"{tokens / max(seconds, 1e-9):,.0f} tok/s",
+                        eta="-:--:--" if left is None else format_seconds(left))
 
-    stats = evaluation.run(force=ev.force, reuse=ev.reuse, on_row=advance, shard=shard_of, checked=True)
+    try:
+        stats = evaluation.run(force=ev.force, reuse=ev.reuse, on_row=advance, shard=shard_of, checked=True)
+    finally:
+        tracker.finish()
     progress.update(bar, completed=progress.tasks[bar].total)
     for line in _run_notes(stats, name, ev.out, evaluation.backend):
         stderr.print(line, soft_wrap=True)
