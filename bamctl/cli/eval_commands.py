@@ -71,6 +71,7 @@ def run_models(
     import os
 
     from bamctl.backends import open_backend, peek_backend
+    from bamctl.cli.training_kind import mismatch_warnings
     from bamctl.cluster import sweep
     from bamctl.cluster.shards import shard_option
     from bamctl.evaluate import Evaluation, new_run_id
@@ -93,6 +94,8 @@ def run_models(
     for request in requests:
         _refuse_beyond_max(request, models, peeks, run)
     names = _model_names(models)
+    for line in mismatch_warnings(models, names, [request.task for request in requests]):
+        stderr.print(line, soft_wrap=True)
     if any(plan.spec.scoring in SCORED_OVER_TOKENS for plan in plans):
         _refuse_mixed_vocabularies(names, peeks)
     if asked.lengths is None:
