@@ -25,6 +25,7 @@ from bamctl.errors import BamctlError
 # Tables to a pipe or file keep their full width instead of being cut at 80 columns.
 stdout = Console(highlight=False, width=None if sys.stdout.isatty() else 1000)
 stderr = Console(stderr=True, highlight=False)
+PLANNING_TOKENIZER = "gpt2"  # plans are checked in it before any model loads: the tokenizer of bamctl's own models
 
 
 def _run_options(ev, prompt) -> "RunOptions":  # noqa: F821 - bamctl.backends, imported lazily
@@ -88,9 +89,10 @@ def run_models(
     peeks = [peek_backend(model, run) for model in models]
     requests = asked.for_models([p.train_length for p in peeks])
     # Options, protocols and plans checked now; what depends on each model's tokenizer, when it loads.
-    plans = [request.plan(get_tokenizer("gpt2"), check_tokenizer=False) for request in requests]
-    for plan in plans:  # every task's shortest length built, so none is found too short mid-run
-        plan.check_lengths()
+    plans = [request.plan(get_tokenizer(PLANNING_TOKENIZER), check_tokenizer=False) for request in requests]
+    if any(peek.tokenizer == PLANNING_TOKENIZER for peek in peeks):
+        for plan in plans:  # every task's shortest length built, so none is found too short mid-run
+            plan.check_lengths()  # (a model of another tokenizer: in its pre-flight, with its own)
     for request in requests:
         _refuse_beyond_max(request, models, peeks, run)
     names = _model_names(models)

@@ -315,18 +315,21 @@ class TaskPlan:
             for slot in shortest:
                 self.build(slot)
         except BamctlError as err:
-            raise BamctlError(f"{err}; {self._fitting_lengths(lengths[1:])}") from None
+            fitting = self._shortest_fitting(lengths[1:])
+            if fitting is None:  # no length helps: not a matter of length, or every one is too short
+                raise
+            raise BamctlError(f"{err}; start --lengths at {fitting:,} (the shortest asked for that fits)") from None
         _BUILT_FINE.add(key)
 
-    def _fitting_lengths(self, longer: list[int]) -> str:
-        """What to ask instead: the shortest of the other planned lengths whose first sample builds."""
+    def _shortest_fitting(self, longer: list[int]) -> int | None:
+        """The shortest of the other planned lengths whose first sample builds, if any."""
         for length in longer:
             try:
                 self.build(next(slot for slot in self.slots if slot.length == length))
             except BamctlError:
                 continue
-            return f"start --lengths at {length:,} (the shortest asked for that fits)"
-        return "ask for longer --lengths"
+            return length
+        return None
 
     @property
     def n_rows(self) -> int:
