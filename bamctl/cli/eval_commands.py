@@ -322,7 +322,7 @@ def _report(store, covered: set, names_by_identity: dict[tuple, list[str]], name
 
 
 @app.command()
-@opt.with_options("samples", "prompt", "evaluation")
+@opt.with_options("samples", "prompt", "evaluation", panels=())
 def passkey(model: opt.ModelArgument, *, samples, prompt, evaluation) -> None:
     """Passkey retrieval: a 5-digit key hidden at several depths in filler, prompts of exact token length.
 
@@ -332,7 +332,7 @@ def passkey(model: opt.ModelArgument, *, samples, prompt, evaluation) -> None:
 
 
 @app.command()
-@opt.with_options("samples", "prompt", "evaluation")
+@opt.with_options("samples", "prompt", "evaluation", panels=(opt.RULER_PANEL,))
 def ruler(
     model: opt.ModelArgument,
     task: Annotated[str, typer.Option("--task", "-t", help="RULER tasks, comma separated: niah_single_1,2,3, niah_multikey_1,2,3, niah_multivalue, niah_multiquery, vt, cwe, fwe; all: every one of them.")] = "niah_single_1",
@@ -350,7 +350,7 @@ def ruler(
 
 
 @app.command()
-@opt.with_options("samples", "prompt", "evaluation")
+@opt.with_options("samples", "prompt", "evaluation", panels=(opt.PERPLEXITY_PANEL,))
 def ppl(model: opt.ModelArgument, *, samples, prompt, evaluation) -> None:
     """Perplexity: every token scored exactly once with up to L tokens of context (sliding), or per position bucket.
 
