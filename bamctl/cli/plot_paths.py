@@ -1,10 +1,11 @@
 """Where a plot of a results directory goes: never where a Parquet reader of the results meets it.
 
-A results directory is a plain Parquet dataset, and so is every folder above it that a
-user reads whole: ``results/`` for ``--out results/main`` (``pandas.read_parquet("results")``
+A results directory is a plain Parquet dataset, and so is a folder above it that holds
+nothing but results: ``results/`` for ``--out results/main`` (``pandas.read_parquet("results")``
 reads each run below it). A PNG in any of them breaks such a read (ArrowInvalid) or, once
 removed by hand, invites one that mixes runs unnoticed. So a plot goes beside the topmost
-folder that holds the results within the working directory, never inside it.
+such folder, never inside it; a folder that holds other things too (a project, a scratch
+folder) is no dataset, and a plot may go there.
 """
 
 from __future__ import annotations
@@ -15,13 +16,27 @@ from bamctl.errors import BamctlError
 
 
 def results_root(results: Path) -> Path:
-    """The outermost folder that holds ``results`` without being the working directory itself:
-    ``results`` for ``--out results`` or a folder outside the working directory, ``results/``
-    for ``--out results/main``."""
-    here, absolute = Path.cwd().resolve(), results.resolve()
-    if not absolute.is_relative_to(here) or absolute == here:
-        return absolute
-    return here / absolute.relative_to(here).parts[0]
+    """The outermost folder, ``results`` or above it inside the working directory, that holds
+    nothing but results directories (``results/`` for ``--out results/main``; a folder yet to
+    be made counts). Folders outside the working directory are the user's own layout: only
+    ``results`` itself is then kept clear."""
+    here, root = Path.cwd().resolve(), results.resolve()
+    folder = root.parent
+    while folder.is_relative_to(here) and folder != here and _holds_only_results(folder, root):
+        root, folder = folder, folder.parent
+    return root
+
+
+def _holds_only_results(folder: Path, known: Path) -> bool:
+    """Whether every visible entry of ``folder`` is ``known``, a Parquet file or a results directory."""
+    if not folder.is_dir():
+        return True  # made by this run, to hold the results alone
+    for entry in folder.iterdir():
+        if entry.name.startswith((".", "_")) or entry == known or entry.suffix == ".parquet":
+            continue
+        if not (entry.is_dir() and (any(entry.glob("*.parquet")) or any(entry.glob("*/*.parquet")))):
+            return False
+    return True
 
 
 def plot_path(results: Path, plot: Path | None, name: str) -> Path:
