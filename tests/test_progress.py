@@ -43,8 +43,25 @@ def test_the_eta_prices_long_prompts_by_their_quadratic_cost():
 def test_one_timed_length_takes_the_prior_shape():
     fit = CostFit()
     fit.add(1024, 2.0)
-    a, b = fit.coefficients()
-    assert a * 1024 + b * 1024**2 == pytest.approx(2.0) and b > 0  # a longer prompt is priced more than linearly
+    assert fit.price(1024) == pytest.approx(2.0)
+    assert fit.price(4096) > 4 * fit.price(1024)  # a longer prompt is priced more than linearly
+
+
+def test_a_constant_cost_per_sample_is_priced_as_constant():
+    # Generation-bound samples (a fixed answer budget) take about as long at every length.
+    fit = CostFit()
+    for length, seconds in ((256, 4.1), (256, 4.0), (512, 3.3), (512, 3.4)):
+        fit.add(length, seconds)
+    c, a, b = fit.coefficients()
+    assert (a, b) == (0.0, 0.0) and c == pytest.approx(3.7)
+    assert fit.price(8192) == pytest.approx(3.7)
+
+
+def test_the_fit_recovers_a_constant_plus_quadratic_cost():
+    fit = CostFit()
+    for length in (512, 1024, 2048, 4096):
+        fit.add(length, 0.5 + 3e-4 * length + 1e-7 * length**2)
+    assert fit.price(65536) == pytest.approx(0.5 + 3e-4 * 65536 + 1e-7 * 65536**2, rel=1e-6)
 
 
 def test_cells_stored_already_leave_the_price_once_the_run_passes_them():
