@@ -96,8 +96,6 @@ def run_models(
     for request in requests:
         _refuse_beyond_max(request, models, peeks, run)
     names = _model_names(models)
-    for line in mismatch_warnings(models, names, [request.task for request in requests]):
-        stderr.print(line, soft_wrap=True)
     if any(plan.spec.scoring in SCORED_OVER_TOKENS for plan in plans):
         _refuse_mixed_vocabularies(names, peeks)
     if asked.lengths is None:
@@ -105,6 +103,8 @@ def run_models(
     shard_run = sweep.enter(ev.out, sweep.describe(models, requests, plans, run.asked()), shard_of)
     store = ResultStore(ev.out)
     store.ensure_writable()
+    for line in mismatch_warnings(models, names, [request.task for request in requests]):  # checks passed: the run goes on
+        stderr.print(line, soft_wrap=True)
     if ev.quiet:
         _quiet_external_libraries()
     run_id = new_run_id()
