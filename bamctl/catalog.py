@@ -53,7 +53,7 @@ def catalog() -> dict[str, CatalogEntry]:
     return {
         d.name: CatalogEntry.from_dir(d.name, d)
         for d in sorted(root.iterdir())
-        if d.is_dir() and is_checkpoint_dir(d)
+        if d.is_dir() and not d.name.startswith(".") and is_checkpoint_dir(d)  # hidden: a training's staging folder
     }
 
 

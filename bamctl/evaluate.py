@@ -138,6 +138,10 @@ class Evaluation:
         """Rows this shard of the request produces (before skipping): the progress bar's total."""
         return sum(len(slot.rows) for slot in self._mine(shard))
 
+    def slots_of(self, shard: tuple[int, int] = (0, 1)) -> list[SampleSlot]:
+        """The slots this shard visits, in the order it visits them (the progress display prices them)."""
+        return self._mine(shard)
+
     def _mine(self, shard: tuple[int, int]) -> list[SampleSlot]:
         """The slots of shard ``(i, n)``: slots i, i + n, i + 2n, …"""
         index, count = shard
@@ -250,8 +254,10 @@ class Evaluation:
         return todo, sample
 
     def preflight(self, batch_size: int | None = None) -> None:
-        """Let the back-end refuse the longest request now, before any sample, rather than after hours of
-        work; and a ``batch_size`` it cannot hold at that length (``auto`` sizes to fit)."""
+        """Let the back-end refuse the longest request now, and the task a length too short for it with
+        this model's tokenizer, before any sample, rather than after hours of work; and a
+        ``batch_size`` it cannot hold at that length (``auto`` sizes to fit)."""
+        self.plan.check_lengths()
         prompt, answer = self._sizes(max(slot.length for slot in self.plan.slots))
         self.backend.check_fits(prompt, answer)
         if batch_size is not None and batch_size > 1:

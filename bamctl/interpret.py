@@ -8,6 +8,7 @@ key. Both are drawn here for any checkpoint.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +41,17 @@ def prior_curves(model, max_distance: int) -> tuple[np.ndarray, list[np.ndarray]
     return distances, curves
 
 
+# Below 1 logit in magnitude the prior's axis is linear, above it logarithmic: one steep head
+# reaching -1e5 would otherwise flatten every other head of its layer onto the zero line.
+SYMLOG_LINEAR_WITHIN = 1.0
+
+
 def plot_priors(model, path: Path, max_distance: int) -> Path:
+    return save_figure(priors_figure(model, max_distance), path)
+
+
+def priors_figure(model, max_distance: int) -> Figure:
+    """Per layer, each head's prior bias against distance, both axes logarithmic (the bias symmetrically)."""
     distances, curves = prior_curves(model, max_distance)
     config = model.config
     fig = Figure(figsize=(4.2 * len(curves), 3.4), layout="constrained")
@@ -51,14 +62,39 @@ def plot_priors(model, path: Path, max_distance: int) -> Path:
             label = f"h{head}" + (f" β={betas[layer][head]:.2f}" if betas else "")
             ax.plot(distances, values, label=label)
         ax.set_xscale("log")
+        _symlog_axis(ax, curve)
         ax.axvline(config.train_length, color="grey", linestyle="--", linewidth=1)
         ax.set_title(f"layer {layer}")
         ax.set_xlabel("distance i - j (tokens)")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="x-small")
-    axes[0].set_ylabel("prior bias (logits)")
+    axes[0].set_ylabel(f"prior bias (logits; log scale beyond ±{SYMLOG_LINEAR_WITHIN:g})")
     fig.suptitle(f"{config.label}: learned priors (dashed: training length {config.train_length})")
-    return save_figure(fig, path)
+    return fig
+
+
+def _symlog_axis(ax, curve: np.ndarray) -> None:
+    """A symmetric log axis for the biases: no empty half above a prior that stays <= 0, and
+    at most about six labelled decades however steep the steepest head."""
+    from matplotlib.ticker import FuncFormatter, SymmetricalLogLocator
+
+    finite = curve[np.isfinite(curve)]
+    reach = float(np.abs(finite).max()) if finite.size else 1.0
+    decades = math.log10(max(reach, 10.0))
+    base = 10 ** max(1, math.ceil(decades / 6))
+    ax.set_yscale("symlog", linthresh=SYMLOG_LINEAR_WITHIN, base=base)
+    ax.yaxis.set_major_locator(SymmetricalLogLocator(base=base, linthresh=SYMLOG_LINEAR_WITHIN))
+    ax.yaxis.set_major_formatter(FuncFormatter(_power_of_ten))
+    top = float(finite.max()) if finite.size else 0.0
+    ax.set_ylim(top=max(SYMLOG_LINEAR_WITHIN, 2 * top))
+
+
+def _power_of_ten(value: float, _position=None) -> str:
+    """-1e5 -> $-10^{5}$ whatever the axis's base; 0 -> 0."""
+    if value == 0:
+        return "0"
+    sign = "-" if value < 0 else ""
+    return f"${sign}10^{{{round(math.log10(abs(value)))}}}$"
 
 
 def plot_last_query_attention(weights: list[torch.Tensor], needle_positions: list[int], path: Path, title: str) -> Path:

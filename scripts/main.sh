@@ -12,16 +12,17 @@
 # 2. the six language-model references on sliding-window perplexity of the shipped
 #    perplexity text from 1x to 64x their training length (256 -> 16k tokens),
 #    1 document per length (README's table: 8 held-out documents, --seed 230039,414707 --samples 4).
-# Prints both tables and writes results/main-passkey.png and results/main-ppl.png
-# (next to the results, which stay plain Parquet datasets). A rerun skips the
+# Prints both tables and writes plots/main-passkey.png and plots/main-ppl.png (outside
+# results/, which stays a plain Parquet dataset: pandas.read_parquet("results") reads
+# exactly the rows stored). A rerun skips the
 # samples already in results/main (add --force to recompute).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/python.sh
 "$PYTHON" -m bamctl models
 "$PYTHON" -m bamctl compare bam-ssmax nope sinusoidal rope alibi bam nope-ssmax rope-ssmax alibi-ssmax --lengths 128,512,2k,8k --chunk-size 1024 \
-  --task passkey --depths 0.5 --seed 0 --samples 35 --out results/main --plot results/main-passkey.png "$@"
+  --task passkey --depths 0.5 --seed 0 --samples 35 --out results/main --plot plots/main-passkey.png "$@"
 force=()
 for arg in "$@"; do [[ "$arg" == "--force" ]] && force=(--force); done
 "$PYTHON" -m bamctl compare lm-bam lm-nope lm-sinusoidal lm-rope lm-alibi lm-bam-ssmax \
-  --task ppl --lengths 256..16k --seed 0 --samples 1 --out results/main --plot results/main-ppl.png "${force[@]}"
+  --task ppl --lengths 256..16k --seed 0 --samples 1 --out results/main --plot plots/main-ppl.png "${force[@]}"

@@ -33,6 +33,7 @@ if ! "$PYTHON" -c "import torch" 2>/dev/null; then
   fi
 fi
 pip_install -e ".[dev,hf,cluster]"
-# Compile the C++ CPU attention kernel now rather than inside the first evaluation.
+# Compile the C++ CPU attention kernel now rather than inside the first evaluation (once per
+# torch version and compiler flags, in a folder named by their digest).
 # Where it cannot be built, bamctl falls back to torch's fused kernel; set-up goes on.
 "$PYTHON" -c "from bamctl.engine.native import native_available; ok, why = native_available(); print('CPU attention kernel: ' + ('ready' if ok else why + ' (using the fused path)'))"

@@ -18,6 +18,9 @@ UNSET: Any = object()  # a keyword left out, as opposed to one given as None (a 
 MODELS = {
     "tiny-rope": ("a1" * 16, 512, "rope"),
     "tiny-bam": ("b2" * 16, 512, "bam"),
+    "tiny-alibi": ("c3" * 16, 512, "alibi"),
+    "tiny-nope": ("d4" * 16, 512, "nope"),
+    "tiny-fire": ("e5" * 16, 512, "fire"),
 }
 
 

@@ -70,8 +70,47 @@ def test_protocol_choices_are_the_tasks_protocols():
 def test_engine_and_external_options_sit_in_their_own_panels():
     params = _params("ruler")
     assert params["attention"].rich_help_panel == params["chunk_size"].rich_help_panel != params["tokenizer"].rich_help_panel
-    assert params["tokenizer"].rich_help_panel == params["chat_template"].rich_help_panel == params["depths"].rich_help_panel
+    assert params["tokenizer"].rich_help_panel == params["depths"].rich_help_panel
+    assert params["chat_template"].rich_help_panel == params["sizing"].rich_help_panel != params["tokenizer"].rich_help_panel
     assert params["beyond_max"].rich_help_panel == params["tensor_parallel"].rich_help_panel != params["tokenizer"].rich_help_panel
+
+
+def _help(capsys, *command) -> str:
+    with pytest.raises(SystemExit):
+        main([*command, "--help"])
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command, shown, hidden", [
+    ("passkey", [], ["--haystack", "--sizing", "--chat-template", "--stride", "--bucket", "--corpus"]),
+    ("ruler", ["--haystack", "--sizing", "--chat-template"], ["--stride", "--bucket", "--doc-tokens", "--corpus"]),
+    ("ppl", ["--stride", "--bucket", "--doc-tokens", "--corpus"], ["--haystack", "--sizing", "--chat-template"]),
+    ("compare", ["--haystack", "--stride"], []),  # its task is chosen on the command line: every task's options
+])
+def test_a_commands_help_lists_only_the_task_options_that_apply(capsys, monkeypatch, command, shown, hidden):
+    monkeypatch.setenv("COLUMNS", "200")
+    text = _help(capsys, command)
+    assert "--lengths" in text and "--attention" in text
+    for option in shown:
+        assert option in text, option
+    for option in hidden:
+        assert option not in text, option
+
+
+def test_an_option_hidden_from_a_commands_help_is_still_refused_by_name(tmp_path, capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["passkey", "bam", "--lengths", "128", "--stride", "4", "--out", str(tmp_path)])
+    assert done.value.code == 2 and "--stride applies to --task ppl only" in capsys.readouterr().err
+
+
+def test_the_top_level_help_starts_with_passkey_and_compare(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    text = _help(capsys)
+    examples = [line.strip() for line in text.splitlines() if line.strip().startswith("bamctl ")]
+    assert examples[0].startswith("bamctl passkey ") and examples[1].startswith("bamctl compare ")
+    listed = text[text.index("Commands"):]
+    commands = [line.split()[1] for line in listed.splitlines() if line.startswith("│ ") and not line.startswith("│  ")]
+    assert commands[:4] == ["passkey", "ruler", "ppl", "compare"]
 
 
 def test_the_runner_holds_no_task_specific_branch():

@@ -50,6 +50,33 @@ def test_nonsense_is_one_line_and_exit_2_before_any_work(model_dir, tmp_path, ca
     assert not list(tmp_path.glob("*.parquet"))
 
 
+@pytest.fixture
+def no_model_opened(monkeypatch):
+    """Fails a test whose command opens a model: its checks must come before any is loaded."""
+    import bamctl.backends
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was opened before the run's checks ended")
+
+    monkeypatch.setattr(bamctl.backends, "open_backend", refuse)
+
+
+def test_a_second_task_too_short_for_a_length_stops_the_run_before_any_model_loads(model_dir, tmp_path, capsys, no_model_opened):
+    # niah_single_1 fits 256 tokens, niah_multikey_1 does not: once the first task's samples were stored first.
+    code, _, err = cli(capsys, "ruler", model_dir, "--task", "niah_single_1,niah_multikey_1", "--lengths", "256,512",
+                       "--samples", "1", "--out", str(tmp_path / "r"), "--quiet")
+    line = one_line(err)
+    assert code == 2 and "length 256 is too short for niah_multikey_1" in line and "start --lengths at 512" in line
+    assert not list(tmp_path.rglob("*.parquet"))
+
+
+def test_default_lengths_too_short_for_a_task_are_refused_with_the_lengths_that_fit(model_dir, tmp_path, capsys, no_model_opened):
+    code, _, err = cli(capsys, "ruler", model_dir, "--task", "niah_single_1", "--out", str(tmp_path / "r"), "--quiet")
+    assert code == 2 and "length 128 is too short for niah_single_1" in err and "start --lengths at 256" in err
+    assert len([line for line in err.strip().splitlines() if line.startswith("error")]) == 1
+    assert not list(tmp_path.rglob("*.parquet"))
+
+
 def test_a_zero_stride_is_refused_not_run_as_the_window(model_dir, tmp_path, capsys):
     code, _, err = cli(capsys, "ppl", model_dir, "--lengths", "256", "--stride", "0", "--out", str(tmp_path), "--quiet")
     assert code == 2 and "--stride" in one_line(err)
@@ -179,6 +206,63 @@ def test_a_results_directory_is_a_plain_parquet_dataset(model_dir, tmp_path, cap
 def test_a_plot_inside_the_results_directory_is_refused(model_dir, tmp_path, capsys):
     code, _, err = cli(capsys, "compare", model_dir, "--lengths", "128", "--out", str(tmp_path), "--plot", str(tmp_path / "p.png"), "--quiet")
     assert code == 2 and "inside the results directory" in one_line(err)
+
+
+def _row_keys(frame) -> list:
+    return sorted(zip(frame["model_hash"], frame["task"], frame["length"], frame["depth"], frame["seed"], frame["sample"]))
+
+
+def test_the_main_jobs_layout_leaves_results_a_dataset_of_exactly_its_rows(model_dir, tmp_path, capsys, monkeypatch):
+    # scripts/main.sh writes two runs into results/main and a plot of each; reading results/ whole
+    # must give the stored rows, no more, no fewer, with no image in the way.
+    import pandas as pd
+    import pyarrow.dataset as ds
+
+    from bamctl.results.store import ResultStore
+
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli(capsys, "compare", model_dir, "--lengths", "128", "--samples", "1", "--out", "results/main",
+                       "--plot", "plots/main-passkey.png", "--quiet")
+    assert code == 0, err
+    code, _, err = cli(capsys, "compare", model_dir, "--lengths", "128,256", "--samples", "1", "--out", "results/main", "--quiet")
+    assert code == 0, err
+    assert (tmp_path / "plots" / "main-passkey.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "results-main-passkey.png").read_bytes()[:4] == b"\x89PNG"  # the default: beside results/
+    data = [p for p in (tmp_path / "results").rglob("*") if p.is_file() and not p.name.startswith((".", "_"))]
+    assert data and {p.suffix for p in data} == {".parquet"}
+
+    stored = _row_keys(ResultStore(tmp_path / "results" / "main").read())
+    assert len(stored) == 2 * 5  # two lengths x five depths: the first run's rows reused, not doubled
+    assert _row_keys(pd.read_parquet("results")) == stored
+    assert _row_keys(ds.dataset("results").to_table().to_pandas()) == stored
+    duckdb = pytest.importorskip("duckdb", reason="duckdb is not installed")
+    assert _row_keys(duckdb.sql("SELECT * FROM 'results/**/*.parquet'").df()) == stored
+    polars = pytest.importorskip("polars", reason="polars is not installed")
+    assert _row_keys(polars.read_parquet("results/**/*.parquet").to_pandas()) == stored
+
+
+def test_a_plot_inside_the_folder_holding_the_results_is_refused(model_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli(capsys, "compare", model_dir, "--lengths", "128", "--out", "results/main",
+                       "--plot", "results/main-passkey.png", "--quiet")
+    assert code == 2 and "results, which holds the results directory results/main" in one_line(err)
+    assert not (tmp_path / "results").exists()  # refused before any work
+
+
+def test_the_main_job_writes_its_plots_outside_its_results():
+    import re
+    from pathlib import Path
+
+    from bamctl.cli.plot_paths import plot_path
+
+    repo = Path(__file__).resolve().parents[1]
+    script = (repo / "scripts" / "main.sh").read_text()
+    pairs = re.findall(r"--out (\S+) --plot (\S+)", script)
+    assert len(pairs) == 2
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(repo)
+        for out, plot in pairs:
+            assert plot_path(Path(out), Path(plot), "passkey") == Path(plot)
 
 
 def test_json_of_a_compare_is_one_document(model_dir, tmp_path, capsys):

@@ -23,8 +23,15 @@ def test_native_is_the_default_on_cpus():
 
 
 @torch.inference_mode()
-def test_a_kernel_that_cannot_be_built_falls_back_to_the_fused_path_with_one_warning(monkeypatch, capsys):
-    monkeypatch.setattr(native, "_extension", lambda: "g++: command not found")
+def test_a_kernel_that_cannot_be_built_falls_back_to_the_fused_path_with_one_warning(monkeypatch, capsys, tmp_path, request):
+    def no_compiler(config):
+        raise RuntimeError("g++: command not found")
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))  # no finished build here
+    monkeypatch.setattr(native, "_compile", no_compiler)
+    forget = lambda: (native._extension.cache_clear(), native.native_available.cache_clear())  # noqa: E731
+    forget()
+    request.addfinalizer(forget)  # later tests find the real kernel again
     native._warn_fallback.cache_clear()
     q, k, v = (torch.randn(1, HEADS, 50, HEAD_DIM) for _ in range(3))
     inputs = AttentionInputs(q_start=0, bias_table=prior_table(50), ssmax_scale=torch.ones(HEADS))

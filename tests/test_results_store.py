@@ -73,6 +73,19 @@ def test_schema_doc_lists_every_column_with_its_type():
     assert "bamctl.schema_version" in doc and "newest row wins" in doc.lower()
 
 
+def test_schema_doc_says_what_score_holds_for_every_task():
+    from bamctl.tasks import task_names
+    from bamctl.tasks.score_docs import score_table
+
+    doc = (REPO / "docs" / "SCHEMA.md").read_text()
+    table = score_table()
+    assert table in doc, ("docs/SCHEMA.md's table of what `score` holds is out of date; print the new one with "
+                          "python -c 'from bamctl.tasks.score_docs import score_table; print(score_table())'")
+    for task in task_names():
+        assert task in table
+    assert "nats" in table and "[0, 1]" in table
+
+
 def test_bad_rows_are_rejected_before_anything_is_written(tmp_path):
     store = ResultStore(tmp_path)
     with pytest.raises(ValueError, match="unknown columns"):

@@ -17,6 +17,16 @@ from test_train_recipe import BASE
 REPO = Path(__file__).resolve().parents[1]
 
 
+MICRO_RECIPE = (
+    'name = "micro-cli"\n'
+    '[model]\npreset = "micro"\npe = "bam"\ntrain_length = 80\ndim = 32\nn_layers = 1\nn_heads = 2\n'
+    '[data]\ntext = "train"\npasskey_fraction = 0.5\nvocab_size = 200\n'
+    '[optim]\nlr = 1e-3\nbetas = [0.9, 0.95]\nweight_decay = 0.1\ngrad_clip = 1.0\n'
+    '[schedule]\nwarmup_steps = 1\nmin_lr_ratio = 0.1\n'
+    '[train]\nsteps = 10\nbatch_size = 2\nseed = 0\nsave_every = 5\n'
+)
+
+
 class Interrupt(Exception):
     pass
 
@@ -100,6 +110,76 @@ def test_finished_or_foreign_state_needs_restart(tmp_path):
         train(recipe.with_overrides(seed=5), tmp_path / "m", device="cpu")
 
 
+def _weights(folder):
+    return {name: tensor.clone() for name, tensor in load_checkpoint(folder).model.state_dict().items()}
+
+
+def test_an_interrupted_restart_leaves_the_finished_model_where_it_was(tmp_path):
+    recipe = micro_recipe(steps=4, save_every=1)
+    train(recipe, tmp_path / "m", device="cpu")
+    before = _weights(tmp_path / "m")
+
+    def stop_at_2(report):
+        if report.step == 2:
+            raise Interrupt
+
+    again = recipe.with_overrides(seed=7)  # another run, so its weights differ from the first one's
+    with pytest.raises(Interrupt):
+        train(again, tmp_path / "m", device="cpu", restart=True, on_step=stop_at_2)
+    kept = load_checkpoint(tmp_path / "m")
+    assert kept.provenance["finished"] and kept.provenance["steps"] == 4
+    assert all(torch.equal(before[name], tensor) for name, tensor in _weights(tmp_path / "m").items())
+    assert not (tmp_path / "m" / STATE_FILE).exists()
+
+    # Running again without --restart finishes the staged run, then swaps it in.
+    resumed = train(again, tmp_path / "m", device="cpu")
+    assert resumed.resumed_from == 2 and resumed.out == tmp_path / "m"
+    swapped = load_checkpoint(tmp_path / "m")
+    assert swapped.provenance["finished"] and swapped.provenance["resumed_at_steps"] == [2]
+    assert swapped.recipe["train"]["seed"] == 7
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no staging or replaced folder left
+
+
+def test_a_restart_that_finishes_replaces_the_model(tmp_path):
+    recipe = micro_recipe(steps=2, save_every=1)
+    train(recipe, tmp_path / "m", device="cpu")
+    train(recipe.with_overrides(seed=3), tmp_path / "m", device="cpu", restart=True)
+    assert load_checkpoint(tmp_path / "m").recipe["train"]["seed"] == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+
+def test_cli_train_of_a_shipped_recipe_leaves_the_catalog_alone(tmp_path, monkeypatch, capsys):
+    from bamctl.catalog import BASELINES_ENV, catalog
+    from bamctl.cli import main
+
+    shipped = tmp_path / "baselines"
+    shipped.mkdir()
+    (shipped / "micro.toml").write_text(MICRO_RECIPE.replace("micro-cli", "micro"))
+    train(load_recipe(shipped / "micro.toml"), shipped / "micro", device="cpu")
+    before = (shipped / "micro" / "model.safetensors").read_bytes()
+    monkeypatch.setenv(BASELINES_ENV, str(shipped))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--recipe", "micro", "--steps", "2", "--seed", "4", "--device", "cpu"])
+    assert exit_info.value.code == 0, capsys.readouterr().err
+    assert load_checkpoint(work / "models" / "micro").recipe["train"]["seed"] == 4
+    assert (shipped / "micro" / "model.safetensors").read_bytes() == before
+    assert sorted(p.name for p in shipped.iterdir()) == ["micro", "micro.toml"]
+
+    # Named explicitly, the catalog's checkpoint is retrained, and the run says what it replaces.
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--recipe", "micro", "--steps", "2", "--seed", "4", "--device", "cpu", "--restart",
+              "--out", str(shipped / "micro")])
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 0, captured.err
+    assert "the catalog's micro" in captured.err
+    assert load_checkpoint(shipped / "micro").recipe["train"]["seed"] == 4
+    assert list(catalog()) == ["micro"]
+
+
 def test_loss_weighs_every_row_equally_whatever_it_scores():
     from bamctl.train.loop import row_mean_loss
 
@@ -116,27 +196,24 @@ def test_first_losses_are_deterministic_and_seed_dependent():
     assert first_losses(recipe.with_overrides(seed=1), 2) != first_losses(recipe, 2)
 
 
-def test_cli_train_writes_a_loadable_checkpoint_with_recipe_and_provenance(tmp_path, capsys):
+def test_cli_train_writes_a_loadable_checkpoint_with_recipe_and_provenance(tmp_path, capsys, monkeypatch):
     from bamctl.cli import main
     from bamctl.engine.stream import StreamingEngine
     from bamctl.tasks import generate_samples
     from bamctl.tokenizer import get_tokenizer
 
     path = tmp_path / "micro.toml"
-    path.write_text(
-        'name = "micro-cli"\n'
-        '[model]\npreset = "micro"\npe = "bam"\ntrain_length = 80\ndim = 32\nn_layers = 1\nn_heads = 2\n'
-        '[data]\ntext = "train"\npasskey_fraction = 0.5\nvocab_size = 200\n'
-        '[optim]\nlr = 1e-3\nbetas = [0.9, 0.95]\nweight_decay = 0.1\ngrad_clip = 1.0\n'
-        '[schedule]\nwarmup_steps = 1\nmin_lr_ratio = 0.1\n'
-        '[train]\nsteps = 10\nbatch_size = 2\nseed = 0\nsave_every = 5\n'
-    )
+    path.write_text(MICRO_RECIPE)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
     with pytest.raises(SystemExit) as exit_info:
         main(["train", "--recipe", str(path), "--steps", "3", "--seed", "2", "--device", "cpu"])
     captured = capsys.readouterr()
     assert exit_info.value.code == 0, captured.err
     assert captured.err == ""  # not a terminal: no progress display
-    out = tmp_path / "micro-cli"  # default: beside the recipe, named after it
+    out = work / "models" / "micro-cli"  # default: a new folder in the working directory, named after the recipe
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["micro.toml", "work"]  # nothing beside the recipe
     checkpoint = load_checkpoint(out)
     config = checkpoint.model.config
     assert config.pe == "bam" and config.train_length == 80 and len(config.token_subset) == 200

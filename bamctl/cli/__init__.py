@@ -21,12 +21,13 @@ except ImportError:  # pragma: no cover - older typer on top of click
 ABORTS = tuple({KeyboardInterrupt, typer.Abort, getattr(click_errors, "Abort", typer.Abort)})
 EXITS = tuple({typer.Exit, getattr(click_errors, "Exit", typer.Exit)})
 
-# Each module registers its commands on `app` when imported.
+# Each module registers its commands on `app` when imported; --help lists them in this order,
+# the evaluations a newcomer comes for first.
+from bamctl.cli import eval_commands  # noqa: E402,F401
+from bamctl.cli import results_commands  # noqa: E402,F401
 from bamctl.cli import model_commands  # noqa: E402,F401
 from bamctl.cli import task_commands  # noqa: E402,F401
-from bamctl.cli import results_commands  # noqa: E402,F401
 from bamctl.cli import train_commands  # noqa: E402,F401
-from bamctl.cli import eval_commands  # noqa: E402,F401
 from bamctl.cli import submit_commands  # noqa: E402,F401
 
 EXIT_USAGE = 2

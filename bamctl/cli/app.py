@@ -8,7 +8,10 @@ app = typer.Typer(
         "Benchmark long-context extrapolation of transformer language models: passkey "
         "retrieval, RULER needle-in-a-haystack and perplexity, streamed in chunks so "
         "memory grows linearly with context.\n\n"
-        "Example: bamctl new --pe bam-ssmax --preset tiny --out models/demo && bamctl inspect models/demo"
+        "Examples:\n\n"
+        "bamctl passkey bam-ssmax --lengths 128..8k    (one model: accuracy per length)\n\n"
+        "bamctl compare rope alibi bam-ssmax --task passkey --lengths 128..8k    (side by side, with paired tests)\n\n"
+        "bamctl models    (the shipped reference models)"
     ),
     no_args_is_help=True,
     pretty_exceptions_enable=False,

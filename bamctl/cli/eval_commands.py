@@ -18,12 +18,14 @@ from rich.console import Console
 
 from bamctl.cli import options as opt
 from bamctl.cli.app import app
+from bamctl.cli.plot_paths import plot_path
 from bamctl.cli.requests import AskedRequests, task_names
 from bamctl.errors import BamctlError
 
 # Tables to a pipe or file keep their full width instead of being cut at 80 columns.
 stdout = Console(highlight=False, width=None if sys.stdout.isatty() else 1000)
 stderr = Console(stderr=True, highlight=False)
+PLANNING_TOKENIZER = "gpt2"  # plans are checked in it before any model loads: the tokenizer of bamctl's own models
 
 
 def _run_options(ev, prompt) -> "RunOptions":  # noqa: F821 - bamctl.backends, imported lazily
@@ -38,7 +40,8 @@ def _run_options(ev, prompt) -> "RunOptions":  # noqa: F821 - bamctl.backends, i
 
 
 def _progress(quiet: bool):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    """The bar on a terminal; elsewhere (a log file) it is off, and each finished cell prints a line."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     return Progress(
         TextColumn("{task.description}"),
@@ -46,8 +49,7 @@ def _progress(quiet: bool):
         MofNCompleteColumn(),
         TextColumn("{task.fields[rate]}"),
         TimeElapsedColumn(),
-        TextColumn("eta"),
-        TimeRemainingColumn(),
+        TextColumn("eta {task.fields[eta]}"),  # priced by length (bamctl.cli.progress), not by sample count
         console=stderr,
         disable=quiet or not sys.stderr.isatty(),
         transient=False,
@@ -60,7 +62,9 @@ def run_models(
     """Evaluate every model on the requests ``asked`` (``bamctl.cli.requests.AskedRequests``); print one summary.
 
     Everything is checked before the first model loads: options, seeds, shard, model
-    references and their back-ends, task names and protocols, and the plans. Models are
+    references and their back-ends, task names and protocols, and the plans of every task,
+    each one's shortest length built (with GPT-2's tokenizer; again with each model's own
+    before its first sample). Models are
     then opened one at a time and released before the next; each back-end checks its
     longest request (memory, ``--beyond-max``) before its first sample.
     """
@@ -68,6 +72,7 @@ def run_models(
     import os
 
     from bamctl.backends import open_backend, peek_backend
+    from bamctl.cli.training_kind import mismatch_warnings
     from bamctl.cluster import sweep
     from bamctl.cli.sweep_plans import model_plans
     from bamctl.cluster.shards import shard_option
@@ -86,7 +91,10 @@ def run_models(
     peeks = [peek_backend(model, run) for model in models]
     requests = asked.for_models([p.train_length for p in peeks])
     # Options, protocols and plans checked now; what depends on each model's tokenizer, when it loads.
-    plans = [request.plan(get_tokenizer("gpt2"), check_tokenizer=False) for request in requests]
+    plans = [request.plan(get_tokenizer(PLANNING_TOKENIZER), check_tokenizer=False) for request in requests]
+    if any(peek.tokenizer == PLANNING_TOKENIZER for peek in peeks):
+        for plan in plans:  # every task's shortest length built, so none is found too short mid-run
+            plan.check_lengths()  # (a model of another tokenizer: in its pre-flight, with its own)
     for request in requests:
         _refuse_beyond_max(request, models, peeks, run)
     names = _model_names(models)
@@ -99,6 +107,8 @@ def run_models(
                             report=report)
     store = ResultStore(ev.out)
     store.ensure_writable()
+    for line in mismatch_warnings(models, names, [request.task for request in requests]):  # checks passed: the run goes on
+        stderr.print(line, soft_wrap=True)
     if ev.quiet:
         _quiet_external_libraries()
     run_id = new_run_id()
@@ -160,15 +170,27 @@ def _batch_line(evaluation, name: str, batch_size: int | None) -> str:
 
 
 def _run_one(evaluation, name: str, progress, ev, shard_of, batch_size: int | None) -> None:
-    bar = progress.add_task(f"{evaluation.request.task} {name}", total=evaluation.count(shard_of), rate="")
+    from bamctl.cli.progress import RunProgress, format_seconds
+
+    label = f"{evaluation.request.task} {name}"
+    bar = progress.add_task(label, total=evaluation.count(shard_of), rate="", eta="-:--:--")
+    without_bar = not ev.quiet and progress.disable  # stderr is no terminal: a line per finished cell instead
+    say = (lambda line: stderr.print(line, soft_wrap=True)) if without_bar else None
+    tracker = RunProgress(evaluation.slots_of(shard_of), label, say=say)
     tokens, seconds = 0, 0.0
 
     def advance(row):
         nonlocal tokens, seconds
         tokens, seconds = tokens + row["n_tokens"], seconds + row["seconds"]
-        progress.update(bar, advance=1, rate=f"{tokens / max(seconds, 1e-9):,.0f} tok/s")
+        tracker.row_written(row)
+        left = tracker.eta()
+        progress.update(bar, advance=1, rate=f"{tokens / max(seconds, 1e-9):,.0f} tok/s",
+                        eta="-:--:--" if left is None else format_seconds(left))
 
-    stats = evaluation.run(force=ev.force, reuse=ev.reuse, on_row=advance, shard=shard_of, checked=True, batch_size=batch_size)
+    try:
+        stats = evaluation.run(force=ev.force, reuse=ev.reuse, on_row=advance, shard=shard_of, checked=True, batch_size=batch_size)
+    finally:
+        tracker.finish()
     progress.update(bar, completed=progress.tasks[bar].total)
     for line in _run_notes(stats, name, ev.out, evaluation.backend):
         stderr.print(line, soft_wrap=True)
@@ -323,7 +345,7 @@ def _report(store, covered: set, names_by_identity: dict[tuple, list[str]], name
 
 
 @app.command()
-@opt.with_options("samples", "prompt", "evaluation")
+@opt.with_options("samples", "prompt", "evaluation", panels=())
 def passkey(model: opt.ModelArgument, *, samples, prompt, evaluation) -> None:
     """Passkey retrieval: a 5-digit key hidden at several depths in filler, prompts of exact token length.
 
@@ -333,7 +355,7 @@ def passkey(model: opt.ModelArgument, *, samples, prompt, evaluation) -> None:
 
 
 @app.command()
-@opt.with_options("samples", "prompt", "evaluation")
+@opt.with_options("samples", "prompt", "evaluation", panels=(opt.RULER_PANEL,))
 def ruler(
     model: opt.ModelArgument,
     task: Annotated[str, typer.Option("--task", "-t", help="RULER tasks, comma separated: niah_single_1,2,3, niah_multikey_1,2,3, niah_multivalue, niah_multiquery, vt, cwe, fwe; all: every one of them.")] = "niah_single_1",
@@ -351,7 +373,7 @@ def ruler(
 
 
 @app.command()
-@opt.with_options("samples", "prompt", "evaluation")
+@opt.with_options("samples", "prompt", "evaluation", panels=(opt.PERPLEXITY_PANEL,))
 def ppl(model: opt.ModelArgument, *, samples, prompt, evaluation) -> None:
     """Perplexity: every token scored exactly once with up to L tokens of context (sliding), or per position bucket.
 
@@ -365,7 +387,7 @@ def ppl(model: opt.ModelArgument, *, samples, prompt, evaluation) -> None:
 def compare(
     models: Annotated[list[str], typer.Argument(help="Models side by side: catalog names, checkpoint directories or PREFIX:PATH.")],
     task: Annotated[str, typer.Option("--task", "-t", help="passkey, a RULER task (niah_single_1, ...) or ppl.")] = "passkey",
-    plot: Annotated[Optional[Path], typer.Option(help="PNG of models x lengths, each cell coloured by its score with the number written in it (default: OUT-TASK.png beside the results directory, which stays a plain Parquet dataset; `bamctl plot curves` draws lines).")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="PNG of models x lengths, each cell coloured by its score with the number written in it (default: beside the folder holding the results, never inside it, so Parquet readers meet only data: results-passkey.png for --out results, results-main-passkey.png for --out results/main; `bamctl plot curves` draws lines).")] = None,
     threshold: opt.Threshold = 0.9,
     baseline: Annotated[Optional[str], typer.Option(help="The model every other is tested against at each length, on the samples both ran: a paired sign-flip test over the independent draws (passkey keys, RULER draws, documents; every flip enumerated up to 13 draws; the exact McNemar test when each draw is one 0/1 prompt), Holm over lengths. Default: the first model.")] = None,
     *,
@@ -395,15 +417,7 @@ def compare(
         evaluation,
         prompt,
         threshold=threshold,
-        plot=beside(evaluation.out, plot, task),
+        plot=plot_path(evaluation.out, plot, task),
         baseline=baseline or names[0],
     )
 
-
-def beside(results: Path, plot: Path | None, name: str) -> Path:
-    """Where a plot of a results directory goes: ``--plot``, or ``DIR-NAME.png`` next to it; never
-    inside it, so the directory stays a Parquet dataset any reader opens as it is."""
-    path = plot if plot is not None else results.parent / f"{results.name}-{name}.png"
-    if path.resolve().is_relative_to(results.resolve()):
-        raise BamctlError(f"--plot {path} is inside the results directory {results}; put it beside it (a results directory holds Parquet files only)")
-    return path

@@ -15,6 +15,7 @@ each back-end refuses, by name, the options it cannot honour (``bamctl.backends`
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 from dataclasses import dataclass, make_dataclass
@@ -190,7 +191,7 @@ PROMPT: list[Param] = [
         "SentencePiece .model), or gpt2. A run: replaces an external model's own (bam: needs one). generate: default gpt2, "
         "the tokenizer of bamctl's models.")),
     Param("chat_template", bool, False, typer.Option(
-        "--chat-template", rich_help_panel=PROMPT_PANEL,
+        "--chat-template", rich_help_panel=RULER_PANEL,
         help="RULER tasks for chat models: the task text as a user turn of the tokenizer's chat template (hf:/vllm: the "
         "model's; generate: --tokenizer FOLDER's), its tokens counted in the length, the answer prefix opening the "
         "assistant turn (off: base-model mode).")),
@@ -250,15 +251,32 @@ GROUPS: dict[str, tuple[list[Param], type]] = {
 }
 
 
-def with_options(*groups: str) -> Callable:
+# Panels of options that apply to some tasks only: a command that runs one task shows its own alone.
+TASK_PANELS = (RULER_PANEL, PERPLEXITY_PANEL)
+
+
+def _shown_for(option, panels: tuple[str, ...] | None):
+    """The option as a command's --help shows it: hidden when it belongs to another task's panel.
+    A hidden option still parses, so giving it is refused by name, as before (bamctl.cli.requests)."""
+    if panels is None or option.rich_help_panel not in TASK_PANELS or option.rich_help_panel in panels:
+        return option
+    hidden = copy.copy(option)
+    hidden.hidden = True
+    return hidden
+
+
+def with_options(*groups: str, panels: tuple[str, ...] | None = None) -> Callable:
     """Give a command the options of ``groups``: each arrives as one keyword argument named
-    after its group, a dataclass of its options (enum choices as their plain values)."""
+    after its group, a dataclass of its options (enum choices as their plain values).
+    ``panels``: the task panels (``TASK_PANELS``) its --help shows; None: every one (a
+    command whose task is chosen on its command line)."""
 
     def decorate(command: Callable) -> Callable:
         signature = inspect.signature(command, eval_str=True)
         own = [p for p in signature.parameters.values() if p.name not in groups]
         added = [
-            inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, default=p.default, annotation=Annotated[p.type, p.option])
+            inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, default=p.default,
+                              annotation=Annotated[p.type, _shown_for(p.option, panels)])
             for group in groups
             for p in GROUPS[group][0]
         ]

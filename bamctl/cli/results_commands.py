@@ -18,7 +18,8 @@ import typer
 from rich.console import Console
 
 from bamctl.cli.app import app
-from bamctl.cli.eval_commands import beside, check_baseline
+from bamctl.cli.eval_commands import check_baseline
+from bamctl.cli.plot_paths import plot_path
 from bamctl.errors import BamctlError
 
 if TYPE_CHECKING:
@@ -214,7 +215,7 @@ def curves(
     from bamctl.results.plots import plot_curves
 
     frame = _load(directory, task, model, where)
-    typer.echo(str(plot_curves(frame, beside(directory, out, "curves"), models=model, threshold=threshold)))
+    typer.echo(str(plot_curves(frame, plot_path(directory, out, "curves"), models=model, threshold=threshold)))
 
 
 @plot_app.command("grid")
@@ -237,7 +238,7 @@ def grid(
     frame = _load(directory, task, model, where)
     if baseline is not None:
         _summaries(frame, threshold, model, baseline)
-    typer.echo(str(plot_grid(frame, beside(directory, out, "grid"), models=model, threshold=threshold, baseline=baseline)))
+    typer.echo(str(plot_grid(frame, plot_path(directory, out, "grid"), models=model, threshold=threshold, baseline=baseline)))
 
 
 @plot_app.command("heatmap")
@@ -257,4 +258,4 @@ def heatmap(
     from bamctl.results.plots import plot_heatmap
 
     frame = _load(directory, task, model, where)
-    typer.echo(str(plot_heatmap(frame, beside(directory, out, "heatmap"), models=model, metric=metric)))
+    typer.echo(str(plot_heatmap(frame, plot_path(directory, out, "heatmap"), models=model, metric=metric)))

@@ -37,12 +37,12 @@ def _progress_display(total: int):
 @app.command()
 def train(
     recipe: Annotated[str, typer.Option("--recipe", "-r", help="A shipped recipe's name (bam, rope-ssmax, ...: the recipe of that reference model) or a recipe TOML file (model, PE, data mix, optimiser, schedule, steps, seed).")],
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Checkpoint directory to write (config.json, model.safetensors, and train_state.pt while running). Default: bamctl/data/baselines/NAME beside the recipe.")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Checkpoint directory to write (config.json, model.safetensors, and train_state.pt while running). Default: models/NAME in the working directory; a shipped checkpoint is replaced only when named here.")] = None,
     steps: Annotated[Optional[int], typer.Option(help="Override the recipe's number of optimiser steps.")] = None,
     seed: Annotated[Optional[int], typer.Option(help="Override the recipe's seed (model init, text windows, key depths).")] = None,
     device: Annotated[str, typer.Option(help="auto (CUDA when present), cpu, cuda or cuda:N. On CUDA the forward pass runs under bfloat16 autocast.")] = "auto",
     data: Annotated[Optional[Path], typer.Option("--data", help="Folder of training text: *.txt files, or pre-tokenised GPT-2 shards (*.npy, *.bin uint16, llm.c headers accepted). Replaces the shipped corpus.")] = None,
-    restart: Annotated[bool, typer.Option("--restart", help="Ignore a saved training state or finished checkpoint in --out and train from step 0.")] = False,
+    restart: Annotated[bool, typer.Option("--restart", help="Train from step 0 even where --out holds a saved state or a finished checkpoint; that one stays until the new run finishes (it trains in .NAME.restart beside it, and running again without --restart resumes there).")] = False,
 ) -> None:
     """Train a model from a recipe; an interrupted run resumes where it last saved.
 
@@ -51,18 +51,19 @@ def train(
     the same weights. A finished run leaves a core-format checkpoint whose config.json
     holds the full recipe and its provenance (losses, steps, wall time, torch version).
 
-    Example: bamctl train --recipe bam --out models/bam --device cpu
+    Example: bamctl train --recipe bam --device cpu   (writes models/bam)
     """
-    from bamctl.train import STATE_FILE, load_recipe, recipe_path
+    from bamctl.train import load_recipe, recipe_path, resuming_from
     from bamctl.train import train as run_training
 
     path = recipe_path(recipe)
     spec = load_recipe(path).with_overrides(steps=steps, seed=seed)
-    target = out if out is not None else path.parent / spec.name
-    resuming = (target / STATE_FILE).exists() and not restart
+    target = out if out is not None else Path("models") / spec.name  # never into the installed package unasked
+    _note_shipped(target)
+    resumed = None if restart else resuming_from(target)
     progress = _progress_display(spec.train.steps)
-    if resuming:
-        stderr.print(f"resuming {target} from its saved training state")
+    if resumed is not None:
+        stderr.print(f"resuming {target} from its saved training state{'' if resumed == target else f' in {resumed}'}", soft_wrap=True)
 
     if progress is None:
         result = run_training(spec, target, device=device, data_dir=data, restart=restart)
@@ -79,3 +80,12 @@ def train(
         f"wrote {spec.name} ({spec.model.pe}, {spec.train.steps} steps, final loss {final['final_loss']:.4f}, "
         f"{result.wall_time_s:.0f} s) to {target}"
     )
+
+
+def _note_shipped(target: Path) -> None:
+    """Say so when the run will replace a checkpoint of the catalog (only ever when --out names it)."""
+    from bamctl.catalog import baselines_dir
+
+    if target.resolve().parent == baselines_dir().resolve():
+        stderr.print(f"note: {target} is the catalog's {target.name}: every command naming {target.name} will use "
+                     "the weights this run leaves there", soft_wrap=True)

@@ -12,17 +12,27 @@ FIRE's bias depends on the query's position as well as the distance, so no line 
 it; the kernel takes it as its piecewise-linear form instead (``PiecewiseBias``: one line
 ``ψ(d)``, one divisor per query, the pieces) and computes each pair's bias as it goes.
 
-It is compiled once per machine with ``torch.utils.cpp_extension`` (about a minute; cached
-under ``~/.cache/torch_extensions``, or ``$TORCH_EXTENSIONS_DIR``). Where that fails (no C++
-compiler, no Python headers) the engine says so once and uses the fused path.
+It is compiled with ``torch.utils.cpp_extension`` once per build configuration: the
+source's contents, the torch version, the Python ABI and the compiler flags (about a minute).
+Each configuration has its own folder, named by that configuration's digest, under
+``$TORCH_EXTENSIONS_DIR`` or torch's ``~/.cache/torch_extensions``: environments with other
+flags or another torch build beside each other, and checkouts in other places with the same
+source share one build instead of rewriting a shared folder and recompiling in turn. A built
+kernel is imported as it is, with no build step, and only when attention first runs: a run
+that skips every sample never loads it. Where building fails (no C++ compiler, no Python
+headers) the engine says so once and uses the fused path.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
+import json
 import math
+import os
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -32,6 +42,8 @@ from bamctl.engine.attention import blockwise_attention, prior_line
 from bamctl.engine.fused import fused_attention, needs_grad
 
 SOURCE = Path(__file__).with_name("csrc") / "bam_attention.cpp"
+LDFLAGS = ("-fopenmp",)
+STAMP = "built.json"  # written after a build succeeds: the library beside it is complete
 
 
 def _flags() -> list[str]:
@@ -43,40 +55,113 @@ def _flags() -> list[str]:
     return flags
 
 
-def _module_name(flags: list[str]) -> str:
-    """A name per source, flags and torch version, so an edit or an upgrade rebuilds."""
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode() + torch.__version__.encode())
-    return f"bamctl_attention_{digest.hexdigest()[:12]}"
+@dataclass(frozen=True)
+class BuildConfig:
+    """Everything the compiled library depends on; its digest names the build folder and the module.
+
+    The source enters by its contents, not its path: two checkouts of the same code share a build.
+    """
+
+    source_sha256: str
+    torch_version: str
+    python_abi: str
+    cflags: tuple[str, ...]
+    ldflags: tuple[str, ...] = LDFLAGS
+
+    @classmethod
+    def current(cls) -> "BuildConfig":
+        return cls(
+            source_sha256=hashlib.sha256(SOURCE.read_bytes()).hexdigest(),
+            torch_version=torch.__version__,
+            python_abi=f"{sys.implementation.cache_tag}{getattr(sys, 'abiflags', '')}",
+            cflags=tuple(_flags()),
+        )
+
+    @property
+    def name(self) -> str:
+        """The module's name, and its folder's: one per configuration."""
+        digest = hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()
+        return f"bamctl_attention_{digest[:16]}"
+
+    def folder(self) -> Path:
+        return build_root() / self.name
+
+    def library(self) -> Path:
+        return self.folder() / f"{self.name}{_library_suffix()}"
+
+    def built(self) -> bool:
+        """Whether a build of this configuration finished (a build in progress has no stamp yet)."""
+        return (self.folder() / STAMP).is_file() and self.library().is_file()
+
+
+def build_root() -> Path:
+    """Where build folders go: ``$TORCH_EXTENSIONS_DIR``, else torch's default cache folder."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+
+
+def _library_suffix() -> str:
+    from torch.utils.cpp_extension import LIB_EXT
+
+    return LIB_EXT
+
+
+def _compile(config: BuildConfig):
+    """Build this configuration's library in its own folder and import it (torch's lock keeps
+    processes that build the same configuration at once from building it twice)."""
+    from torch.utils.cpp_extension import load
+
+    folder = config.folder()
+    folder.mkdir(parents=True, exist_ok=True)
+    return load(name=config.name, sources=[str(SOURCE)], extra_cflags=list(config.cflags),
+                extra_ldflags=list(config.ldflags), build_directory=str(folder), verbose=False)
+
+
+def _import_built(config: BuildConfig):
+    """Import a finished build as it is: no build files written, no compiler run."""
+    spec = importlib.util.spec_from_file_location(config.name, config.library())
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_kernel(config: BuildConfig):
+    """The compiled module of ``config``: imported when built, else compiled first (and stamped)."""
+    if config.built():
+        try:
+            return _import_built(config)
+        except ImportError:  # a library left damaged: build it again below
+            (config.folder() / STAMP).unlink(missing_ok=True)
+    print(f"compiling bamctl's CPU attention kernel into {config.folder()} (once per torch version and compiler "
+          "flags, about a minute)…", file=sys.stderr)
+    module = _compile(config)
+    stamp = config.folder() / STAMP
+    partial = stamp.with_name(f"{STAMP}.{os.getpid()}")
+    partial.write_text(json.dumps(asdict(config), indent=1))
+    os.replace(partial, stamp)  # whole or absent: another process never reads half a stamp
+    return module
 
 
 @functools.cache
 def _extension():
     """The compiled module, or the one-line reason it could not be built."""
     try:
-        from torch.utils.cpp_extension import load
-
-        flags = _flags()
-        name = _module_name(flags)
-        if not _built(name):
-            print("compiling bamctl's CPU attention kernel (once per machine, about a minute)…", file=sys.stderr)
-        return load(name=name, sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
+        return load_kernel(BuildConfig.current())
     except Exception as err:  # no compiler, no headers, no ninja: the fused path still works
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         return reason[:200]
 
 
-def _built(name: str) -> bool:
-    """Whether a previous process already compiled this module (only decides whether to announce a build)."""
-    try:
-        from torch.utils.cpp_extension import _get_build_directory  # where load() puts it
-
-        return (Path(_get_build_directory(name, verbose=False)) / f"{name}.so").is_file()
-    except Exception:  # a private helper: if it moves, we merely stay silent
-        return True
-
-
+@functools.cache
 def native_available() -> tuple[bool, str]:
-    """Whether the kernel is built (building it if needed), and why not."""
+    """Whether the kernel can run, and why not: a finished build says yes without loading it
+    (it loads when attention first runs); with none, it is built now."""
+    try:
+        if BuildConfig.current().built():
+            return True, ""
+    except Exception:  # no build root, an unreadable source: building says why below
+        pass
     module = _extension()
     if isinstance(module, str):
         return False, f"bamctl's C++ attention kernel could not be compiled: {module}"

@@ -21,6 +21,7 @@ from bamctl.results.summary import GROUP_COLUMNS, is_perplexity, model_labels, s
 
 PANEL_INCHES = (6.0, 4.0)
 ANNOTATE_MAX_CELLS = 160  # write values into heatmap cells only while they stay legible
+RATIO_TICKS = (-2, -1, 0, 1, 2)  # log2 of the perplexity grid's ratios: ×0.25 .. ×4, its colour range
 
 
 def plot_curves(
@@ -29,10 +30,16 @@ def plot_curves(
     """Accuracy (or perplexity) against length on a log2 axis, one line per model, the draw-level
     Wilson band shaded,
     each model's training length a dashed vertical line in its colour; one panel per task."""
+    return save_figure(curves_figure(frame, models=models, threshold=threshold), path)
+
+
+def curves_figure(frame: pd.DataFrame, *, models: Sequence[str] | None = None, threshold: float = 0.9) -> Figure:
+    """The figure of ``plot_curves``; its legend sits right of each panel, over no data."""
     if frame.empty:
         raise BamctlError("no result rows to plot")
     summaries = summarize(frame, threshold=threshold, models=models)
-    fig = Figure(figsize=(PANEL_INCHES[0] * len(summaries), PANEL_INCHES[1]), layout="constrained")
+    legend_inches = 2.6  # beside each panel: the legend never covers a curve
+    fig = Figure(figsize=((PANEL_INCHES[0] + legend_inches) * len(summaries), PANEL_INCHES[1]), layout="constrained")
     axes = fig.subplots(1, len(summaries), squeeze=False)[0]
     for ax, s in zip(axes, summaries):
         value = "score" if s.metric == "accuracy" else "ppl"
@@ -61,8 +68,8 @@ def plot_curves(
                 ax.set_yscale("log")
         ax.set_title(s.title)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small")
-    return save_figure(fig, path)
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    return fig
 
 
 MAX_GRID_DEPTHS = 21  # more distinct depths than this are random placements (RULER's), drawn binned
@@ -164,8 +171,16 @@ def plot_grid(
     """Models × lengths, each cell coloured by its value and the number written in it; one panel per
     task. Accuracy: red to green on [0, 1], ▲/▼ where a model differs significantly from the
     baseline. Perplexity: coloured by the ratio to the model's own perplexity at its shortest
-    length (log scale), so a flat row stays pale and a blow-up turns red. Legible with many models,
-    where overlaid curves and bands are not: the default picture of `compare`."""
+    length (log scale), so a flat row stays pale and a blow-up turns red; each cell writes that
+    ratio under its perplexity, so the colour can be read. Legible with many models, where
+    overlaid curves and bands are not: the default picture of `compare`."""
+    return save_figure(grid_figure(frame, models=models, threshold=threshold, baseline=baseline), path)
+
+
+def grid_figure(
+    frame: pd.DataFrame, *, models: Sequence[str] | None = None, threshold: float = 0.9, baseline: str | None = None,
+) -> Figure:
+    """The figure of ``plot_grid``."""
     if frame.empty:
         raise BamctlError("no result rows to plot")
     summaries = summarize(frame, threshold=threshold, models=models, baseline=baseline)
@@ -181,21 +196,31 @@ def plot_grid(
             colour_bar_label = "accuracy"
         else:
             first = np.array([row[~np.isnan(row)][0] if (~np.isnan(row)).any() else np.nan for row in grid])
-            ratio = np.log2(grid / first[:, None])
-            image = ax.imshow(ratio, cmap="RdYlGn_r", vmin=-2.0, vmax=2.0, aspect="auto")
-            colour_bar_label = "log2(ppl / ppl at first length)"
+            ratio = grid / first[:, None]
+            image = ax.imshow(np.log2(ratio), cmap="RdYlGn_r", vmin=-2.0, vmax=2.0, aspect="auto")
+            colour_bar_label = "ppl ÷ ppl at first length"
         for (row, column), number in np.ndenumerate(grid):
             if np.isnan(number):
                 continue
-            text = f"{number:.2f}" if s.metric == "accuracy" else _perplexity_label(number)
             mark = s.mark(s.lengths[column], s.models[row])
-            ax.text(column, row, f"{text}{mark}", ha="center", va="center", fontsize=8)
+            if s.metric == "accuracy":
+                text = f"{number:.2f}{mark}"
+            else:  # the number the colour shows, under the perplexity itself
+                text = f"{_perplexity_label(number)}{mark}\n×{_ratio_label(ratio[row, column])}"
+            ax.text(column, row, text, ha="center", va="center", fontsize=8 if s.metric == "accuracy" else 7)
         ax.set_xticks(range(len(s.lengths)), [format_length(x) for x in s.lengths])
         ax.set_yticks(range(len(s.models)), [f"{m} (train {format_length(int(s.table[('train_length', m)].iloc[0]))})" for m in s.models])
         ax.set_xlabel("context length (tokens)")
         ax.set_title(s.title + (f"  (▲/▼ vs {s.baseline}, Holm p < 0.05)" if s.baseline else ""), fontsize="medium")
-        fig.colorbar(image, ax=ax, label=colour_bar_label, shrink=0.9)
-    return save_figure(fig, path)
+        bar = fig.colorbar(image, ax=ax, label=colour_bar_label, shrink=0.9)
+        if s.metric != "accuracy":  # the colour is log2 of the ratio each cell writes: label it as ratios
+            bar.set_ticks(RATIO_TICKS, labels=[f"×{2.0 ** t:g}" for t in RATIO_TICKS])
+    return fig
+
+
+def _ratio_label(value: float) -> str:
+    """×1.00, ×0.87, ×12.3, ×4.1e+03: the perplexity's multiple of its first length's."""
+    return f"{value:.3g}" if value < 1000 else f"{value:.2g}"
 
 
 def _perplexity_label(value: float) -> str:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
-from rich.console import Group
+from rich.console import Console, ConsoleOptions, Group
 from rich.table import Table
 from rich.text import Text
 
@@ -178,16 +178,23 @@ def caption(summary: Summary) -> str:
             f"scored; a document two seeds picked counts once); lowest per length in bold{legend}{warning}{notes}")
 
 
-def render_summary(summary: Summary) -> Table:
-    """Rows = lengths, columns = models; best per row highlighted; final row = effective length."""
-    table = Table(title=f"{summary.title} — {summary.metric}", caption=caption(summary), caption_justify="left")
-    table.add_column("length", justify="right", no_wrap=True)
-    for model in summary.models:
-        table.add_column(Text(header_label(summary, model)), justify="right", no_wrap=True)  # Text: a name is not markup
+def render_summary(
+    summary: Summary, models: Sequence[str] | None = None, *, with_caption: bool = True, narrow: bool = False
+) -> Table:
+    """Rows = lengths, columns = models (``models``: some of them); best per row highlighted; final
+    row = effective length. ``narrow``: every column at its narrowest, labels, headers and effective
+    lengths wrapped, a cell's number and its ▲/▼ mark whole."""
+    models = summary.models if models is None else list(models)
+    table = Table(title=f"{summary.title} — {summary.metric}", caption=caption(summary) if with_caption else None,
+                  caption_justify="left")
+    table.add_column("length", justify="right", no_wrap=not narrow, width=_length_width(summary) if narrow else None)
+    for model in models:
+        width = _number_width(summary, model) if narrow else None
+        table.add_column(Text(header_label(summary, model)), justify="right", no_wrap=not narrow, width=width)  # Text: a name is not markup
     best = summary.best
     for length in summary.lengths:
         cells: list[Text] = [Text(format_length(length))]
-        for model in summary.models:
+        for model in models:
             text = format_cell(summary, length, model)
             if text is None:
                 cells.append(Text(MISSING, style="dim"))
@@ -199,14 +206,76 @@ def render_summary(summary: Summary) -> Table:
     rows = effective_rows(summary)
     if rows:
         table.add_section()
+    shown = [summary.models.index(m) for m in models]
     for label, values in rows:
-        table.add_row(Text(label, style="bold"), *[Text(v) for v in values])
+        table.add_row(Text(label, style="bold"), *[Text(values[i]) for i in shown])
     return table
 
 
+def _number_cell(summary: Summary, length: int, model: str) -> str:
+    text = format_cell(summary, length, model)
+    if text is None:
+        return MISSING
+    mark = summary.mark(length, model)
+    return f"{text} {mark}" if mark else text
+
+
+def _number_width(summary: Summary, model: str) -> int:
+    """The narrowest a model's column can be: its widest number with its mark, or its header's longest word."""
+    numbers = [len(_number_cell(summary, length, model)) for length in summary.lengths]
+    return max([*numbers, *(len(word) for word in header_label(summary, model).split())])
+
+
+def _length_width(summary: Summary) -> int:
+    words = [word for label, _ in effective_rows(summary) for word in label.split()]
+    return max(len(text) for text in [*(format_length(length) for length in summary.lengths), *words, "length"])
+
+
+def _fitting_width(summary: Summary, models: Sequence[str]) -> int:
+    """Columns at their narrowest, each with its padding and rule (rich's default box), and the outer rule."""
+    return sum(width + 3 for width in [_length_width(summary), *(_number_width(summary, m) for m in models)]) + 1
+
+
+def _natural_width(summary: Summary) -> int:
+    """The table's width with nothing wrapped."""
+    columns = [["length", *(format_length(length) for length in summary.lengths), *(label for label, _ in effective_rows(summary))]]
+    for i, model in enumerate(summary.models):
+        column = [header_label(summary, model), *(_number_cell(summary, length, model) for length in summary.lengths)]
+        columns.append(column + [values[i] for _, values in effective_rows(summary)])
+    return sum(max(len(text) for text in column) + 3 for column in columns) + 1
+
+
+class FittedSummary:
+    """One summary's table, split into tables of fewer model columns where the console is too
+    narrow for all of them: rich would otherwise cut every cell short, ▲/▼ marks first. Each
+    part repeats the length column; the caption follows the last part."""
+
+    def __init__(self, summary: Summary):
+        self.summary = summary
+
+    def parts(self, width: int) -> list[list[str]]:
+        """The models of each part: as many as fit ``width`` at their narrowest, one at least."""
+        models, parts, start = self.summary.models, [], 0
+        while start < len(models):
+            end = start + 1
+            while end < len(models) and _fitting_width(self.summary, models[start:end + 1]) <= width:
+                end += 1
+            parts.append(models[start:end])
+            start = end
+        return parts
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions):
+        if _natural_width(self.summary) <= options.max_width:
+            yield render_summary(self.summary)
+            return
+        parts = self.parts(options.max_width)
+        for i, models in enumerate(parts):
+            yield render_summary(self.summary, models, with_caption=i == len(parts) - 1, narrow=True)
+
+
 def render_summaries(summaries: Sequence[Summary]) -> Group:
-    """All summaries, one table each, ready for `Console.print`."""
-    return Group(*[render_summary(s) for s in summaries])
+    """All summaries, one table each (split to fit the console's width), ready for `Console.print`."""
+    return Group(*[FittedSummary(s) for s in summaries])
 
 
 def summary_to_dict(summary: Summary) -> dict[str, Any]:

@@ -57,7 +57,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("expected", pa.string(), True, "reference answer; null for perplexity"),
     Column("predicted", pa.string(), True, "model answer; null for perplexity"),
     Column("correct", pa.bool_(), True, "whether the answer counts as right; null for perplexity"),
-    Column("score", pa.float64(), False, "metric in [0, 1] for accuracy tasks (1.0/0.0 for exact match, fraction found for string_match_all); mean token NLL (nll / n_scored) for perplexity"),
+    Column("score", pa.float64(), False, "the task's metric: in [0, 1] for accuracy tasks (1.0/0.0 for exact match, fraction found for string_match_all); mean token NLL (nll / n_scored) for perplexity; per task in \"What `score` holds\" below"),
     Column("nll", pa.float64(), True, "perplexity only: SUM of the token negative log-likelihoods of the sample, nats"),
     Column("n_scored", pa.int64(), True, "perplexity only: number of tokens whose NLL is in `nll`"),
     Column("position", pa.int64(), True, "perplexity only: the span's label: a sliding window's first new token, or a bucket's first prediction (k * bucket; without a BOS it scores document tokens from k * bucket + 1); null otherwise"),

@@ -39,21 +39,23 @@ def string_match_part(predictions: Sequence[str], references: Sequence[Sequence[
 
 
 def _match_all(prediction: str, sample: Sample) -> float:
+    """The fraction of the sample's answers found in the generation (case-insensitive), in [0, 1]: RULER's string_match_all for one sample."""
     return found_all(prediction, sample.answers)
 
 
 def _match_part(prediction: str, sample: Sample) -> float:
+    """1.0 when any of the sample's answers is found in the generation (case-insensitive), else 0.0: RULER's string_match_part for one sample."""
     return found_any(prediction, sample.answers)
 
 
 def _passkey_exact(predicted_ids: Sequence[int], sample: Sample) -> float:
-    """Teacher forcing: 1 when the argmax at every key-digit position is the digit."""
+    """1.0 when, fed the answer after the prompt, the model's argmax at every key digit is that digit, else 0.0."""
     exact, _ = passkey_digit_hits(list(predicted_ids), sample)
     return float(exact)
 
 
 def _passkey_digits(predicted_ids: Sequence[int], sample: Sample) -> float:
-    """Teacher forcing: the fraction of key digits predicted correctly."""
+    """The fraction of key digits the model's argmax gets right, fed the answer after the prompt, in [0, 1]."""
     _, hits = passkey_digit_hits(list(predicted_ids), sample)
     return sum(hits) / len(hits) if hits else 0.0
 
@@ -67,12 +69,12 @@ def first_integer(text: str) -> str | None:
 
 
 def _first_integer_match(prediction: str, sample: Sample) -> float:
-    """Landmark Attention: the first integer in the generation equals the key."""
+    """1.0 when the first integer in the generation is the key (Landmark Attention's check), else 0.0."""
     return float(first_integer(prediction) == sample.answers[0])
 
 
 def _mean_nll(nll: tuple[float, int], sample: Sample) -> float:
-    """Perplexity: the mean negative log-likelihood (nats) of a span, from its sum and token count."""
+    """The mean negative log-likelihood of the span's scored tokens, in nats (`nll / n_scored`; 0 is perfect, no upper bound): not an accuracy. A cell's perplexity is exp(sum of `nll` / sum of `n_scored`)."""
     total, count = nll
     return total / count if count else math.nan
 

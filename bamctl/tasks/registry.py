@@ -289,6 +289,11 @@ def protocol_candidates(task: str, protocol: str | None = None) -> list[str]:
     return [get_task(task, protocol).protocol]
 
 
+# (plan fingerprint, slots) whose samples built: a sample is a pure function of its slot and
+# the plan's fingerprinted inputs, so building them again proves nothing new.
+_BUILT_FINE: set[tuple] = set()
+
+
 @dataclass(frozen=True)
 class TaskPlan:
     """A request's samples, planned: ``slots`` in order, each built on demand by ``build``."""
@@ -306,6 +311,35 @@ class TaskPlan:
 
     def samples(self) -> Iterator[Sample]:
         return (self.build(slot) for slot in self.slots)
+
+    def check_lengths(self) -> None:
+        """Build every sample of the shortest length now, and drop them: a length too short for the
+        task (its prompt around the haystack, its vocabulary) is refused before any work, not when
+        the run reaches it. Longer lengths only give the prompt more room."""
+        lengths = sorted({slot.length for slot in self.slots})
+        shortest = tuple(slot for slot in self.slots if slot.length == lengths[0])
+        key = (self.fingerprint, shortest)
+        if key in _BUILT_FINE:  # the same prompts already built (another model of the same tokenizer)
+            return
+        try:
+            for slot in shortest:
+                self.build(slot)
+        except BamctlError as err:
+            fitting = self._shortest_fitting(lengths[1:])
+            if fitting is None:  # no length helps: not a matter of length, or every one is too short
+                raise
+            raise BamctlError(f"{err}; start --lengths at {fitting:,} (the shortest asked for that fits)") from None
+        _BUILT_FINE.add(key)
+
+    def _shortest_fitting(self, longer: list[int]) -> int | None:
+        """The shortest of the other planned lengths whose first sample builds, if any."""
+        for length in longer:
+            try:
+                self.build(next(slot for slot in self.slots if slot.length == length))
+            except BamctlError:
+                continue
+            return length
+        return None
 
     @property
     def n_rows(self) -> int:

@@ -7,7 +7,9 @@
 """
 
 from bamctl.train.data import BatchMaker, is_passkey_row, passkey_row
-from bamctl.train.loop import STATE_FILE, StepReport, TrainResult, first_losses, lr_at, param_groups, prepare, train
+from bamctl.train.loop import (
+    STATE_FILE, StepReport, TrainResult, first_losses, lr_at, param_groups, prepare, resuming_from, staging_folder, train,
+)
 from bamctl.train.recipe import PASSKEY_SEED_OFFSET, Recipe, load_recipe, recipe_from_dict, recipe_path
 from bamctl.train.vocab import build_token_subset, passkey_token_ids
 
@@ -29,5 +31,7 @@ __all__ = [
     "prepare",
     "recipe_from_dict",
     "recipe_path",
+    "resuming_from",
+    "staging_folder",
     "train",
 ]

@@ -6,11 +6,18 @@ optimiser moments, the step, the losses so far. Batches are a pure function of t
 step (``bamctl.train.data``), so a resumed run replays exactly what an uninterrupted
 run would have done; on a CPU with the recipe's thread count the weights match bit
 for bit. A finished run deletes the state file and leaves a core-format checkpoint.
+
+Restarting over a checkpoint (``restart=True``) trains in a staging folder beside it,
+``.NAME.restart``, and swaps it in only when the run finishes: an interrupted restart
+leaves the previous model where it was, and running again without ``restart`` resumes
+the staged run.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import shutil
 import signal
 import threading
 import time
@@ -222,11 +229,44 @@ class Progress:
         return self.wall_before + time.perf_counter() - self.began
 
 
-def _check_target(out: Path, state_path: Path, restart: bool) -> None:
-    if restart and state_path.exists():
-        state_path.unlink()
-    if not restart and not state_path.exists() and (out / CONFIG_FILE).exists():
-        raise BamctlError(f"{out} already holds a finished checkpoint; pass --restart to train it again")
+def staging_folder(target: Path) -> Path:
+    """Where a restart over ``target`` trains until it finishes (hidden: no catalog lists it)."""
+    return target.with_name(f".{target.name}.restart")
+
+
+def work_folder(target: Path, restart: bool) -> Path:
+    """The folder this run trains in: ``target``, or its staging folder when the run would
+    otherwise overwrite a checkpoint there (``restart``) or resumes a restart that was stopped."""
+    staging = staging_folder(target)
+    holds_a_model = (target / CONFIG_FILE).exists() or (target / STATE_FILE).exists()
+    if restart:
+        if staging.exists():
+            shutil.rmtree(staging)
+        return staging if holds_a_model else target
+    if (staging / STATE_FILE).exists():
+        return staging
+    if not (target / STATE_FILE).exists() and (target / CONFIG_FILE).exists():
+        raise BamctlError(f"{target} already holds a finished checkpoint; pass --restart to train it again")
+    return target
+
+
+def resuming_from(target: Path) -> Path | None:
+    """The folder whose saved state a run without ``restart`` would continue, if any."""
+    for folder in (staging_folder(target), target):
+        if (folder / STATE_FILE).exists():
+            return folder
+    return None
+
+
+def _swap_in(finished: Path, target: Path) -> None:
+    """Put a finished run where ``target`` was; the previous model stays whole until then."""
+    replaced = target.with_name(f".{target.name}.replaced")
+    if replaced.exists():
+        shutil.rmtree(replaced)
+    if target.exists():
+        os.replace(target, replaced)
+    os.replace(finished, target)
+    shutil.rmtree(replaced, ignore_errors=True)
 
 
 def _resume(state_path: Path, setup: Setup, optimizer, fingerprint: str) -> Progress:
@@ -307,8 +347,8 @@ def train(
     ``on_step`` is called after every step (progress display); an exception it raises
     stops the run like Ctrl-C does, after the state is saved.
     """
-    out = Path(out)
-    _check_target(out, out / STATE_FILE, restart)
+    target = Path(out)
+    out = work_folder(target, restart)
     setup = prepare(recipe, device=device, data_dir=data_dir)
     optimizer = make_optimizer(setup.model, recipe)
     progress = _resume(out / STATE_FILE, setup, optimizer, recipe.fingerprint())
@@ -335,4 +375,6 @@ def train(
             if done % recipe.train.save_every == 0 and done < steps:
                 _save(setup, optimizer, progress, out, done, finished=False)
         _save(setup, optimizer, progress, out, steps, finished=True)
-    return TrainResult(out, progress.losses, steps, progress.wall(), progress.start, _provenance(setup, progress, steps, True))
+    if out != target:
+        _swap_in(out, target)
+    return TrainResult(target, progress.losses, steps, progress.wall(), progress.start, _provenance(setup, progress, steps, True))

@@ -1,0 +1,112 @@
+"""Progress of a run: an ETA priced by length (attention grows with it), a line per finished cell."""
+
+from __future__ import annotations
+
+import pytest
+
+from bamctl.checkpoint import new_random_model, save_checkpoint
+from bamctl.cli import main
+from bamctl.cli.progress import CostFit, RunProgress, cells_of
+from bamctl.model import ModelConfig
+from bamctl.tasks.sample import SampleSlot
+
+
+def slot(length: int, seed: int = 0, index: int = 0) -> SampleSlot:
+    return SampleSlot(task="passkey", protocol="exact", scoring="teacher_forced", metric="passkey_exact",
+                      max_new_tokens=0, length=length, depth=None, seed=seed, index=index)
+
+
+def plan(lengths, per_length: int = 4, seeds=(0,)) -> list[SampleSlot]:
+    return [slot(length, seed, i) for seed in seeds for length in lengths for i in range(per_length)]
+
+
+def cost(length: int) -> float:
+    """A run's true seconds per sample: linear work plus attention's quadratic share."""
+    return 1e-4 * length + 2e-8 * length**2
+
+
+def row(s: SampleSlot) -> dict:
+    return {"seed": s.seed, "length": s.length, "seconds": cost(s.length), "n_tokens": s.length}
+
+
+def test_the_eta_prices_long_prompts_by_their_quadratic_cost():
+    slots = plan([1024, 2048, 4096, 32768, 131072])
+    progress = RunProgress(slots, "passkey m")
+    for s in slots[:12]:  # the three short lengths timed, the two long ones still to do
+        progress.row_written(row(s))
+    truth = sum(cost(s.length) for s in slots[12:])
+    per_sample = sum(cost(s.length) for s in slots[:12]) / 12 * len(slots[12:])  # what counting samples says
+    assert progress.eta() == pytest.approx(truth, rel=1e-6)
+    assert per_sample < truth / 100  # the old estimate was off by two orders of magnitude here
+
+
+def test_one_timed_length_takes_the_prior_shape():
+    fit = CostFit()
+    fit.add(1024, 2.0)
+    assert fit.price(1024) == pytest.approx(2.0)
+    assert fit.price(4096) > 4 * fit.price(1024)  # a longer prompt is priced more than linearly
+
+
+def test_a_constant_cost_per_sample_is_priced_as_constant():
+    # Generation-bound samples (a fixed answer budget) take about as long at every length.
+    fit = CostFit()
+    for length, seconds in ((256, 4.1), (256, 4.0), (512, 3.3), (512, 3.4)):
+        fit.add(length, seconds)
+    c, a, b = fit.coefficients()
+    assert (a, b) == (0.0, 0.0) and c == pytest.approx(3.7)
+    assert fit.price(8192) == pytest.approx(3.7)
+
+
+def test_the_fit_recovers_a_constant_plus_quadratic_cost():
+    fit = CostFit()
+    for length in (512, 1024, 2048, 4096):
+        fit.add(length, 0.5 + 3e-4 * length + 1e-7 * length**2)
+    assert fit.price(65536) == pytest.approx(0.5 + 3e-4 * 65536 + 1e-7 * 65536**2, rel=1e-6)
+
+
+def test_cells_stored_already_leave_the_price_once_the_run_passes_them():
+    slots = plan([128, 256, 512], per_length=2)
+    lines = []
+    progress = RunProgress(slots, "passkey m", say=lines.append)
+    progress.row_written(row(slots[0]))
+    progress.row_written(row(slots[1]))
+    # The 256 cell was stored already: the next row written is of 512.
+    progress.row_written(row(slots[4]))
+    assert progress.eta() == pytest.approx(cost(512), rel=0.5)  # one 512 sample left, none of 256
+    assert progress.done_fraction() > 0.5
+    progress.row_written(row(slots[5]))
+    progress.finish()
+    assert len(lines) == 2 and lines[0].startswith("passkey m 128: 2 samples") and lines[1].startswith("passkey m 512: 2 samples")
+    assert "100% of the run done" in lines[1]
+
+
+def test_a_cell_partly_stored_says_so():
+    slots = plan([128, 256], per_length=3)
+    lines = []
+    progress = RunProgress(slots, "passkey m", say=lines.append)
+    progress.row_written(row(slots[0]))
+    progress.row_written(row(slots[3]))
+    progress.finish()
+    assert "1 sample (2 stored already)" in lines[0]
+
+
+def test_cells_follow_the_plan_order_of_seeds_and_lengths():
+    cells = cells_of(plan([128, 256], per_length=2, seeds=(0, 1)))
+    assert [(c.seed, c.length, c.rows) for c in cells] == [(0, 128, 2), (0, 256, 2), (1, 128, 2), (1, 256, 2)]
+
+
+def test_without_a_terminal_each_finished_cell_prints_one_line(tmp_path, capsys):
+    model = save_checkpoint(new_random_model(ModelConfig.from_preset("micro", "bam", train_length=128), 0), tmp_path / "m")
+    with pytest.raises(SystemExit) as done:
+        main(["passkey", str(model), "--lengths", "128,256", "--samples", "1", "--depths", "2", "--seed", "0,1",
+              "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err  # captured: not a terminal
+    assert done.value.code == 0, err
+    cells = [line for line in err.splitlines() if line.startswith("passkey m ")]
+    assert [line.split(":")[0] for line in cells] == ["passkey m 128 seed 0", "passkey m 256 seed 0",
+                                                       "passkey m 128 seed 1", "passkey m 256 seed 1"]
+    assert all("2 samples in" in line and "of the run done" in line for line in cells)
+    with pytest.raises(SystemExit):
+        main(["passkey", str(model), "--lengths", "128,256", "--samples", "1", "--depths", "2", "--seed", "0,1",
+              "--out", str(tmp_path / "quiet"), "--quiet"])
+    assert not [line for line in capsys.readouterr().err.splitlines() if line.startswith("passkey m ")]
