@@ -6,6 +6,7 @@ test that submits, on an idle 2-core machine.
 """
 
 import os
+import re
 import shutil
 import sys
 
@@ -93,6 +94,8 @@ def test_four_local_shards_give_exactly_the_rows_and_the_table_of_one_process(mo
     shard_logs = list((tmp_path / "results-shards").glob("*_log.*"))
     assert len(shard_logs) == 2 * 4  # stdout and stderr of each shard: no more jobs than shards
     assert not any("accuracy" in log.read_text() or "plot written" in log.read_text() for log in shard_logs)  # no partial tables
+    errors = "".join(log.read_text() for log in shard_logs if log.name.endswith("_log.err"))
+    assert re.search(r"passkey \S+ 128: \d+ samples? in .*% of the run done", errors)  # each shard's progress, a line per cell
     assert len(ResultStore(out).part_files()) == 1  # compacted: one file, one row per key
 
 

@@ -56,7 +56,9 @@ def run_shard(command: list[str], shard: tuple[int, int], sweep_id: str, threads
 
         torch.set_num_threads(threads)
     with sweep.expecting(sweep_id):
-        _call([*command, "--shard", f"{shard[0]}/{shard[1]}", "--quiet"])
+        # Not --quiet: a job's stderr is a log file, where each finished cell prints one line of
+        # progress (time left included), so `tail -f` on a shard's log shows how far it is.
+        _call([*command, "--shard", f"{shard[0]}/{shard[1]}"])
 
 
 def plan_sweep(command: list[str]) -> tuple[dict, Path, dict]:
@@ -102,7 +104,7 @@ def _dry_run(executor, command: list[str], todo: list[int], shards: int) -> None
 
     if submit.is_local(executor):
         for index in todo:
-            typer.echo(f"bamctl {' '.join(command)} --shard {index}/{shards} --quiet")
+            typer.echo(f"bamctl {' '.join(command)} --shard {index}/{shards}")
     else:
         typer.echo(submit.sbatch_script(executor, len(todo)), nl=False)
     _say(f"--dry-run: {len(todo)} of {shards} shards would be submitted; nothing was written or queued")
