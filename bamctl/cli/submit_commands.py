@@ -55,6 +55,9 @@ def run_shard(command: list[str], shard: tuple[int, int], sweep_id: str, threads
         import torch
 
         torch.set_num_threads(threads)
+    from bamctl.cli.eval_commands import _quiet_external_libraries
+
+    _quiet_external_libraries()  # no Hugging Face progress bars in a log file
     with sweep.expecting(sweep_id):
         # Not --quiet: a job's stderr is a log file, where each finished cell prints one line of
         # progress (time left included), so `tail -f` on a shard's log shows how far it is.
