@@ -70,8 +70,21 @@ def test_a_second_task_too_short_for_a_length_stops_the_run_before_any_model_loa
     assert not list(tmp_path.rglob("*.parquet"))
 
 
-def test_default_lengths_too_short_for_a_task_are_refused_with_the_lengths_that_fit(model_dir, tmp_path, capsys, no_model_opened):
-    code, _, err = cli(capsys, "ruler", model_dir, "--task", "niah_single_1", "--out", str(tmp_path / "r"), "--quiet")
+def test_default_lengths_start_where_the_task_builds_and_say_so(model_dir, tmp_path, capsys):
+    # 1x of a 128-token model is too short for RULER's template: the defaults begin at 256, and say so.
+    code, _, err = cli(capsys, "ruler", model_dir, "--task", "niah_single_1", "--samples", "1",
+                       "--out", str(tmp_path / "r"), "--quiet")
+    assert code == 0, err
+    assert "niah_single_1: the default lengths start at 256" in err
+    from bamctl.results.store import ResultStore
+
+    lengths = sorted(set(ResultStore(tmp_path / "r").read()["length"]))
+    assert lengths[0] == 256 and lengths[-1] == 128 * 64  # the rest of the defaults, up to 64x
+
+
+def test_asked_lengths_too_short_for_a_task_are_refused_with_the_lengths_that_fit(model_dir, tmp_path, capsys, no_model_opened):
+    code, _, err = cli(capsys, "ruler", model_dir, "--task", "niah_single_1", "--lengths", "128,256",
+                       "--out", str(tmp_path / "r"), "--quiet")
     assert code == 2 and "length 128 is too short for niah_single_1" in err and "start --lengths at 256" in err
     assert len([line for line in err.strip().splitlines() if line.startswith("error")]) == 1
     assert not list(tmp_path.rglob("*.parquet"))
@@ -268,3 +281,13 @@ def test_the_main_job_writes_its_plots_outside_its_results():
 def test_json_of_a_compare_is_one_document(model_dir, tmp_path, capsys):
     code, out, _ = cli(capsys, "compare", model_dir, "--lengths", "128", "--samples", "1", "--out", str(tmp_path / "r"), "--quiet", "--json")
     assert code == 0 and json.loads(out)["summaries"][0]["fingerprint"]
+
+
+@pytest.mark.parametrize("command, flagship, options", [("passkey", "bam-ssmax", ["--depths", "1"]), ("ppl", "lm-bam", [])])
+def test_a_run_without_a_model_evaluates_the_flagship_and_names_it(tmp_path, capsys, command, flagship, options):
+    code, _, err = cli(capsys, command, "--lengths", "256", "--samples", "1", *options, "--out", str(tmp_path / "r"), "--quiet")
+    assert code == 0, err
+    assert f"no model named: evaluating the shipped reference {flagship}" in err
+    from bamctl.results.store import ResultStore
+
+    assert set(ResultStore(tmp_path / "r").read()["model"]) == {flagship}

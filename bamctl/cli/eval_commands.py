@@ -92,6 +92,8 @@ def run_models(
     requests = asked.for_models([p.train_length for p in peeks])
     # Options, protocols and plans checked now; what depends on each model's tokenizer, when it loads.
     plans = [request.plan(get_tokenizer(PLANNING_TOKENIZER), check_tokenizer=False) for request in requests]
+    if asked.lengths is None and all(peek.tokenizer == PLANNING_TOKENIZER for peek in peeks):
+        requests, plans = _start_where_each_task_builds(requests, plans)
     if any(peek.tokenizer == PLANNING_TOKENIZER for peek in peeks):
         for plan in plans:  # every task's shortest length built, so none is found too short mid-run
             plan.check_lengths()  # (a model of another tokenizer: in its pre-flight, with its own)
@@ -260,6 +262,28 @@ def check_baseline(baseline: str, models: list[str]) -> None:
     raise BamctlError(f"--baseline {baseline} is not one of the models compared{did_you_mean(baseline, models)}")
 
 
+def _start_where_each_task_builds(requests, plans):
+    """Default lengths (1x the training length and up) may begin below what a task's prompt needs
+    (RULER's template alone is longer than 128 tokens): such a task starts at its shortest length
+    that builds, and says so. Asked-for lengths are never changed (a too-short one is an error)."""
+    import dataclasses
+
+    from bamctl.results.render import format_length
+    from bamctl.tokenizer import get_tokenizer
+
+    kept_requests, kept_plans = [], []
+    for request, plan in zip(requests, plans):
+        first = plan.shortest_buildable_length()
+        if first is not None and first > min(request.lengths):
+            request = dataclasses.replace(request, lengths=[n for n in request.lengths if n >= first])
+            plan = request.plan(get_tokenizer(PLANNING_TOKENIZER), check_tokenizer=False)
+            stderr.print(f"{request.task}: the default lengths start at {format_length(first)}, the shortest its "
+                         "prompt fits in (--lengths chooses others)", soft_wrap=True)
+        kept_requests.append(request)
+        kept_plans.append(plan)
+    return kept_requests, kept_plans
+
+
 def _say_planned_lengths(requests, plans, peeks) -> None:
     """Without --lengths, say what the defaults plan before a long run starts."""
     from bamctl.results.render import format_length
@@ -344,20 +368,33 @@ def _report(store, covered: set, names_by_identity: dict[tuple, list[str]], name
         stderr.print(f"plot written to {path}")
 
 
+# The reference a run command evaluates when no model is named: the one the paper's claims are about.
+FLAGSHIP = {"passkey": "bam-ssmax", "ruler": "bam-ssmax", "ppl": "lm-bam"}
+
+
+def model_or_flagship(model: str | None, command: str) -> str:
+    """The model asked for, or the command's flagship reference, named in one line on stderr."""
+    if model is not None:
+        return model
+    stderr.print(f"no model named: evaluating the shipped reference {FLAGSHIP[command]} "
+                 f"(name one first: bamctl {command} MODEL ...)", soft_wrap=True)
+    return FLAGSHIP[command]
+
+
 @app.command()
 @opt.with_options("samples", "prompt", "evaluation", panels=())
-def passkey(model: opt.ModelArgument, *, samples, prompt, evaluation) -> None:
+def passkey(model: opt.ModelArgument = None, *, samples, prompt, evaluation) -> None:
     """Passkey retrieval: a 5-digit key hidden at several depths in filler, prompts of exact token length.
 
     Example: bamctl passkey bam-ssmax --lengths 512..32k --samples 4 --depths 5 --seed 0,1
     """
-    run_models([model], AskedRequests(["passkey"], samples, prompt), evaluation, prompt)
+    run_models([model_or_flagship(model, "passkey")], AskedRequests(["passkey"], samples, prompt), evaluation, prompt)
 
 
 @app.command()
 @opt.with_options("samples", "prompt", "evaluation", panels=(opt.RULER_PANEL,))
 def ruler(
-    model: opt.ModelArgument,
+    model: opt.ModelArgument = None,
     task: Annotated[str, typer.Option("--task", "-t", help="RULER tasks, comma separated: niah_single_1,2,3, niah_multikey_1,2,3, niah_multivalue, niah_multiquery, vt, cwe, fwe; all: every one of them.")] = "niah_single_1",
     *,
     samples,
@@ -369,17 +406,17 @@ def ruler(
 
     Example: bamctl ruler bam-ssmax --task niah_single_1,vt,cwe,fwe --lengths 1k..8k --samples 20
     """
-    run_models([model], AskedRequests(task_names(task), samples, prompt), evaluation, prompt)
+    run_models([model_or_flagship(model, "ruler")], AskedRequests(task_names(task), samples, prompt), evaluation, prompt)
 
 
 @app.command()
 @opt.with_options("samples", "prompt", "evaluation", panels=(opt.PERPLEXITY_PANEL,))
-def ppl(model: opt.ModelArgument, *, samples, prompt, evaluation) -> None:
+def ppl(model: opt.ModelArgument = None, *, samples, prompt, evaluation) -> None:
     """Perplexity: every token scored exactly once with up to L tokens of context (sliding), or per position bucket.
 
-    Example: bamctl ppl bam-ssmax --lengths 512..8k --protocol sliding --stride 256
+    Example: bamctl ppl lm-bam --lengths 512..8k --protocol sliding --stride 256
     """
-    run_models([model], AskedRequests(["ppl"], samples, prompt), evaluation, prompt)
+    run_models([model_or_flagship(model, "ppl")], AskedRequests(["ppl"], samples, prompt), evaluation, prompt)
 
 
 @app.command()

@@ -216,7 +216,11 @@ PROMPT: list[Param] = [
 ]
 
 Threshold = Annotated[float, typer.Option(min=0.0, max=1.0, help="Accuracy that counts as 'still working' for the effective length.")]
-ModelArgument = Annotated[str, typer.Argument(help="Catalog name, checkpoint directory, or PREFIX:PATH (hf:, bam:, vllm:).")]
+ModelArgument = Annotated[str | None, typer.Argument(
+    help="Catalog name, checkpoint directory, or PREFIX:PATH (hf:, bam:, vllm:, hf:ORG/NAME for a Hub id); "
+         "left out: the shipped flagship reference of the task (bam-ssmax; lm-bam for ppl).",
+    show_default=False)]
+
 
 
 AUTO_BATCH = "auto"

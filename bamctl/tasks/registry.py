@@ -331,6 +331,10 @@ class TaskPlan:
             raise BamctlError(f"{err}; start --lengths at {fitting:,} (the shortest asked for that fits)") from None
         _BUILT_FINE.add(key)
 
+    def shortest_buildable_length(self) -> int | None:
+        """The shortest planned length whose first sample builds (None: none does)."""
+        return self._shortest_fitting(sorted({slot.length for slot in self.slots}))
+
     def _shortest_fitting(self, longer: list[int]) -> int | None:
         """The shortest of the other planned lengths whose first sample builds, if any."""
         for length in longer:
