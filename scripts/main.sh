@@ -6,8 +6,8 @@
 #    (seed 0): the statistics count keys, not prompts (the depths of one key share
 #    it), and 35 keys are the fewest at which a perfect cell's Wilson lower bound
 #    passes 0.9, so the certified effective length can be read;
-#    `bash scripts/main.sh --lengths 128..8k --depths 5 --seed 230039,414707 --samples 4`
-#    gives README's held-out table (40 prompts on 8 keys per cell; extra arguments
+#    `bash scripts/main.sh --lengths 128..8k --depths 5 --seed 230039,414707 --samples 18`
+#    gives README's held-out table (180 prompts on 36 keys per cell; extra arguments
 #    go to this comparison);
 # 2. the six language-model references on sliding-window perplexity of the shipped
 #    perplexity text from 1x to 64x their training length (256 -> 16k tokens),
