@@ -30,3 +30,15 @@ def cache_snapshot(hub_cache: Path, repo_id: str, files_from: Path, commit: str,
 def commit_sha(label: str) -> str:
     """A 40-hex commit sha, as the Hub names snapshots."""
     return hashlib.sha1(label.encode()).hexdigest()
+
+
+def offline_hf_home(tmp_path: Path, monkeypatch) -> Path:
+    """A fresh HF_HOME under ``tmp_path`` with HF_HUB_OFFLINE set and no other cache variable
+    in the way, the working directory moved there (so ORG/NAME is no local path). Returns it."""
+    home = tmp_path / "hf-home"
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    return home

@@ -6,31 +6,24 @@ The sweep is the local-executor tests' (two micro models, a dozen rows); each jo
 its process start on a busy 2-core machine.
 """
 
-import io
 import signal
 import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager, redirect_stdout
+from contextlib import contextmanager
 
 import pytest
 
-from bamctl.checkpoint import new_random_model, save_checkpoint
-from bamctl.cli import main
 from bamctl.cluster import sweep
 from bamctl.cluster.submit import JobSettings
-from bamctl.model import ModelConfig
 from bamctl.results.store import ResultStore
+from cluster_sweep import KEYS, ROWS, compare_command as _compare, models, one_process, run_cli, stable  # noqa: F401 - fixtures
 from slurm_cluster import SlurmManager, why_not
 
 pytest.importorskip("submitit", reason="bamctl submit needs the cluster extra (pip install 'bamctl[cluster]')")
 pytestmark = pytest.mark.slurm
 
-VOLATILE = ["run_id", "created_at", "seconds", "tokens_per_s", "peak_mem_bytes", "git_revision"]
-KEYS = ["model", "task", "protocol", "setting", "length", "depth", "seed", "sample", "position"]
-SWEEP = ["--task", "passkey", "--lengths", "128", "--samples", "2", "--depths", "0,0.5,1", "--device", "cpu"]
-ROWS = 2 * 3 * 2  # models x depths x samples
 ONE_CORE = ["--cpus-per-shard", "1"]  # two shards run at once on a 2-core node
 
 
@@ -62,36 +55,6 @@ def slurm_with_accounting(slurms, monkeypatch):
     cluster = slurms.get(accounting=True)
     monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
     return cluster
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    return [str(save_checkpoint(new_random_model(ModelConfig.from_preset("micro", pe, train_length=128), seed), root / pe))
-            for pe, seed in (("bam-ssmax", 0), ("rope", 1))]
-
-
-def run_cli(*args):
-    with pytest.raises(SystemExit) as exit_info:
-        main([str(a) for a in args])
-    return exit_info.value.code
-
-
-def stable(frame):
-    return frame.drop(columns=VOLATILE).sort_values(KEYS).reset_index(drop=True)
-
-
-@pytest.fixture(scope="module")
-def one_process(models, tmp_path_factory):
-    out = tmp_path_factory.mktemp("whole") / "results"
-    printed = io.StringIO()
-    with redirect_stdout(printed):
-        assert run_cli("compare", *models, *SWEEP, "--quiet", "--out", out) == 0
-    return ResultStore(out).read(), printed.getvalue()
-
-
-def _compare(models, out):
-    return ["compare", *models, *SWEEP, "--out", str(out)]
 
 
 def _raw(out):

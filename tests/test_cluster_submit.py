@@ -12,53 +12,12 @@ import sys
 
 import pytest
 
-from bamctl.checkpoint import new_random_model, save_checkpoint
-from bamctl.cli import main
 from bamctl.cluster import sweep
 from bamctl.cluster.submit import JobSettings
-from bamctl.model import ModelConfig
 from bamctl.results.store import ResultStore
+from cluster_sweep import KEYS, ROWS, SWEEP, compare_command as _compare, models, one_process, run_cli, stable  # noqa: F401 - fixtures
 
 pytest.importorskip("submitit", reason="bamctl submit needs the cluster extra (pip install 'bamctl[cluster]')")
-
-VOLATILE = ["run_id", "created_at", "seconds", "tokens_per_s", "peak_mem_bytes", "git_revision"]
-KEYS = ["model", "task", "protocol", "setting", "length", "depth", "seed", "sample", "position"]
-SWEEP = ["--task", "passkey", "--lengths", "128", "--samples", "2", "--depths", "0,0.5,1", "--device", "cpu"]
-ROWS = 2 * 3 * 2  # models x depths x samples
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    return [str(save_checkpoint(new_random_model(ModelConfig.from_preset("micro", pe, train_length=128), seed), root / pe))
-            for pe, seed in (("bam-ssmax", 0), ("rope", 1))]
-
-
-def run_cli(*args):
-    with pytest.raises(SystemExit) as exit_info:
-        main([str(a) for a in args])
-    return exit_info.value.code
-
-
-def stable(frame):
-    return frame.drop(columns=VOLATILE).sort_values(KEYS).reset_index(drop=True)
-
-
-@pytest.fixture(scope="module")
-def one_process(models, tmp_path_factory):
-    """The sweep run the ordinary way: its rows and the table it printed."""
-    out = tmp_path_factory.mktemp("whole") / "results"
-    import io
-    from contextlib import redirect_stdout
-
-    printed = io.StringIO()
-    with redirect_stdout(printed):
-        assert run_cli("compare", *models, *SWEEP, "--quiet", "--out", out) == 0
-    return ResultStore(out).read(), printed.getvalue()
-
-
-def _compare(models, out):
-    return ["compare", *models, *SWEEP, "--out", str(out)]
 
 
 def _shard_killed_after_one_row(command, shard, sweep_id, threads):

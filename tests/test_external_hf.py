@@ -353,14 +353,9 @@ HUB_ID = "tiny-org/tiny-llama"
 @pytest.fixture
 def hub_home(tiny_llama, tmp_path, monkeypatch):
     """HF_HOME holding the tiny Llama's files as two commits of HUB_ID: main, and the tag v2."""
-    from hub_cache import cache_snapshot, commit_sha
+    from hub_cache import cache_snapshot, commit_sha, offline_hf_home
 
-    home = tmp_path / "hf-home"
-    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_OFFLINE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HF_HOME", str(home))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.chdir(tmp_path)
+    home = offline_hf_home(tmp_path, monkeypatch)
     commits = {"main": commit_sha("main"), "v2": commit_sha("v2")}
     for ref, commit in commits.items():
         cache_snapshot(home / "hub", HUB_ID, tiny_llama, commit, (ref,))

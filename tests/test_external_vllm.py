@@ -242,15 +242,10 @@ def test_a_vllm_run_sends_each_request_in_one_call_and_rows_match_one_at_a_time(
 
 
 def test_a_cached_hub_id_opens_from_its_snapshot_and_its_commit_is_its_identity(fake_vllm, tmp_path, monkeypatch):
-    from hub_cache import cache_snapshot, commit_sha
+    from hub_cache import cache_snapshot, commit_sha, offline_hf_home
 
     folder, model = fake_vllm
-    home = tmp_path / "hf-home"
-    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_OFFLINE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HF_HOME", str(home))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.chdir(tmp_path)
+    home = offline_hf_home(tmp_path, monkeypatch)
     main = cache_snapshot(home / "hub", "tiny-org/tiny-llama", folder, commit_sha("main"), ("main",))
     v2 = cache_snapshot(home / "hub", "tiny-org/tiny-llama", folder, commit_sha("v2"), ("v2",))
     first = open_backend("vllm:tiny-org/tiny-llama", RunOptions())

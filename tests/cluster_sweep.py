@@ -1,0 +1,50 @@
+"""The sweep the cluster tests submit (local executor and real Slurm alike): two micro models,
+a dozen rows, and the same sweep run the ordinary way to compare against."""
+
+from __future__ import annotations
+
+import io
+from contextlib import redirect_stdout
+
+import pytest
+
+from bamctl.checkpoint import new_random_model, save_checkpoint
+from bamctl.cli import main
+from bamctl.model import ModelConfig
+from bamctl.results.store import ResultStore
+
+VOLATILE = ["run_id", "created_at", "seconds", "tokens_per_s", "peak_mem_bytes", "git_revision"]
+KEYS = ["model", "task", "protocol", "setting", "length", "depth", "seed", "sample", "position"]
+SWEEP = ["--task", "passkey", "--lengths", "128", "--samples", "2", "--depths", "0,0.5,1", "--device", "cpu"]
+ROWS = 2 * 3 * 2  # models x depths x samples
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    return [str(save_checkpoint(new_random_model(ModelConfig.from_preset("micro", pe, train_length=128), seed), root / pe))
+            for pe, seed in (("bam-ssmax", 0), ("rope", 1))]
+
+
+@pytest.fixture(scope="module")
+def one_process(models, tmp_path_factory):
+    """The sweep run the ordinary way: its rows and the table it printed."""
+    out = tmp_path_factory.mktemp("whole") / "results"
+    printed = io.StringIO()
+    with redirect_stdout(printed):
+        assert run_cli("compare", *models, *SWEEP, "--quiet", "--out", out) == 0
+    return ResultStore(out).read(), printed.getvalue()
+
+
+def run_cli(*args):
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(a) for a in args])
+    return exit_info.value.code
+
+
+def stable(frame):
+    return frame.drop(columns=VOLATILE).sort_values(KEYS).reset_index(drop=True)
+
+
+def compare_command(models, out):
+    return ["compare", *models, *SWEEP, "--out", str(out)]
