@@ -23,7 +23,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from bamctl import __version__
+from bamctl.version import __version__
 from bamctl.errors import BamctlError
 from bamctl.files import atomic_write
 from bamctl.fingerprints import digest

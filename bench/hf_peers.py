@@ -60,7 +60,7 @@ def rolling_ppl(folder: Path, corpus: Path, window: int, documents: int, doc_tok
     from transformers import AutoTokenizer, LlamaForCausalLM
 
     from bamctl.backends import RunOptions, open_backend
-    from bamctl.evaluate import Evaluation, TaskRequest
+    from bamctl.evaluation import Evaluation, TaskRequest
     from bamctl.results import ResultStore
 
     backend = open_backend(f"hf:{folder}", RunOptions(device="cpu", bos="never"))

@@ -9,7 +9,7 @@ from enum import Enum
 import pytest
 import typer.main
 
-from bamctl import evaluate
+from bamctl import evaluation
 from bamctl.cli import main
 from bamctl.cli.app import app
 from bamctl.cli.options import EVALUATION, PROMPT, SAMPLES, Protocol
@@ -114,7 +114,7 @@ def test_the_top_level_help_starts_with_passkey_and_compare(capsys, monkeypatch)
 
 
 def test_the_runner_holds_no_task_specific_branch():
-    source = inspect.getsource(evaluate)
+    source = inspect.getsource(evaluation)
     for word in ("passkey", "ppl", "sliding", "buckets", "niah", "ruler"):
         assert f'"{word}"' not in source and f"'{word}'" not in source, word
 

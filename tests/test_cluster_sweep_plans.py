@@ -74,8 +74,8 @@ def test_an_edit_of_the_protocol_a_model_runs_is_refused_on_the_node(model, tmp_
 def test_a_model_whose_tokenizer_is_unknown_before_loading_fingerprints_every_protocol_auto_may_pick():
     from types import SimpleNamespace
 
-    from bamctl.cli.sweep_plans import model_plans
-    from bamctl.evaluate import TaskRequest
+    from bamctl.runs.plans import model_plans
+    from bamctl.evaluation import TaskRequest
 
     request = TaskRequest(task="passkey", lengths=[128], samples=1, seeds=[0], depths=[0.5])
     (per_model,) = model_plans([request], [SimpleNamespace(tokenizer=None)])

@@ -14,7 +14,7 @@ import torch
 from bamctl.backends import RunOptions, open_backend
 from bamctl.checkpoint import load_checkpoint, new_random_model, save_checkpoint
 from bamctl.cli import main
-from bamctl.evaluate import Evaluation, TaskRequest, default_lengths
+from bamctl.evaluation import Evaluation, TaskRequest, default_lengths
 from bamctl.model import ModelConfig
 from bamctl.results.store import ResultStore
 from bamctl.tasks import generate_samples

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from bamctl.backends import RunOptions, open_backend
-from bamctl.evaluate import Evaluation, TaskRequest
+from bamctl.evaluation import Evaluation, TaskRequest
 from bamctl.results.store import ResultStore
 from test_external_authors import VOCAB, _bos_tokenizer, build, reference_logits
 from test_external_hf import tiny_llama  # noqa: F401  (a fixture: a random Llama saved offline)

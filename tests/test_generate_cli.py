@@ -131,7 +131,7 @@ def fed(monkeypatch):
     samples they are given, as ``generate`` would write them."""
     import torch
 
-    from bamctl import evaluate
+    from bamctl import evaluation
     from bamctl.backends.base import Backend, ContinuationScore
     from bamctl.backends.native import EngineBackend
     from bamctl.cli.task_commands import sample_line
@@ -154,12 +154,12 @@ def fed(monkeypatch):
         monkeypatch.setattr(EngineBackend, name, method)
     for batched in ("score_continuations", "generate_many", "token_nlls"):  # batches: the base's loop over the above
         monkeypatch.setattr(EngineBackend, batched, getattr(Backend, batched))
-    for kind, answer in list(evaluate.ANSWERS.items()):
+    for kind, answer in list(evaluation.ANSWERS.items()):
         def recorded(backend, samples, answer=answer):
             record["lines"].extend(sample_line(sample) for sample in samples)
             return answer(backend, samples)
 
-        monkeypatch.setitem(evaluate.ANSWERS, kind, recorded)
+        monkeypatch.setitem(evaluation.ANSWERS, kind, recorded)
     return record
 
 

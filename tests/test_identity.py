@@ -183,7 +183,7 @@ def test_tables_never_pool_dtypes():
 
 def test_models_scoring_other_token_sets_have_other_ppl_fingerprints(tmp_path):
     from bamctl.backends import RunOptions, open_backend
-    from bamctl.evaluate import Evaluation, TaskRequest
+    from bamctl.evaluation import Evaluation, TaskRequest
 
     paths = {}
     for name, subset in (("full", None), ("small", list(range(300))), ("small-again", list(range(300))), ("other", list(range(1, 301)))):

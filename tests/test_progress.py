@@ -6,7 +6,7 @@ import pytest
 
 from bamctl.checkpoint import new_random_model, save_checkpoint
 from bamctl.cli import main
-from bamctl.cli.progress import CostFit, RunProgress, cells_of
+from bamctl.runs.progress import CostFit, RunProgress, cells_of
 from bamctl.model import ModelConfig
 from bamctl.tasks.sample import SampleSlot
 

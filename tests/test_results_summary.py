@@ -183,7 +183,7 @@ def test_rows_that_do_not_name_their_backend_are_one_backend():
 
 
 def test_an_ambiguous_baseline_names_every_backend_it_could_mean():
-    from bamctl.cli.eval_commands import check_baseline
+    from bamctl.runs.checks import check_baseline
     from bamctl.errors import BamctlError
 
     with pytest.raises(BamctlError, match=r"tiny-rope\[hf\], tiny-rope\[vllm\]"):

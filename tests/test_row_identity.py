@@ -20,7 +20,7 @@ from bamctl.backends import RunOptions, open_backend
 from bamctl.checkpoint import new_random_model, save_checkpoint
 from bamctl.cli.app import app
 from bamctl.code_version import code_closure, compute_version, module_digest, source_digest
-from bamctl.evaluate import Evaluation, TaskRequest
+from bamctl.evaluation import Evaluation, TaskRequest
 from bamctl.model import ModelConfig
 from bamctl.results.schema import rows_to_table
 from bamctl.results.store import ResultStore

@@ -16,8 +16,8 @@ from types import SimpleNamespace
 import pytest
 
 from bamctl.cli import main
-from bamctl.cli.requests import _depths_by_task, _taken_options, _task_options
-from bamctl.cli.requests import task_names as _task_names
+from bamctl.runs.requests import _depths_by_task, _taken_options, _task_options
+from bamctl.runs.requests import task_names as _task_names
 from bamctl.errors import BamctlError
 from bamctl.tasks import generate_samples, get_task, score
 from bamctl.tasks.registry import plan_samples

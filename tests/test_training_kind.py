@@ -6,7 +6,7 @@ import pytest
 
 from bamctl.checkpoint import new_random_model, save_checkpoint
 from bamctl.cli import main
-from bamctl.cli.training_kind import PASSKEY_ONLY, TEXT, mismatch_warnings, trained_on
+from bamctl.runs.training_kind import PASSKEY_ONLY, TEXT, mismatch_warnings, trained_on
 from bamctl.model import ModelConfig
 
 PASSKEY_RECIPE = {"data": {"text": "none", "passkey_fraction": 1.0}}

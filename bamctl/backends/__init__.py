@@ -2,7 +2,8 @@
 
 A catalog name or checkpoint directory is served by bamctl's streaming engine
 (``native``); ``PREFIX:PATH`` references go to the back-end registered under PREFIX;
-a bare path to the BAM authors' ``model.pt`` + ``args.json`` goes to ``authors``.
+a bare path to the BAM authors' ``model.pt`` + ``args.json`` goes to ``authors``; a model
+object already in memory (``in_memory``) goes to the back-end its kind has on disk.
 Each back-end module is imported only when a reference asks for it, so heavy
 dependencies (transformers, vLLM) stay unloaded otherwise.
 """
@@ -96,14 +97,19 @@ def is_authors_folder(path: str) -> bool:
     return (folder / "model.pt").is_file() and (folder / "args.json").is_file()
 
 
-def open_backend(reference: str, options: RunOptions = RunOptions()) -> Backend:
+def open_backend(reference, options: RunOptions = RunOptions()) -> Backend:
+    """The back-end of a reference, or of a model in memory (``bamctl.backends.in_memory``)."""
+    if not isinstance(reference, str):
+        return reference.open(options)
     reference, options = split_rope_suffix(reference, options)
     entry, rest = backend_for(reference)
     return entry.open(rest, options)
 
 
-def peek_backend(reference: str, options: RunOptions = RunOptions()) -> ModelPeek:
+def peek_backend(reference, options: RunOptions = RunOptions()) -> ModelPeek:
     """Check a reference and the options against its back-end, and read its lengths, loading nothing."""
+    if not isinstance(reference, str):
+        return reference.peek(options)
     reference, options = split_rope_suffix(reference, options)
     entry, rest = backend_for(reference)
     entry.options_for(options)  # refuses, by name, any option this back-end cannot honour

@@ -93,11 +93,29 @@ class HFBackend(ShapedBackend):
                 model = AutoModelForCausalLM.from_pretrained(str(folder), torch_dtype=dtype, **kwargs)
         except (OSError, ValueError, ImportError) as err:
             raise BamctlError(f"hf: cannot load {reference}: {str(err).splitlines()[0]}") from None
-        self.model = model.to(device=device, dtype=dtype).eval()
-        self.tokenizer = model_tokenizer(folder, gguf_file, options.tokenizer, reference)
-        name = files.name
-        config = self.model.config
         rope_label = None if options.rope_scaling is None else f"{options.rope_scaling}:{options.rope_factor:g}"
+        self._adopt(model, model_tokenizer(folder, gguf_file, options.tokenizer, reference), files.name,
+                    scaled_hash(files.model_hash(), rope_label), options, revision=files.revision, rope_label=rope_label)
+
+    @classmethod
+    def around(cls, model, tokenizer, name: str, model_hash: str, options: HFOptions) -> "HFBackend":
+        """A module already built (``bamctl.backends.in_memory``) with a tokenizer in bamctl's form;
+        moved to ``options``' device and dtype, which the caller chose."""
+        if options.rope_scaling is not None:
+            raise BamctlError("--rope-scaling of a model in memory: set rope_scaling in its config before building it")
+        if options.tokenizer is not None:
+            raise BamctlError("a model in memory comes with its tokenizer: give that one, not tokenizer=")
+        backend = cls.__new__(cls)
+        backend._adopt(model, tokenizer, name, model_hash, options)
+        return backend
+
+    def _adopt(self, model, tokenizer, name: str, model_hash: str, options: HFOptions, *, revision: str | None = None,
+               rope_label: str | None = None) -> None:
+        device = resolve_device(options.device)
+        dtype = resolve_dtype(options.dtype, device)
+        self.model = model.to(device=device, dtype=dtype).eval()
+        self.tokenizer = tokenizer
+        config = self.model.config
         limit = max_positions(config)
         self.lengths = LengthPolicy(name, limit, options.beyond_max)
         self.shaper = RequestShaper(self.tokenizer, options.chat_template, options.bos)
@@ -110,12 +128,12 @@ class HFBackend(ShapedBackend):
         self.keep_arg = next((n for n in ("logits_to_keep", "num_logits_to_keep") if n in parameters), None)
         self.info = ModelInfo(
             name=name,
-            model_hash=scaled_hash(files.model_hash(), rope_label),
+            model_hash=model_hash,
             pe=positional_encoding(config),
             ssmax=False,
             train_length=trained_length(config, limit),
             rope_scaling=rope_label,
-            model_revision=files.revision,
+            model_revision=revision,
         )
         self.device = str(device)
         self.dtype = str(dtype).removeprefix("torch.")

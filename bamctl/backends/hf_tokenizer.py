@@ -305,3 +305,13 @@ def model_tokenizer(folder, gguf_file: str | None, override: str | None, who: st
             f"{own.vocab_size:,}, or other ids); drop --tokenizer to use the model's own"
         )
     return other
+
+
+def tokenizer_in_memory(tokenizer, name: str) -> HFTokenizer:
+    """A transformers tokenizer object the caller built (a model in memory, ``bamctl.evaluate``):
+    a fast one is encoded by the ``tokenizers`` definition it holds, a slow one by itself; its
+    chat template and BOS are its own. It is used as given: unlike a folder's, there is no
+    file to read it afresh from."""
+    fast = getattr(tokenizer, "backend_tokenizer", None)
+    encoder = TokenizersFile(fast) if fast is not None and hasattr(fast, "to_str") else TransformersTokenizer(tokenizer)
+    return _assemble(name, encoder, tokenizer)

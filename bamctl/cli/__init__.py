@@ -8,7 +8,7 @@ import sys
 import typer
 from rich.console import Console
 
-from bamctl import __version__
+from bamctl.version import __version__
 from bamctl.cli.app import app
 from bamctl.errors import BamctlError
 

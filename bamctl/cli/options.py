@@ -6,7 +6,7 @@ the command one dataclass per group. Everything that decides which prompts are m
 :data:`SAMPLES` and :data:`PROMPT`, is taken by ``generate`` and by the run commands
 (``passkey``, ``ruler``, ``ppl``, ``compare``) alike, so ``generate`` writes the prompts a
 run feeds; the run commands add :data:`EVALUATION` (engine and output). An option that
-does not apply to the task asked for is refused by name (``bamctl.cli.requests``).
+does not apply to the task asked for is refused by name (``bamctl.runs.requests``).
 Closed choices are enums, so ``--help`` lists them.
 
 Every option whose absence matters to a back-end defaults to ``None`` ("not asked"):
@@ -261,7 +261,7 @@ TASK_PANELS = (RULER_PANEL, PERPLEXITY_PANEL)
 
 def _shown_for(option, panels: tuple[str, ...] | None):
     """The option as a command's --help shows it: hidden when it belongs to another task's panel.
-    A hidden option still parses, so giving it is refused by name, as before (bamctl.cli.requests)."""
+    A hidden option still parses, so giving it is refused by name, as before (bamctl.runs.requests)."""
     if panels is None or option.rich_help_panel not in TASK_PANELS or option.rich_help_panel in panels:
         return option
     hidden = copy.copy(option)

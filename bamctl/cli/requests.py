@@ -1,130 +1,22 @@
-"""The task requests a command line asks for, built one way for ``generate`` and the run commands.
+"""The command line's option groups as the library's request groups.
 
-``generate`` writes the prompts a run feeds because both turn the same option groups
-(``bamctl.cli.options.SAMPLES`` and ``PROMPT``) into ``TaskRequest``\\ s here. Everything
-that does not depend on a model is checked when an ``AskedRequests`` is made, before any
-work: task names, protocols, seeds, options that do not apply to the tasks asked for.
+``SAMPLES`` and ``PROMPT`` (``bamctl.cli.options``) carry the fields of
+``bamctl.runs.requests.Sampling`` and ``PromptChoices``; ``generate`` and every run command
+turn them into one ``AskedRequests`` here, so ``generate`` writes what a run feeds and a
+command line asks what the same ``bamctl.evaluate`` call asks.
 """
 
 from __future__ import annotations
 
-from bamctl.errors import BamctlError
-
-DEFAULT_SAMPLES = {"passkey": 4, "ppl": 1}  # passkey: x 5 default depths = 20 per length
-RULER_DEFAULT_SAMPLES = 20
-RULER_PROTOCOL = "ruler"  # the protocol of every RULER task in bamctl/data/tasks/ruler.toml
-ALL_TASKS = "all"  # --task all: every RULER task
-PATH_OPTIONS = {"corpus": "corpus_path", "haystack": "haystack_path"}  # option -> the generator's argument
-# The options of PROMPT handed to generators, each with the tasks it applies to: (how errors name
-# them, whether a task is one of them).
-RULER_TASKS = ("RULER's tasks", lambda spec: spec.protocol == RULER_PROTOCOL)
-PPL_TASKS = ("--task ppl", lambda spec: spec.generator == "ppl")
-TASK_OPTIONS = {"sizing": RULER_TASKS, "haystack": RULER_TASKS, "stride": PPL_TASKS, "bucket": PPL_TASKS,
-                "doc_tokens": PPL_TASKS, "corpus": PPL_TASKS}
+from dataclasses import fields
 
 
-class AskedRequests:
-    """What a command line asks for, checked when made (before any work); ``for_models(train_lengths)``
-    gives the requests for models trained at those lengths (the default ``--lengths`` depend on
-    them; with no model, as in ``generate``, ``--lengths`` is needed)."""
+def asked_requests(names: list[str], samples, prompt):
+    """``AskedRequests`` for the tasks ``names`` from a command's option groups (checked when made)."""
+    from bamctl.runs.requests import AskedRequests, PromptChoices, Sampling
 
-    def __init__(self, names: list[str], sampling, prompt):
-        from bamctl.lengths import parse_depths, parse_lengths
-        from bamctl.tasks import get_task
-
-        self.names = names
-        self.seeds = parse_seeds(sampling.seed)
-        self.lengths = parse_lengths(sampling.lengths) if sampling.lengths else None
-        self.samples = sampling.samples
-        self.protocol = prompt.protocol
-        for name in names:
-            get_task(name, prompt.protocol)
-        self.options = _taken_options({name: _task_options(name, prompt) for name in names})
-        self.depths = {name: parse_depths(d) if d else None for name, d in _depths_by_task(names, prompt.depths).items()}
-
-    def for_models(self, train_lengths: list[int]) -> list:
-        from bamctl.evaluate import TaskRequest, default_lengths
-
-        lengths = self.lengths or default_lengths(train_lengths)
-        return [
-            TaskRequest(
-                name, lengths, self.samples or DEFAULT_SAMPLES.get(name, RULER_DEFAULT_SAMPLES), self.seeds,
-                self.depths[name], self.protocol, self.options[name],
-            )
-            for name in self.names
-        ]
+    return AskedRequests(names, _as(Sampling, samples), _as(PromptChoices, prompt))
 
 
-def parse_seeds(text: str) -> list[int]:
-    try:
-        seeds = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise BamctlError(f"--seed takes integers, e.g. 0 or 0,1 (got {text!r})") from None
-    if not seeds:
-        raise BamctlError("--seed needs at least one integer")
-    return seeds
-
-
-def task_names(text: str) -> list[str]:
-    """Comma-separated task names, every one checked before any work; ``all`` stands for every RULER task."""
-    from bamctl.tasks import get_task
-    from bamctl.tasks import task_names as every_task
-
-    names = []
-    for name in (t.strip() for t in text.split(",") if t.strip()):
-        expanded = [t for t in every_task() if get_task(t).protocol == RULER_PROTOCOL] if name == ALL_TASKS else [name]
-        names += [t for t in expanded if t not in names]
-    if not names:
-        raise BamctlError("--task needs at least one task name")
-    for name in names:
-        get_task(name)
-    return names
-
-
-def _task_options(task: str, prompt) -> dict:
-    """The generator options ``prompt`` gives ``task``; one that applies to other tasks only is refused."""
-    from bamctl.tasks import get_task
-
-    spec = get_task(task)
-    given = {name: getattr(prompt, name) for name in TASK_OPTIONS if getattr(prompt, name) is not None}
-    for name in given:
-        what, applies = TASK_OPTIONS[name]
-        if not applies(spec):
-            raise BamctlError(f"--{name.replace('_', '-')} applies to {what} only")
-    if prompt.chat_template:
-        if not RULER_TASKS[1](spec):
-            raise BamctlError("--chat-template applies to RULER's tasks, whose answer prefix opens the assistant turn")
-        given["chat_template"] = True
-    for option, key in PATH_OPTIONS.items():
-        if option in given:
-            path = given.pop(option)
-            if not path.is_file():
-                raise BamctlError(f"--{option} {path} is not a file")
-            given[key] = str(path)
-    return given
-
-
-def _taken_options(options: dict[str, dict]) -> dict[str, dict]:
-    """Each task's options less those its generator does not take (``--haystack`` goes to the NIAH
-    tasks of ``--task all``, not to vt); an option no task asked for takes is refused."""
-    from bamctl.tasks import get_task
-
-    taken = {name: get_task(name).options() for name in options}
-    flags = {key: option for option, key in PATH_OPTIONS.items()}
-    for key in {key for given in options.values() for key in given}:
-        if not any(key in taken[name] for name in options):
-            raise BamctlError(f"--{flags.get(key, key).replace('_', '-')} applies to none of the tasks asked for ({', '.join(options)})")
-    return {name: {k: v for k, v in given.items() if k in taken[name]} for name, given in options.items()}
-
-
-def _depths_by_task(names: list[str], depths: str | None) -> dict[str, str | None]:
-    """``--depths`` for each task: with several tasks (``--task all``) it goes to those that hide one
-    needle and let it be placed; one task that does not take it, or none among several, is refused."""
-    from bamctl.tasks import get_task
-
-    if depths is None or len(names) == 1:
-        return {name: depths for name in names}
-    placed = {name: depths if get_task(name).takes_depths() else None for name in names}
-    if not any(placed.values()):
-        raise BamctlError(f"--depths applies to none of the tasks asked for ({', '.join(names)})")
-    return placed
+def _as(kind: type, group):
+    return kind(**{f.name: getattr(group, f.name) for f in fields(kind)})

@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 
 from bamctl.cli.app import app
-from bamctl.cli.eval_commands import check_baseline
+from bamctl.runs.checks import check_baseline
 from bamctl.cli.plot_paths import plot_path
 from bamctl.errors import BamctlError
 

@@ -55,9 +55,9 @@ def run_shard(command: list[str], shard: tuple[int, int], sweep_id: str, threads
         import torch
 
         torch.set_num_threads(threads)
-    from bamctl.cli.eval_commands import _quiet_external_libraries
+    from bamctl.runs.runner import quiet_external_libraries
 
-    _quiet_external_libraries()  # no Hugging Face progress bars in a log file
+    quiet_external_libraries()  # no Hugging Face progress bars in a log file
     with sweep.expecting(sweep_id):
         # Not --quiet: a job's stderr is a log file, where each finished cell prints one line of
         # progress (time left included), so `tail -f` on a shard's log shows how far it is.
@@ -88,16 +88,17 @@ def _say(line: str) -> None:
 def _print_table(command: list[str], record, shards: int, report: dict) -> None:
     """The command's table over the whole sweep, from what the shards covered; a split run by
     hand (no reports) falls back to running the command here, which finds every sample stored."""
-    from bamctl.cli import shard_report
     from bamctl.cli.eval_commands import _report
     from bamctl.results.store import ResultStore
+    from bamctl.runs import shard_report
+    from bamctl.runs.runner import covered_rows
 
     reports = record.reports(shards)
     if len(reports) < shards:
         _call([*command, "--quiet"])
         return
     covered, names_by_identity, versions = shard_report.merged(reports)
-    _report(ResultStore(record.out), covered, names_by_identity, report["names"], json_output=report["json"],
+    _report(covered_rows(ResultStore(record.out).read(), covered, names_by_identity), report["names"], json_output=report["json"],
             threshold=report["threshold"], plot=Path(report["plot"]) if report["plot"] else None, baseline=report["baseline"],
             current_versions=versions)
 

@@ -13,7 +13,8 @@ from rich.console import Console
 from bamctl.backends.hf_tokenizer import resolve_tokenizer
 from bamctl.cli import options as opt
 from bamctl.cli.app import app
-from bamctl.cli.requests import AskedRequests, task_names
+from bamctl.cli.requests import asked_requests
+from bamctl.runs.requests import task_names
 
 stderr = Console(stderr=True, highlight=False)
 
@@ -40,7 +41,7 @@ def generate(
 
     Example: bamctl generate passkey --lengths 1k..32k --samples 4 --depths 5 --seed 0 --out passkey.jsonl
     """
-    asked = AskedRequests(task_names(task), samples, prompt)
+    asked = asked_requests(task_names(task), samples, prompt)
     tokenizer = resolve_tokenizer(prompt.tokenizer or "gpt2")
     requests = asked.for_models([])  # no model: --lengths is needed
     plans = [request.plan(tokenizer) for request in requests]

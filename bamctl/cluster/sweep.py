@@ -3,7 +3,7 @@
 A sweep is what decides which rows a command makes and what they hold: the models as
 given, each task request (task, protocol, lengths, samples, seeds, depths, generator
 options) with, per model, the fingerprint of the prompts that model runs (its protocol
-resolved with its tokenizer, ``bamctl.cli.sweep_plans``), and the engine options asked for. Its id is the
+resolved with its tokenizer, ``bamctl.runs.plans``), and the engine options asked for. Its id is the
 fingerprint of that description; how many shards run it is not part of it.
 
 A sharded run (``--shard I/N`` with N > 1, ``--shard auto``, or a shard of ``bamctl

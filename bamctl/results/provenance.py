@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bamctl import __version__
+from bamctl.version import __version__
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -179,7 +179,7 @@ class ResultStore:
 
     def done_requests(self) -> dict[ResumeKey, StoredRequest]:
         """Per resume key, the request and compute version of its newest row: a rerun reuses that
-        row only when both match what it would compute (``bamctl.evaluate``)."""
+        row only when both match what it would compute (``bamctl.evaluation``)."""
         _, tables = self._load(columns=[*KEY_COLUMNS, *REUSE_COLUMNS, "created_at"])
         if not tables:
             return {}

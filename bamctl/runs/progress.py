@@ -220,3 +220,21 @@ def format_seconds(seconds: float) -> str:
     """h:mm:ss, as rich's columns write it."""
     whole = int(round(seconds))
     return f"{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
+
+
+def progress_display(console, quiet: bool):
+    """The bar on a terminal or in a notebook; elsewhere (a log file) it is off, and each finished
+    cell prints a line."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        TextColumn("eta {task.fields[eta]}"),  # priced by length (RunProgress), not by sample count
+        console=console,
+        disable=quiet or not (console.is_terminal or console.is_jupyter),
+        transient=False,
+    )

@@ -28,13 +28,16 @@ FITTING_TASKS: dict[str, Callable[[str], bool]] = {
 WHY = {PASSKEY_ONLY: "was trained on synthetic passkey prompts only, never as a language model"}
 
 
-def trained_on(reference: str) -> str | None:
-    """The training kind of a bamctl checkpoint's recipe; None for other back-ends or no recipe."""
+def trained_on(reference) -> str | None:
+    """The training kind of a bamctl checkpoint's recipe; None for other back-ends, no recipe, or
+    a model in memory (its training is the caller's)."""
     from bamctl.backends import BACKENDS, RunOptions, backend_for, split_rope_suffix
     from bamctl.catalog import checkpoint_path
     from bamctl.checkpoint import read_config
     from bamctl.errors import BamctlError
 
+    if not isinstance(reference, str):
+        return None
     try:
         reference, _ = split_rope_suffix(reference, RunOptions())
         entry, rest = backend_for(reference)
@@ -47,7 +50,7 @@ def trained_on(reference: str) -> str | None:
     return _kind_of_recipe(data) if isinstance(data, dict) else None
 
 
-def mismatch_warnings(models: list[str], names: list[str], tasks: list[str]) -> list[str]:
+def mismatch_warnings(models: list, names: list[str], tasks: list[str]) -> list[str]:
     """One line per model whose training kind does not fit a task of the run."""
     lines = []
     for model, name in zip(models, names):

@@ -1,0 +1,263 @@
+"""bamctl from Python: ``evaluate`` gives the rows of a run, ``compare`` its summary.
+
+Both make the run the command line makes (``bamctl.runs.runner.run_models``): the same checks
+before any work, the same results directory, rows reused on a rerun exactly as there. The
+keyword arguments are the command line's options, with underscores::
+
+    import bamctl
+
+    rows = bamctl.evaluate("bam-ssmax", task="passkey", lengths="1k..8k", seeds=[0, 1])
+    rows.groupby("length")["score"].mean()
+
+    result = bamctl.compare(["rope", "alibi", "bam-ssmax"], task="passkey", lengths="128..4k")
+    print(result.table())          # the table `bamctl compare` prints
+    result.summaries[0].effective  # effective length per model, as a DataFrame
+
+A model is a reference (catalog name, checkpoint folder, ``hf:PATH``, ``hf:ORG/NAME@REV``,
+``bam:PATH``, ``vllm:PATH``), a bamctl ``Transformer`` object, or a Hugging Face causal LM
+with its tokenizer as a pair ``(model, tokenizer)``: a model still in memory, e.g. in a
+training loop (``bamctl.backends.in_memory``). Such a model is left as it was found: its
+weights, device, dtype and train/eval mode.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+__all__ = ["evaluate", "compare", "Comparison"]
+
+DEFAULT_OUT = Path("results")
+
+
+@dataclass
+class Comparison:
+    """``compare``'s result: every row it covered, and one summary per task and setting
+    (``bamctl.results.summary.Summary``: accuracy or perplexity tables, effective lengths,
+    paired tests against the baseline)."""
+
+    rows: Any  # pandas.DataFrame
+    summaries: list
+
+    def table(self) -> str:
+        """The tables ``bamctl compare`` prints, as plain text."""
+        import io
+
+        from rich.console import Console
+
+        from bamctl.results.render import render_summaries
+
+        console = Console(file=io.StringIO(), width=1000, highlight=False)
+        console.print(render_summaries(self.summaries))
+        return console.file.getvalue()
+
+    def to_json(self) -> dict | list:
+        """What ``bamctl compare --json`` prints."""
+        from bamctl.results.render import summaries_to_json
+
+        return summaries_to_json(self.summaries)
+
+
+def evaluate(
+    models=None,
+    task: str | Sequence[str] = "passkey",
+    *,
+    lengths: str | int | Sequence[int] | None = None,
+    samples: int | None = None,
+    seeds: int | str | Sequence[int] = 0,
+    depths: int | str | Sequence[float] | None = None,
+    protocol: str | None = None,
+    names: str | Sequence[str] | None = None,
+    out: str | Path = DEFAULT_OUT,
+    batch_size: int | str = "auto",
+    force: bool = False,
+    reuse: bool = False,
+    quiet: bool = False,
+    shard: str | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    chunk_size: int | None = None,
+    attention: str | None = None,
+    tokenizer: str | None = None,
+    chat_template: bool = False,
+    sizing: str | None = None,
+    haystack: str | Path | None = None,
+    stride: int | None = None,
+    bucket: int | None = None,
+    doc_tokens: int | None = None,
+    corpus: str | Path | None = None,
+    beyond_max: str | None = None,
+    bos: str | None = None,
+    prior_form: str | None = None,
+    rope_scaling: str | None = None,
+    rope_factor: float | None = None,
+    tensor_parallel: int | None = None,
+):
+    """Evaluate ``models`` on ``task``; the rows of exactly this request, as a pandas DataFrame
+    (one row per sample; columns: docs/SCHEMA.md), each under the name it was asked by.
+
+    ``models``: one model or a list (see the module doc); None: the task's shipped flagship
+    reference. ``task``: ``passkey``, ``ppl``, a RULER task, several comma separated or as a
+    list, or ``all`` (every RULER task). ``lengths``: '1k..64k', '512,2k' or token counts;
+    None: 1x to 64x the training length, doubling. ``seeds``: an integer, '0,1' or a list.
+    ``names``: what rows call the models (default: a reference's last path part, a model in
+    memory's ``in-memory-…`` name). Every other keyword is the command-line option of the
+    same name (``bamctl passkey --help`` says each). Bad input raises ``bamctl.errors.BamctlError``
+    before any work.
+    """
+    outcome = _run(models, task, locals())
+    return outcome.rows()
+
+
+def compare(
+    models,
+    task: str | Sequence[str] = "passkey",
+    *,
+    threshold: float = 0.9,
+    baseline: str | None = None,
+    **options,
+) -> Comparison:
+    """Run ``models`` on identical samples (``evaluate``'s keywords) and summarise them side by
+    side: accuracy with 95% Wilson intervals over the independent draws, effective and certified
+    lengths at ``threshold``, and each model tested against ``baseline`` (default: the first) at
+    each length (a paired sign-flip test over the draws, Holm over lengths)."""
+    from bamctl.results.summary import summarize
+
+    outcome = _run(models, task, {**_defaults(), **options}, baseline=baseline)
+    names = outcome.names
+    rows = outcome.rows()
+    summaries = [] if rows.empty else summarize(rows, threshold=threshold, models=names, baseline=baseline or names[0],
+                                                current_versions=outcome.versions)
+    return Comparison(rows=rows, summaries=summaries)
+
+
+def _defaults() -> dict:
+    import inspect
+
+    return {name: p.default for name, p in inspect.signature(evaluate).parameters.items()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+
+def _run(models, task, given: dict, baseline: str | None = None):
+    from bamctl.backends import RunOptions
+    from bamctl.errors import BamctlError
+    from bamctl.runs.checks import check_baseline
+    from bamctl.runs.requests import AskedRequests, PromptChoices, Sampling, task_names
+    from bamctl.runs.runner import command_of, model_names, model_or_flagship, run_models
+
+    unknown = set(given) - set(_defaults()) - {"models", "task"}
+    if unknown:
+        raise TypeError(f"compare() got an unexpected keyword argument {sorted(unknown)[0]!r} (it takes "
+                        f"evaluate's: {', '.join(_defaults())})")
+    tasks = task_names(task if isinstance(task, str) else ",".join(task))
+    say = _stderr_line
+    models = _as_models(models, given["names"], lambda: model_or_flagship(None, command_of(tasks[0]), say))
+    names = _as_names(given["names"], models)
+    if baseline is not None:
+        check_baseline(baseline, names or model_names(models))
+    asked = AskedRequests(
+        tasks,
+        Sampling(lengths=given["lengths"], samples=given["samples"], seed=given["seeds"]),
+        PromptChoices(
+            protocol=given["protocol"], depths=given["depths"], tokenizer=given["tokenizer"],
+            chat_template=given["chat_template"], sizing=given["sizing"], haystack=_path(given["haystack"]),
+            stride=given["stride"], bucket=given["bucket"], doc_tokens=given["doc_tokens"], corpus=_path(given["corpus"]),
+        ),
+    )
+    run = RunOptions(
+        device=given["device"], dtype=given["dtype"], chunk_size=given["chunk_size"], attention=given["attention"],
+        tokenizer=given["tokenizer"], beyond_max=given["beyond_max"], chat_template=given["chat_template"],
+        tensor_parallel=given["tensor_parallel"], bos=given["bos"],
+        prior_form=None if given["prior_form"] is None else given["prior_form"].replace("-", "_"),
+        rope_scaling=given["rope_scaling"], rope_factor=given["rope_factor"],
+    )
+    with _left_as_found(models):
+        return run_models(models, asked, run, out=Path(given["out"]), batch_size=_batch_size(given["batch_size"]),
+                          force=given["force"], reuse=given["reuse"], shard=given["shard"], quiet=given["quiet"],
+                          names=names)
+
+
+def _as_models(models, names, flagship) -> list:
+    """Each model as a run takes it: a reference string, or a model in memory."""
+    from bamctl.backends.in_memory import in_memory
+
+    if models is None:
+        return [flagship()]
+    listed = list(models) if isinstance(models, list) or (isinstance(models, tuple) and not _is_pair(models)) else [models]
+    given = [names] if isinstance(names, str) else list(names or [])
+    taken = []
+    for index, model in enumerate(listed):
+        name = given[index] if index < len(given) else None
+        if isinstance(model, (str, Path)):
+            taken.append(str(model))
+        elif _is_pair(model):
+            taken.append(in_memory(model[0], model[1], name))
+        else:
+            taken.append(in_memory(model, None, name))
+    return taken
+
+
+def _as_names(names, models: list) -> list[str] | None:
+    from bamctl.errors import BamctlError
+    from bamctl.runs.runner import model_names
+
+    if names is None:
+        return None
+    names = [names] if isinstance(names, str) else list(names)
+    if len(names) != len(models):
+        raise BamctlError(f"{len(names)} names given for {len(models)} models")
+    defaults = model_names(models)
+    return [name or default for name, default in zip(names, defaults)]
+
+
+def _is_module(model) -> bool:
+    import torch
+
+    return isinstance(model, torch.nn.Module)
+
+
+def _is_pair(model) -> bool:
+    return isinstance(model, tuple) and len(model) == 2 and _is_module(model[0]) and not _is_module(model[1])
+
+
+@contextmanager
+def _left_as_found(models: list):
+    """A model in memory leaves the run in the train/eval mode it came in (the back-ends set eval),
+    and a bamctl Transformer with the RoPE scaling it had (the engine sets its own)."""
+    from bamctl.backends.in_memory import TransformerInMemory
+
+    kept = [(m.module, m.module.training, m.module.rope_scaling if isinstance(m, TransformerInMemory) else None,
+             isinstance(m, TransformerInMemory)) for m in models if not isinstance(m, str)]
+    try:
+        yield
+    finally:
+        for module, training, rope_scaling, engine_run in kept:
+            module.train(training)
+            if engine_run:
+                module.rope_scaling = rope_scaling
+
+
+def _batch_size(value) -> int | None:
+    from bamctl.errors import BamctlError
+
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return None
+    try:
+        size = int(value)
+    except (TypeError, ValueError):
+        size = 0
+    if size < 1:
+        raise BamctlError(f"batch_size must be 'auto' or a positive number of samples, not {value!r}")
+    return size
+
+
+def _path(value) -> Path | None:
+    return None if value is None else Path(value)
+
+
+def _stderr_line(line: str) -> None:
+    from rich.console import Console
+
+    Console(stderr=True, highlight=False).print(line, soft_wrap=True)
