@@ -128,3 +128,37 @@ def test_the_quick_start_runs_as_written_on_one_sample_per_length(tmp_path, caps
 
     table = _run(capsys, [*show, "--dir", str(out)])
     assert all(name in table for name in ("rope", "alibi", "bam-ssmax")) and "2k" in table
+
+
+def _readme_python() -> str:
+    section = README.read_text().split("### From Python", 1)[1]
+    return section.split("```python", 1)[1].split("```", 1)[0]
+
+
+def test_readmes_python_example_runs_as_written_on_one_sample_per_length(tmp_path, monkeypatch, capsys):
+    """README's Python lines executed as written, with one sample and one depth per passkey length and
+    a fresh results directory; its model in memory is a tiny Llama and its tokenizer, built offline."""
+    pytest.importorskip("transformers", reason="transformers not installed (pip install 'bamctl[hf]')")
+    from tiny_llama import save_tiny_llama
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import bamctl
+
+    evaluate, compare = bamctl.evaluate, bamctl.compare
+    out = tmp_path / "results"
+
+    def small(task: str) -> dict:
+        return {"samples": 1, "depths": 1, "out": out, "quiet": True} if task == "passkey" else {"out": out, "quiet": True}
+
+    monkeypatch.setattr(bamctl, "evaluate", lambda models, task="passkey", **kw: evaluate(models, task, **small(task), **kw))
+    monkeypatch.setattr(bamctl, "compare", lambda models, task="passkey", **kw: compare(models, task, **small(task), **kw))
+    folder = save_tiny_llama(tmp_path / "llama")
+    namespace = {"model": AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True),
+                 "tokenizer": AutoTokenizer.from_pretrained(str(folder), local_files_only=True), "step": 100}
+    exec(compile(_readme_python(), "README.md", "exec"), namespace)
+    printed = capsys.readouterr().out
+    assert all(name in printed for name in ("rope", "alibi", "bam-ssmax", "effective length"))
+    rows = pd.read_parquet(out)
+    assert set(rows["model"]) == {"rope", "alibi", "bam-ssmax", "step-100"}
+    assert sorted(rows[rows["model"] == "step-100"]["length"].unique()) == [512, 1024, 2048, 4096]
+    assert sorted(rows[rows["model"] == "bam-ssmax"]["length"].unique()) == [128, 256, 512, 1024, 2048]
