@@ -54,10 +54,16 @@ def model_identity(weights_sha256: str, config: ModelConfig) -> str:
     return digest({"weights": weights_sha256, "model": canonical_config(config)})
 
 
+# Fields that only say how weights were initialised: the trained weights hold what they set, so
+# they are not the model's identity (and rows stored before a field was added keep their hash).
+INITIALISATION_ONLY = ("ssmax_init",)
+
+
 def canonical_config(config: ModelConfig) -> dict:
     typed = {"float": float, "int": int, "bool": bool}
     values = config.to_dict()
-    return {f.name: typed[f.type](values[f.name]) if f.type in typed else values[f.name] for f in fields(config)}
+    return {f.name: typed[f.type](values[f.name]) if f.type in typed else values[f.name] for f in fields(config)
+            if f.name not in INITIALISATION_ONLY}
 
 
 def file_sha256(path: Path) -> str:

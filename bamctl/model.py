@@ -46,6 +46,7 @@ class ModelConfig:
     pe: str = "bam"  # a key of bamctl.positional.PE_REGISTRY
     ssmax: bool = False  # Scalable-Softmax on top of the PE
     ssmax_scope: str = "logits"  # "logits": (content + prior) * s log n; "content": the authors' code
+    ssmax_init: float = 1.0  # SSMax's s_h before training (the SSMax paper's 1); the trained weights hold s
     rope_base: float = 10000.0
     sinusoidal_base: float = 10000.0
     # "vaswani": cos channel 2k+1 at the frequency of sin channel 2k; "bam": at its own
@@ -76,6 +77,8 @@ class ModelConfig:
             raise BamctlError(f"sinusoidal_layout must be one of {', '.join(SINUSOIDAL_LAYOUTS)}, not {self.sinusoidal_layout!r}")
         if not self.embedding_scale > 0:
             raise BamctlError(f"embedding_scale must be positive, not {self.embedding_scale!r}")
+        if not self.ssmax_init > 0:
+            raise BamctlError(f"ssmax_init must be positive, not {self.ssmax_init!r}")
         if self.ssmax_scope not in ("logits", "content"):
             raise BamctlError(f"ssmax_scope must be 'logits' or 'content', not {self.ssmax_scope!r}")
         if self.token_subset is not None and self.vocab_size != len(self.token_subset) + 1:
@@ -196,8 +199,8 @@ class Attention(nn.Module):
         self.rotary = spec.rotary
         self.xpos = spec.xpos
         self.prior = spec.make_prior(cfg) if spec.make_prior else None
-        # SSMax's s_h, one per head and layer, initialised at 1 as in the SSMax paper.
-        self.ssmax_scale = nn.Parameter(torch.ones(cfg.n_heads)) if cfg.ssmax else None
+        # SSMax's s_h, one per head and layer, initialised at ssmax_init (1, as in the SSMax paper).
+        self.ssmax_scale = nn.Parameter(torch.full((cfg.n_heads,), float(cfg.ssmax_init))) if cfg.ssmax else None
         self.ssmax_scope = cfg.ssmax_scope
 
     def forward(self, x: torch.Tensor, where: ChunkPositions, state: ForwardState, keep_from: int = 0) -> torch.Tensor:

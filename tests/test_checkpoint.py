@@ -66,3 +66,20 @@ def test_truncated_config_is_refused(tmp_path):
 def test_missing_directory_is_refused(tmp_path):
     with pytest.raises(BamctlError, match="not a bamctl checkpoint"):
         load_checkpoint(tmp_path / "nothing")
+
+
+def test_ssmax_init_sets_s_before_training_and_is_not_the_models_identity():
+    from bamctl.checkpoint import model_identity
+
+    base = ModelConfig.from_preset("micro", "bam-ssmax", train_length=128)
+    other = ModelConfig.from_preset("micro", "bam-ssmax", train_length=128, ssmax_init=0.25)
+    model = new_random_model(other, 0)
+    assert all(torch.equal(layer.attention.ssmax_scale.detach(), torch.full((4,), 0.25)) for layer in model.layers)
+    # The same weights under either config are one model: the field says how s started, the weights hold s.
+    assert model_identity("w", base) == model_identity("w", other)
+    # ... and every other weight starts as it did before the field existed (no random draw added).
+    plain = new_random_model(base, 0)
+    assert all(torch.equal(a, b) for (name, a), (_, b) in zip(plain.state_dict().items(), model.state_dict().items())
+               if not name.endswith("ssmax_scale"))
+    with pytest.raises(BamctlError, match="ssmax_init must be positive"):
+        ModelConfig.from_preset("micro", "bam-ssmax", ssmax_init=0.0)
