@@ -141,11 +141,9 @@ def _defaults() -> dict:
 
 
 def _run(models, task, given: dict, baseline: str | None = None):
-    from bamctl.backends import RunOptions
-    from bamctl.errors import BamctlError
     from bamctl.runs.checks import check_baseline
     from bamctl.runs.requests import AskedRequests, PromptChoices, Sampling, task_names
-    from bamctl.runs.runner import command_of, model_names, model_or_flagship, run_models
+    from bamctl.runs.runner import command_of, model_names, model_or_flagship, parse_batch_size, run_models, run_options
 
     unknown = set(given) - set(_defaults()) - {"models", "task"}
     if unknown:
@@ -166,15 +164,9 @@ def _run(models, task, given: dict, baseline: str | None = None):
             stride=given["stride"], bucket=given["bucket"], doc_tokens=given["doc_tokens"], corpus=_path(given["corpus"]),
         ),
     )
-    run = RunOptions(
-        device=given["device"], dtype=given["dtype"], chunk_size=given["chunk_size"], attention=given["attention"],
-        tokenizer=given["tokenizer"], beyond_max=given["beyond_max"], chat_template=given["chat_template"],
-        tensor_parallel=given["tensor_parallel"], bos=given["bos"],
-        prior_form=None if given["prior_form"] is None else given["prior_form"].replace("-", "_"),
-        rope_scaling=given["rope_scaling"], rope_factor=given["rope_factor"],
-    )
     with _left_as_found(models):
-        return run_models(models, asked, run, out=Path(given["out"]), batch_size=_batch_size(given["batch_size"]),
+        return run_models(models, asked, run_options(given), out=Path(given["out"]),
+                          batch_size=parse_batch_size(given["batch_size"], "batch_size"),
                           force=given["force"], reuse=given["reuse"], shard=given["shard"], quiet=given["quiet"],
                           names=names)
 
@@ -237,20 +229,6 @@ def _left_as_found(models: list):
             module.train(training)
             if engine_run:
                 module.rope_scaling = rope_scaling
-
-
-def _batch_size(value) -> int | None:
-    from bamctl.errors import BamctlError
-
-    if isinstance(value, str) and value.strip().lower() == "auto":
-        return None
-    try:
-        size = int(value)
-    except (TypeError, ValueError):
-        size = 0
-    if size < 1:
-        raise BamctlError(f"batch_size must be 'auto' or a positive number of samples, not {value!r}")
-    return size
 
 
 def _path(value) -> Path | None:

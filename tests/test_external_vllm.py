@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from bamctl.backends import RunOptions, open_backend
 from bamctl.errors import BamctlError
+from tiny_llama import save_tiny_llama
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -103,24 +104,7 @@ class FakeLLM:
 
 
 def _save_tiny_llama(folder, hidden: int = 32):
-    import tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i + 3 for i in range(60)}}
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-    tok.post_processor = tokenizers.processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>").save_pretrained(folder)
-    config = LlamaConfig(vocab_size=len(vocab), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    torch.manual_seed(1)
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(8.0 if p.dim() > 1 else 1.0)
-    model.save_pretrained(folder)
-    return folder
+    return save_tiny_llama(folder, hidden=hidden, max_positions=32, seed=1)
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ MAX_POSITIONS = 48
 WORDS = 60
 
 
-def save_tiny_llama(folder: Path) -> Path:
+def save_tiny_llama(folder: Path, *, hidden: int = 32, max_positions: int = MAX_POSITIONS, seed: int = 0) -> Path:
     """Words ``w0`` … ``w59``; weights scaled up from the init, so argmaxes are not ties."""
     import tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -24,11 +24,11 @@ def save_tiny_llama(folder: Path) -> Path:
     wrapped = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
     wrapped.save_pretrained(folder)
     config = LlamaConfig(
-        vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=MAX_POSITIONS,
+        vocab_size=len(vocab), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
         bos_token_id=1, eos_token_id=2, pad_token_id=0,
     )
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     with torch.no_grad():
         for p in model.parameters():

@@ -23,21 +23,11 @@ from bamctl.cli.plot_paths import plot_path
 from bamctl.cli.requests import asked_requests
 from bamctl.runs.checks import check_baseline
 from bamctl.runs.requests import task_names
+from bamctl.runs.runner import model_names
 
 # Tables to a pipe or file keep their full width instead of being cut at 80 columns.
 stdout = Console(highlight=False, width=None if sys.stdout.isatty() else 1000)
 stderr = Console(stderr=True, highlight=False)
-
-
-def _run_options(ev, prompt) -> "RunOptions":  # noqa: F821 - bamctl.backends, imported lazily
-    from bamctl.backends import RunOptions
-
-    return RunOptions(
-        device=ev.device, dtype=ev.dtype, chunk_size=ev.chunk_size, attention=ev.attention, tokenizer=prompt.tokenizer,
-        beyond_max=ev.beyond_max, chat_template=prompt.chat_template, tensor_parallel=ev.tensor_parallel,
-        bos=ev.bos, prior_form=None if ev.prior_form is None else ev.prior_form.replace("-", "_"),
-        rope_scaling=ev.rope_scaling, rope_factor=ev.rope_factor,
-    )
 
 
 def run_models(
@@ -46,11 +36,14 @@ def run_models(
     """Evaluate every model on the requests ``asked`` (``bamctl.runs.requests.AskedRequests``) with
     ``bamctl.runs.runner.run_models``, which checks everything before the first model loads;
     print one summary of exactly the rows asked for."""
-    from bamctl.runs.runner import run_models as run
+    from dataclasses import asdict
+
+    from bamctl.runs.runner import parse_batch_size, run_models as run, run_options
 
     report = {"names": model_names(models), "json": ev.json, "threshold": threshold, "plot": plot and str(plot),
               "baseline": baseline}
-    outcome = run(models, asked, _run_options(ev, prompt), out=ev.out, batch_size=opt.parse_batch_size(ev.batch_size),
+    outcome = run(models, asked, run_options({**asdict(ev), **asdict(prompt)}), out=ev.out,
+                  batch_size=parse_batch_size(ev.batch_size),
                   force=ev.force, reuse=ev.reuse, shard=ev.shard, quiet=ev.quiet, report=report, console=stderr)
     if outcome.submitted:  # `bamctl submit` prints the whole sweep's table: no partial table or plot here
         return
@@ -86,12 +79,6 @@ def model_or_flagship(model: str | None, command: str) -> str:
     from bamctl.runs.runner import model_or_flagship as chosen
 
     return chosen(model, command, lambda line: stderr.print(line, soft_wrap=True))
-
-
-def model_names(models: list[str]) -> list[str]:
-    from bamctl.runs.runner import model_names as names
-
-    return names(models)
 
 
 @app.command()

@@ -222,25 +222,6 @@ ModelArgument = Annotated[str | None, typer.Argument(
     show_default=False)]
 
 
-
-AUTO_BATCH = "auto"
-
-
-def parse_batch_size(text: str) -> int | None:
-    """``--batch-size``: None for auto, else a positive number of samples."""
-    from bamctl.errors import BamctlError
-
-    if text.strip().lower() == AUTO_BATCH:
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise BamctlError(f"--batch-size must be auto or a positive number of samples, not {text!r}")
-    return value
-
-
 def _group_type(name: str, params: list[Param]) -> type:
     return make_dataclass(name, [(p.name, Any) for p in params], frozen=True)
 

@@ -28,8 +28,6 @@ from rich.console import Console
 from bamctl.errors import BamctlError
 from bamctl.runs import checks
 
-PLANNING_TOKENIZER = checks.PLANNING_TOKENIZER
-
 # The reference a run evaluates when no model is named: the one the paper's claims are about.
 FLAGSHIP = {"passkey": "bam-ssmax", "ruler": "bam-ssmax", "ppl": "lm-bam"}
 
@@ -93,6 +91,37 @@ def model_names(models: list) -> list[str]:
     return [m if isinstance(m, str) and names.count(n) > 1 else n for n, m in zip(names, models)]
 
 
+AUTO_BATCH = "auto"
+
+
+def parse_batch_size(value, flag: str = "--batch-size") -> int | None:
+    """A batch size as asked (``--batch-size``, the API's ``batch_size``): None for auto, else a
+    positive number of samples; ``flag`` is how the error names it."""
+    if isinstance(value, str) and value.strip().lower() == AUTO_BATCH:
+        return None
+    try:
+        size = int(value)
+    except (TypeError, ValueError):
+        size = 0
+    if size < 1:
+        shown = "auto" if flag.startswith("--") else "'auto'"
+        raise BamctlError(f"{flag} must be {shown} or a positive number of samples, not {value!r}")
+    return size
+
+
+def run_options(values: dict):
+    """The engine options a run asks (``bamctl.backends.RunOptions``) from values by field name
+    (the command line's option groups, the API's keywords); ``--prior-form`` is spelt with a dash."""
+    from dataclasses import fields
+
+    from bamctl.backends import RunOptions
+
+    taken = {f.name: values[f.name] for f in fields(RunOptions)}
+    if taken["prior_form"] is not None:
+        taken["prior_form"] = taken["prior_form"].replace("-", "_")
+    return RunOptions(**taken)
+
+
 def model_label(model) -> str:
     """How messages and a sweep's record name a model: its reference, or a model in memory's label."""
     return model if isinstance(model, str) else model.label
@@ -138,10 +167,10 @@ def run_models(
     peeks = [peek_backend(model, run) for model in models]
     requests = asked.for_models([p.train_length for p in peeks])
     # Options, protocols and plans checked now; what depends on each model's tokenizer, when it loads.
-    plans = [request.plan(get_tokenizer(PLANNING_TOKENIZER), check_tokenizer=False) for request in requests]
-    if asked.lengths is None and all(peek.tokenizer == PLANNING_TOKENIZER for peek in peeks):
+    plans = [request.plan(get_tokenizer(checks.PLANNING_TOKENIZER), check_tokenizer=False) for request in requests]
+    if asked.lengths is None and all(peek.tokenizer == checks.PLANNING_TOKENIZER for peek in peeks):
         requests, plans = checks.start_where_each_task_builds(requests, plans, say)
-    if any(peek.tokenizer == PLANNING_TOKENIZER for peek in peeks):
+    if any(peek.tokenizer == checks.PLANNING_TOKENIZER for peek in peeks):
         for plan in plans:  # every task's shortest length built, so none is found too short mid-run
             plan.check_lengths()  # (a model of another tokenizer: in its pre-flight, with its own)
     labels = [model_label(model) for model in models]
