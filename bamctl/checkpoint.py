@@ -54,16 +54,18 @@ def model_identity(weights_sha256: str, config: ModelConfig) -> str:
     return digest({"weights": weights_sha256, "model": canonical_config(config)})
 
 
-# Fields that only say how weights were initialised: the trained weights hold what they set, so
-# they are not the model's identity (and rows stored before a field was added keep their hash).
-INITIALISATION_ONLY = ("ssmax_init",)
+# Fields the weights already say, so they are no part of the identity beside them (and rows stored
+# before a field was added keep their hash): ssmax_init only set s before training, and the trained
+# weights hold s; tie_embeddings makes the head and the embeddings one matrix, which the weights
+# file then stores once (and a tied model computes what an untied one with equal matrices does).
+HELD_BY_THE_WEIGHTS = ("ssmax_init", "tie_embeddings")
 
 
 def canonical_config(config: ModelConfig) -> dict:
     typed = {"float": float, "int": int, "bool": bool}
     values = config.to_dict()
     return {f.name: typed[f.type](values[f.name]) if f.type in typed else values[f.name] for f in fields(config)
-            if f.name not in INITIALISATION_ONLY}
+            if f.name not in HELD_BY_THE_WEIGHTS}
 
 
 def file_sha256(path: Path) -> str:
@@ -97,6 +99,7 @@ def save_checkpoint(
     tensors = {
         name: t.detach().to("cpu").to(store if t.is_floating_point() else t.dtype).contiguous()
         for name, t in model.state_dict().items()
+        if name not in tied_names(model.config)  # stored once, as the token embeddings
     }
     weights = out / WEIGHTS_FILE
     atomic_write(weights, lambda tmp: save_file(tensors, tmp, metadata={"format": FORMAT}))
@@ -144,12 +147,22 @@ def load_checkpoint(path: Path, *, verify: bool = True) -> Checkpoint:
         state = load_file(weights)
     except (SafetensorError, OSError) as err:
         raise BamctlError(f"cannot read {weights}: {err}") from None
+    doubled = [name for name in tied_names(model.config) if name in state]
+    if doubled:
+        # load_state_dict would copy both into the one tied tensor, the later one winning
+        raise BamctlError(f"checkpoint {path} ties its output head to its embeddings but also stores {doubled[0]}")
     missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [name for name in missing if name not in tied_names(model.config)]
     if missing or unexpected:
         raise BamctlError(
             f"checkpoint {path} does not match its config: missing {missing[:3]}, unexpected {unexpected[:3]}"
         )
     return Checkpoint(model=model, path=path, sha256=sha, recipe=config.get("recipe", {}), provenance=config.get("provenance", {}))
+
+
+def tied_names(config: ModelConfig) -> tuple[str, ...]:
+    """State-dict names that alias another tensor, so the weights file leaves them out."""
+    return ("output.weight",) if config.tie_embeddings else ()
 
 
 def new_random_model(config: ModelConfig, seed: int) -> Transformer:

@@ -1,7 +1,7 @@
 """The decoder we benchmark: one file, read top to bottom.
 
 Architecture of the BAM authors' code (Llama-style): RMSNorm before attention and MLP,
-SwiGLU MLP, no linear biases, untied output head. Parameter names follow theirs
+SwiGLU MLP, no linear biases, an untied output head (``tie_embeddings`` ties it). Parameter names follow theirs
 (``tok_embeddings``, ``layers.N.attention.wq``, ``feed_forward.w1``…) so their
 checkpoints load by a name mapping alone. The positional encoding is a registry entry
 (``bamctl.positional``); the attention kernel is chosen by the caller
@@ -58,6 +58,9 @@ class ModelConfig:
     # Token embeddings are multiplied by this before anything is added to them. Vaswani et
     # al. (2017, section 3.4) use sqrt(dim), so that absolute sinusoids do not swamp them.
     embedding_scale: float = 1.0
+    # The output head is the token embedding matrix (Press & Wolf, 2017). In a tiny model with a
+    # large vocabulary the head is most of the weights: tying halves a 4,000-id LM reference.
+    tie_embeddings: bool = False
     bam_train_mu: bool = False  # the prior's location stays at 0 unless asked
     # "released": -(|d - mu| + eps)^beta e^alpha (the authors' training and released code);
     # "scaled_distance": -(|(d - mu) e^alpha| + eps)^beta (their evaluation code of mid-2025)
@@ -261,6 +264,8 @@ class Transformer(nn.Module):
         self.absolute_input = PE_REGISTRY[cfg.pe].absolute_input
         self.rope_scaling: RopeScaling | None = None  # RoPE scaled at inference (set by the engine)
         self.apply(self._init_weights)
+        if cfg.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight  # one parameter, (V, C) in both roles
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:

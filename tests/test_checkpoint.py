@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from bamctl.checkpoint import WEIGHTS_FILE, load_checkpoint, new_random_model, save_checkpoint
+from bamctl.checkpoint import WEIGHTS_FILE, load_checkpoint, model_identity, new_random_model, save_checkpoint
 from bamctl.errors import BamctlError
 from bamctl.model import ModelConfig
 
@@ -35,6 +35,39 @@ def test_float16_checkpoint_is_half_the_size_and_loads_as_float32(tmp_path):
     for name, tensor in loaded.state_dict().items():
         assert tensor.dtype == torch.float32
         assert torch.equal(tensor, model.state_dict()[name].half().float()), name
+
+
+def test_a_tied_head_is_one_tensor_stored_once(tmp_path):
+    untied = new_random_model(ModelConfig.from_preset("micro", "rope", vocab_size=2000, train_length=128), seed=3)
+    tied = new_random_model(ModelConfig.from_preset("micro", "rope", vocab_size=2000, train_length=128, tie_embeddings=True), seed=3)
+    assert tied.output.weight is tied.tok_embeddings.weight
+    # the weights file tells a tied model from an untied one; the field adds nothing to the identity
+    assert model_identity("w", tied.config) == model_identity("w", untied.config)
+    assert untied.n_params() - tied.n_params() == 2000 * 64  # the (V, C) head is gone
+    for name, model in (("untied", untied), ("tied", tied)):
+        save_checkpoint(model, tmp_path / name, dtype="float16")
+    from safetensors import safe_open
+
+    with safe_open(tmp_path / "tied" / WEIGHTS_FILE, "pt") as stored:
+        assert "output.weight" not in stored.keys() and "tok_embeddings.weight" in stored.keys()
+    sizes = {name: (tmp_path / name / WEIGHTS_FILE).stat().st_size for name in ("untied", "tied")}
+    assert sizes["untied"] - sizes["tied"] >= 2000 * 64 * 2  # the head's float16 bytes
+    loaded = load_checkpoint(tmp_path / "tied").model
+    assert loaded.output.weight is loaded.tok_embeddings.weight
+    ids = torch.randint(0, 2000, (1, 30))
+    assert torch.equal(loaded(ids), tied.cast_keeping_positional(torch.float16).float()(ids))
+
+
+def test_a_tied_checkpoint_that_also_stores_the_head_is_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    model = new_random_model(ModelConfig.from_preset("micro", "rope", vocab_size=64, train_length=128, tie_embeddings=True), 0)
+    save_checkpoint(model, tmp_path / "ckpt")
+    weights = tmp_path / "ckpt" / WEIGHTS_FILE
+    state = load_file(weights)
+    save_file({**state, "output.weight": torch.zeros_like(state["tok_embeddings.weight"])}, weights)
+    with pytest.raises(BamctlError, match="also stores output.weight"):
+        load_checkpoint(tmp_path / "ckpt", verify=False)
 
 
 def test_same_seed_same_weights_different_seed_different():

@@ -31,8 +31,9 @@ class Interrupt(Exception):
     pass
 
 
-def micro_recipe(**train):
-    recipe = recipe_from_dict(BASE)
+def micro_recipe(*, tie_embeddings: bool = False, **train):
+    base = {**BASE, "model": {**BASE["model"], "tie_embeddings": True}} if tie_embeddings else BASE
+    recipe = recipe_from_dict(base)
     return replace(recipe, train=replace(recipe.train, **train)) if train else recipe
 
 
@@ -73,8 +74,9 @@ def test_schedule_warms_up_then_decays_by_cosine_to_the_floor():
     assert all(a >= b for a, b in zip(lrs[2:], lrs[3:]))
 
 
-def test_interrupted_run_resumes_to_the_same_losses_and_weights(tmp_path):
-    recipe = micro_recipe(steps=6, save_every=2)
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied-head"])
+def test_interrupted_run_resumes_to_the_same_losses_and_weights(tmp_path, tied):
+    recipe = micro_recipe(tie_embeddings=tied, steps=6, save_every=2)
     straight = train(recipe, tmp_path / "straight", device="cpu")
 
     def stop_at_3(report):
@@ -93,6 +95,8 @@ def test_interrupted_run_resumes_to_the_same_losses_and_weights(tmp_path):
         assert torch.equal(x, y), name
     assert b.provenance["resumed_at_steps"] == [3] and b.provenance["finished"]
     assert b.recipe == recipe.to_dict()
+    # A tied head trains as one tensor and comes back as one (the resume went through torch.save).
+    assert (b.model.output.weight is b.model.tok_embeddings.weight) == tied
 
 
 def test_finished_or_foreign_state_needs_restart(tmp_path):
