@@ -90,7 +90,7 @@ def test_batched_continuations_on_flex():
 def test_small_fused_blocks_and_tiles_batch_exactly():
     """The fused path's query blocks, mask tiles and merges, with a batch of several rows."""
     engine = engine_for(random_model("bam-ssmax"), "fused", 16)
-    engine._attend = engine.kernel = partial(__import__("bamctl.engine.fused", fromlist=["x"]).fused_attention, rows=4, tile=6)
+    engine.kernel = partial(__import__("bamctl.engine.fused", fromlist=["x"]).fused_attention, rows=4, tile=6)
     requests = [(tokens(n, seed=i), tokens(m, seed=100 + i)) for i, (n, m) in enumerate(RAGGED)]
     alone = [engine.score_continuation(prompt, target) for prompt, target in requests]
     assert_rows_equal(engine.score_continuations(requests), alone)

@@ -64,6 +64,24 @@ def test_nondividing_chunks_match_for_ssmax_bam(chunk_size):
     assert torch.allclose(engine.logits_at(ids, list(range(37))), reference, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "autocast-bfloat16"])
+def test_the_kernel_set_on_an_engine_is_the_one_its_forward_calls(dtype):
+    # The tests above give kernels small blocks by setting engine.kernel; a forward that kept the
+    # kernel of its construction would run the default blocks and test nothing of the small ones.
+    model = random_model("bam-ssmax", seed=3)
+    engine = StreamingEngine(model, device="cpu", dtype=dtype, chunk_size=8, attention="blockwise")
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs.get("block_size"))
+        return blockwise_attention(*args, block_size=5)
+
+    engine.kernel = counting
+    ids = tokens(20, seed=3)
+    assert torch.allclose(engine.logits_at(ids, [19]), model(torch.tensor([ids]))[0, [19]], atol=1e-2)
+    assert len(calls) >= model.config.n_layers  # every layer's attention went through it
+
+
 @pytest.mark.parametrize("pe", ALL_PES)
 def test_changing_a_token_changes_no_earlier_logit(pe):
     model = random_model(pe)

@@ -177,9 +177,7 @@ class StreamingEngine:
         self.precision = resolve_precision(dtype, self.device)
         self.dtype = self.precision.weights
         self.attention = _exact_for(model, resolve_attention(attention, self.device), attention == "auto")
-        self.kernel = kernel_for(self.attention)
-        autocast = self.precision.autocast is not None
-        self._attend = outside_autocast(self.kernel, self.device.type) if autocast else self.kernel
+        self.kernel = kernel_for(self.attention)  # replaceable (tests give kernels small blocks)
         self.chunk_size = chunk_size
         self.model = model.to(device=self.device).cast_keeping_positional(self.dtype).eval()
         self.model.rope_scaling = rope_scaling
@@ -189,6 +187,10 @@ class StreamingEngine:
             from bamctl.tokenizer import get_tokenizer
 
             self.subset = VocabSubset(self.config.token_subset, get_tokenizer(self.config.tokenizer).vocab_size)
+
+    def _attend(self) -> Callable:
+        """The kernel a forward pass calls: ``self.kernel``, outside autocast when the engine runs under it."""
+        return outside_autocast(self.kernel, self.device.type) if self.precision.autocast is not None else self.kernel
 
     def check_fits(self, n_tokens: int, batch: int = 1) -> None:
         """Refuse, before any work, ``batch`` contexts of ``n_tokens`` that the memory here cannot hold."""
@@ -242,7 +244,7 @@ class StreamingEngine:
             tokens[row, : len(ids)] = self._model_ids(ids)
         capacity = -(-capacity // CACHE_ROUND) * CACHE_ROUND  # whole blocks: fewer distinct kernel shapes
         cache = KVCache(cfg.n_layers, len(batch), cfg.n_heads, capacity, cfg.head_dim, self.precision.activations, self.device)
-        state = ForwardState(kernel=self._attend, cache=cache, max_distance=capacity - 1)
+        state = ForwardState(kernel=self._attend(), cache=cache, max_distance=capacity - 1)
         for start in range(0, longest, self.chunk_size):
             chunk = tokens[:, start : start + self.chunk_size]
             keep_from = min(max(first_needed - start, 0), chunk.shape[1])
