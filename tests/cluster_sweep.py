@@ -48,3 +48,14 @@ def stable(frame):
 
 def compare_command(models, out):
     return ["compare", *models, *SWEEP, "--out", str(out)]
+
+
+def shard_slow_to_start(command, shard, sweep_id, threads):
+    """Each shard waits before its work: a test's Ctrl-C then comes while it runs, however fast or
+    loaded the machine (a shard of this tiny sweep can otherwise finish before the cancel lands)."""
+    import time
+
+    time.sleep(15)
+    from bamctl.cli.submit_commands import run_shard
+
+    run_shard(command, shard, sweep_id, threads)

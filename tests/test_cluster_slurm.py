@@ -18,7 +18,9 @@ import pytest
 from bamctl.cluster import sweep
 from bamctl.cluster.submit import JobSettings
 from bamctl.results.store import ResultStore
+import cluster_sweep
 from cluster_sweep import KEYS, ROWS, compare_command as _compare, models, one_process, run_cli, stable  # noqa: F401 - fixtures
+from cluster_sweep import shard_slow_to_start
 from slurm_cluster import SlurmManager, why_not
 
 pytest.importorskip("submitit", reason="bamctl submit needs the cluster extra (pip install 'bamctl[cluster]')")
@@ -116,26 +118,16 @@ def _interrupt_when_running(line):
         raise KeyboardInterrupt  # the user's Ctrl-C while shards run
 
 
-def _shard_slow_to_start(command, shard, sweep_id, threads):
-    """Each shard waits before its work: the test's Ctrl-C then comes while it runs, however fast
-    the node is (a shard of this tiny sweep can otherwise finish between two queue polls)."""
-    import time as clock
-
-    clock.sleep(15)
-    from bamctl.cli.submit_commands import run_shard
-
-    run_shard(command, shard, sweep_id, threads)
-
-
 def test_ctrl_c_cancels_the_jobs_or_leaves_them_for_a_rerun_to_attach_to(slurm, models, one_process, tmp_path, capsys):
     import cloudpickle
 
     from bamctl.cli.submit_commands import EXIT_INTERRUPTED, run_sweep
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the jobs cannot import this test module
+    cloudpickle.register_pickle_by_value(cluster_sweep)  # nor the helpers beside it
     out = tmp_path / "results"
     settings = JobSettings(executor="slurm", logs=tmp_path / "logs", cpus=1, minutes=10)
-    assert run_sweep(_compare(models, out), 2, settings, shard_job=_shard_slow_to_start, show=_interrupt_when_running,
+    assert run_sweep(_compare(models, out), 2, settings, shard_job=shard_slow_to_start, show=_interrupt_when_running,
                      queue_poll_s=1) == EXIT_INTERRUPTED
     err = capsys.readouterr().err
     first = [entry["job"] for entry in _jobs(out).values()]
@@ -143,7 +135,7 @@ def test_ctrl_c_cancels_the_jobs_or_leaves_them_for_a_rerun_to_attach_to(slurm, 
     assert _queued(slurm, first) == []  # gone before submit returned: none can write a row after it
 
     # Ctrl-C with --keep-jobs: the jobs go on; the rerun waits for them instead of submitting copies
-    assert run_sweep(_compare(models, out), 2, settings, shard_job=_shard_slow_to_start, keep_jobs=True,
+    assert run_sweep(_compare(models, out), 2, settings, shard_job=shard_slow_to_start, keep_jobs=True,
                      show=_interrupt_when_running, queue_poll_s=1) == EXIT_INTERRUPTED
     err = capsys.readouterr().err
     kept = [entry["job"] for entry in _jobs(out).values()]

@@ -15,7 +15,9 @@ import pytest
 from bamctl.cluster import sweep
 from bamctl.cluster.submit import JobSettings
 from bamctl.results.store import ResultStore
+import cluster_sweep
 from cluster_sweep import KEYS, ROWS, SWEEP, compare_command as _compare, models, one_process, run_cli, stable  # noqa: F401 - fixtures
+from cluster_sweep import shard_slow_to_start
 
 pytest.importorskip("submitit", reason="bamctl submit needs the cluster extra (pip install 'bamctl[cluster]')")
 
@@ -166,11 +168,15 @@ def _interrupt_when_running(line):
 
 
 def test_ctrl_c_cancels_the_local_shards_and_a_rerun_computes_nothing_twice(models, one_process, tmp_path, capsys):
+    import cloudpickle
+
     from bamctl.cli.submit_commands import EXIT_INTERRUPTED, run_sweep
 
+    cloudpickle.register_pickle_by_value(cluster_sweep)  # the jobs cannot import the tests' helpers
     out = tmp_path / "results"
     settings = JobSettings(executor="local", logs=tmp_path / "logs", minutes=10)
-    assert run_sweep(_compare(models, out), 2, settings, show=_interrupt_when_running) == EXIT_INTERRUPTED
+    assert run_sweep(_compare(models, out), 2, settings, shard_job=shard_slow_to_start,
+                     show=_interrupt_when_running) == EXIT_INTERRUPTED
     err = capsys.readouterr().err
     assert "interrupted: cancelling 2 jobs" in err
     (jobs,) = [sweep.SweepRecord(out, r.id).recorded_jobs(2) for r in sweep.records(out)]
