@@ -1,6 +1,14 @@
 """Suite-wide set-up."""
 
+import signal
+
 import pytest
+
+# Started as a background job of a non-interactive shell (`bash .ci/run &`), pytest inherits
+# SIGINT ignored, and so does every process a test starts: the tests that stop one with SIGINT,
+# as a user's Ctrl-C does, would see it run to its end. SIGINT gets Python's handler back.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session", autouse=True)
