@@ -95,11 +95,11 @@ def save_checkpoint(
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise BamctlError(f"cannot create checkpoint directory {out}: {err.strerror}") from None
-    store = SAVE_DTYPES[dtype]
+    store, tied = SAVE_DTYPES[dtype], tied_names(model.config)
     tensors = {
         name: t.detach().to("cpu").to(store if t.is_floating_point() else t.dtype).contiguous()
         for name, t in model.state_dict().items()
-        if name not in tied_names(model.config)  # stored once, as the token embeddings
+        if name not in tied  # stored once, as the token embeddings
     }
     weights = out / WEIGHTS_FILE
     atomic_write(weights, lambda tmp: save_file(tensors, tmp, metadata={"format": FORMAT}))
@@ -147,12 +147,13 @@ def load_checkpoint(path: Path, *, verify: bool = True) -> Checkpoint:
         state = load_file(weights)
     except (SafetensorError, OSError) as err:
         raise BamctlError(f"cannot read {weights}: {err}") from None
-    doubled = [name for name in tied_names(model.config) if name in state]
+    tied = tied_names(model.config)
+    doubled = [name for name in tied if name in state]
     if doubled:
         # load_state_dict would copy both into the one tied tensor, the later one winning
         raise BamctlError(f"checkpoint {path} ties its output head to its embeddings but also stores {doubled[0]}")
     missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [name for name in missing if name not in tied_names(model.config)]
+    missing = [name for name in missing if name not in tied]
     if missing or unexpected:
         raise BamctlError(
             f"checkpoint {path} does not match its config: missing {missing[:3]}, unexpected {unexpected[:3]}"

@@ -28,9 +28,9 @@ def _authors(tmp_path, request):
 
 def _hf(tmp_path, request):
     pytest.importorskip("transformers", reason="transformers not installed (pip install 'bamctl[hf]')")
-    from test_external_vllm import _save_tiny_llama
+    from tiny_llama import save_tiny_llama
 
-    return f"hf:{_save_tiny_llama(tmp_path / 'hf')}"
+    return f"hf:{save_tiny_llama(tmp_path / 'hf', max_positions=32, seed=1)}"
 
 
 def _vllm(tmp_path, request):

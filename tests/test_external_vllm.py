@@ -36,7 +36,7 @@ def test_vllm_prefix_without_vllm_says_how_to_install(monkeypatch, tmp_path):
 @pytest.mark.skipif(not HAVE_VLLM, reason="vLLM not installed (GPU extra)")
 def test_real_vllm_matches_hf(tmp_path):
     pytest.importorskip("transformers")
-    folder = _save_tiny_llama(tmp_path, hidden=256)  # head size 64: GPU attention kernels need it
+    folder = save_tiny_llama(tmp_path, hidden=256, max_positions=32, seed=1)  # head size 64: GPU attention kernels need it
     ids = [3 + (7 * i) % 60 for i in range(40)]  # past its 32 positions: both run beyond
     options = dict(dtype="float16")
     hf = open_backend(f"hf:{folder}", RunOptions(device="cuda", **options))
@@ -103,10 +103,6 @@ class FakeLLM:
         return types.SimpleNamespace(prompt_logprobs=prompt_logprobs, outputs=[completion])
 
 
-def _save_tiny_llama(folder, hidden: int = 32):
-    return save_tiny_llama(folder, hidden=hidden, max_positions=32, seed=1)
-
-
 @pytest.fixture
 def fake_vllm(monkeypatch, tmp_path):
     pytest.importorskip("transformers", reason="transformers not installed (pip install 'bamctl[hf]')")
@@ -116,7 +112,7 @@ def fake_vllm(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "vllm", module)
     FakeLLM.instances.clear()
     FakeLLM.calls.clear()
-    folder = _save_tiny_llama(tmp_path / "tiny")
+    folder = save_tiny_llama(tmp_path / "tiny", max_positions=32, seed=1)
     from transformers import AutoModelForCausalLM
 
     return folder, AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True).eval()

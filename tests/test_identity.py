@@ -231,11 +231,11 @@ def test_training_rows_use_their_own_protocol_whatever_the_tokenizer():
 
 def test_hf_config_files_move_the_hash(tmp_path):
     pytest.importorskip("transformers", reason="transformers not installed (pip install 'bamctl[hf]')")
-    from test_external_vllm import _save_tiny_llama
+    from tiny_llama import save_tiny_llama
 
     from bamctl.backends.hf_common import model_fingerprint
 
-    folder = _save_tiny_llama(tmp_path / "hf")
+    folder = save_tiny_llama(tmp_path / "hf", max_positions=32, seed=1)
     hashes = [model_fingerprint(folder, None)]
     generation = folder / "generation_config.json"
     generation.write_text(json.dumps({**json.loads(generation.read_text()), "eos_token_id": [2, 5]}))

@@ -273,9 +273,9 @@ def test_an_hf_run_is_never_reused_for_vllm(fake_vllm, tmp_path, capsys, monkeyp
 @pytest.fixture
 def llama_of_64(tmp_path):
     pytest.importorskip("transformers", reason="transformers not installed (pip install 'bamctl[hf]')")
-    from test_external_vllm import _save_tiny_llama
+    from tiny_llama import save_tiny_llama
 
-    folder = _save_tiny_llama(tmp_path / "llama")
+    folder = save_tiny_llama(tmp_path / "llama", max_positions=32, seed=1)
     config = json.loads((folder / "config.json").read_text())
     config["max_position_embeddings"] = 64
     (folder / "config.json").write_text(json.dumps(config))
