@@ -162,7 +162,9 @@ class Evaluation:
         stats = RunStats()
         parts = []  # one per batch while running, so a kill loses at most the batch in flight
         try:
-            for batch in self._batches(self._pending(shard, stored, reuse, stats), batch_size):
+            for number, batch in enumerate(self._batches(self._pending(shard, stored, reuse, stats), batch_size)):
+                if number == 0:
+                    self.backend.prepare()  # outside the first batch's timing (vLLM starts its engine)
                 rows = self._answer(batch)
                 with _interrupts_deferred():  # a Ctrl-C here would leave a written part unrecorded
                     parts.append(self.store.append(rows))

@@ -87,13 +87,22 @@ def test_a_tokenizer_without_fingerprint_is_refused_not_guessed():
         plan_samples("passkey", [256], 1, [0], nameless)
 
 
-@pytest.mark.parametrize("stored, ran", [("float32", "float16"), ("float16", "float16"), ("bfloat16", "bfloat16")])
-def test_vllm_auto_dtype_records_what_vllm_runs(fake_vllm, stored, ran):  # noqa: F811
-    import json
+def test_vllm_auto_dtype_is_what_vllm_resolves_and_an_engine_running_another_is_refused(fake_vllm, monkeypatch):  # noqa: F811
+    """A row's dtype is vLLM's own resolution of --dtype (vllm.config.ModelConfig: bfloat16 for a
+    float32 model on the CPU build, ``test_vllm_engine.py`` holds it on real vLLM), never a rule of
+    ours; should the started engine run another, no row is written under the wrong name."""
+    import sys
+
+    import torch
+
+    from bamctl.errors import BamctlError
 
     folder, _ = fake_vllm
-    config = json.loads((folder / "config.json").read_text())
-    config["torch_dtype"] = config["dtype"] = stored
-    (folder / "config.json").write_text(json.dumps(config))
-    assert open_backend(f"vllm:{folder}", RunOptions()).dtype == ran
+    resolved = {"auto": torch.bfloat16, "float32": torch.float32}
+    monkeypatch.setattr(sys.modules["vllm.config"].ModelConfig, "__init__",
+                        lambda self, model, tokenizer, dtype: setattr(self, "dtype", resolved[dtype]))
     assert open_backend(f"vllm:{folder}", RunOptions(dtype="float32")).dtype == "float32"
+    backend = open_backend(f"vllm:{folder}", RunOptions())
+    assert backend.dtype == "bfloat16"
+    with pytest.raises(BamctlError, match="runs .* in float32, not the bfloat16 resolved for --dtype auto; pass --dtype float32"):
+        backend.generate([5, 6, 7], 2)  # the stand-in engine reports float32 for dtype auto

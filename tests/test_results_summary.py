@@ -176,6 +176,29 @@ def test_one_checkpoint_on_two_backends_is_two_columns():
     assert list(table["score"].columns) == ["tiny-rope@a1a1a1a1[hf]", "tiny-rope@a1a1a1a1[vllm]", "tiny-rope@c3c3c3c3"]
 
 
+def test_one_checkpoint_in_two_dtypes_is_two_tables_whose_captions_say_so():
+    """``compare hf:M vllm:M`` with ``--dtype auto``: transformers runs float32, vLLM's CPU build bfloat16."""
+    from bamctl.results.render import caption
+
+    rows = [fake_row("tiny-rope", sample=i, backend="hf") for i in range(3)]
+    rows += [fake_row("tiny-rope", sample=i, backend="vllm") | {"dtype": "bfloat16"} for i in range(3)]
+    rows += [fake_row("tiny-bam", sample=i, backend="hf") for i in range(3)]
+    tables = summarize(frame_of(rows))
+    assert [(s.dtype, s.models) for s in tables] == [("bfloat16", ["tiny-rope"]), ("float32", ["tiny-bam", "tiny-rope"])]
+    low, full = (caption(s) for s in tables)
+    assert "tiny-bam, tiny-rope[hf] ran in float32, not bfloat16: their rows are in the [float32] table" in low
+    assert "tiny-rope[vllm] ran in bfloat16, not float32: its rows are in the [bfloat16] table" in full
+    assert "one --dtype for every model sets them side by side" in full
+    (alone,) = summarize(frame_of(rows[:3]))
+    assert "ran in" not in caption(alone)
+    from rich.console import Console
+
+    console = Console(width=400, record=True)
+    console.print(render_summary(tables[1]))
+    shown = console.export_text()
+    assert "passkey / authors [float32]" in shown and "tiny-rope[vllm] ran in bfloat16" in shown  # words, not markup
+
+
 def test_rows_that_do_not_name_their_backend_are_one_backend():
     assert list(accuracy_table(frame_of([fake_row("tiny-rope", sample=i) for i in range(3)]))["score"].columns) == ["tiny-rope"]
     unnamed = [fake_row("tiny-rope", sample=0, backend=None), fake_row("tiny-rope", sample=0, backend="native")]

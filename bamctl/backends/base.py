@@ -143,6 +143,15 @@ class Backend(ABC):
         """Before any sample: refuse (one line) ``--batch-size batch`` for requests of this size where
         it cannot run. A back-end that answers one request at a time holds one whatever the batch."""
 
+    def prepare(self) -> None:
+        """Get ready for the requests checked so far (``check_fits``), before the first is timed:
+        a back-end whose engine takes long to start (vLLM) starts it here, so no row's
+        ``seconds`` holds it. Called once a run has work to do; nothing by default."""
+
+    def close(self) -> None:
+        """Free what the back-end holds beyond Python objects (vLLM: its engine's processes) once its
+        model's run ends, Ctrl-C included. Nothing by default."""
+
     @abstractmethod
     def bos_for(self, scoring: str) -> bool:
         """Whether one BOS goes before a prompt (or document) of this request kind."""
@@ -307,7 +316,7 @@ class HFOptions:
 
 @dataclass(frozen=True)
 class VLLMOptions:
-    """A Hugging Face model served by vLLM on GPUs: vLLM picks device, chunking and kernels."""
+    """A Hugging Face model served by vLLM (its CUDA or its CPU build): vLLM picks chunking and kernels."""
 
     dtype: str = "auto"
     tokenizer: str | None = None
@@ -315,6 +324,7 @@ class VLLMOptions:
     chat_template: bool = False
     tensor_parallel: int = 1
     bos: str = "auto"
+    prefix_caching: bool = True  # vLLM reuses the KV blocks of a shared prefix; off only to test that it changes nothing
 
     def __post_init__(self):
         positive(self.tensor_parallel, "tensor_parallel")

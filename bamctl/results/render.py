@@ -110,6 +110,15 @@ def reach_lines(summary: Summary) -> list[str]:
     return lines
 
 
+def dtype_lines(summary: Summary) -> list[str]:
+    """Models of the same comparison that ran in another precision sit in a table of their own: say
+    which, and how to set them side by side (``--dtype auto`` resolves per back-end: vLLM runs a
+    float32 model in bfloat16 on the CPU, transformers in float32)."""
+    return [f"{', '.join(models)} ran in {dtype}, not {summary.dtype}: {'its' if len(models) == 1 else 'their'} rows are "
+            f"in the [{dtype}] table (rows of two precisions are never pooled; one --dtype for every model sets them "
+            f"side by side)" for dtype, models in summary.other_dtypes]
+
+
 def version_name(version: str | None) -> str:
     return UNRECORDED if version is None else (f"{version[:8]}…" if len(version) > 8 else version)
 
@@ -166,7 +175,7 @@ def caption(summary: Summary) -> str:
     if summary.baseline is not None:
         legend = (f"; ▲/▼ better/worse than {summary.baseline} on the same {unit} ({paired_test_name(summary)}, "
                   f"Holm-adjusted over lengths, p < {ALPHA:g})")
-    notes = "".join(f"; {line}" for line in reach_lines(summary) + version_lines(summary))
+    notes = "".join(f"; {line}" for line in reach_lines(summary) + dtype_lines(summary) + version_lines(summary))
     if summary.metric == "accuracy":
         return (f"{cells}mean score [95% Wilson interval over the {unit}: each {unit[:-1]}'s mean score, n = {unit}]; best per "
                 f"length in bold; effective length: longest length up to which every tested length has a mean ≥ "
@@ -185,8 +194,9 @@ def render_summary(
     row = effective length. ``narrow``: every column at its narrowest, labels, headers and effective
     lengths wrapped, a cell's number and its ▲/▼ mark whole."""
     models = summary.models if models is None else list(models)
-    table = Table(title=f"{summary.title} — {summary.metric}", caption=caption(summary) if with_caption else None,
-                  caption_justify="left")
+    # Text, not markup: a title's "[bfloat16]" and a caption's "tiny-rope[vllm]" are words, not styles
+    table = Table(title=Text(f"{summary.title} — {summary.metric}", style="table.title"),
+                  caption=Text(caption(summary), style="table.caption") if with_caption else None, caption_justify="left")
     table.add_column("length", justify="right", no_wrap=not narrow, width=_length_width(summary) if narrow else None)
     for model in models:
         width = _number_width(summary, model) if narrow else None

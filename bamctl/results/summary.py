@@ -231,6 +231,7 @@ class Summary:
     scored_alike: bool = True  # perplexity: every model scored the same tokens (one vocabulary)
     compute_versions: tuple = ()  # distinct compute_version of the rows, sorted; None: rows that do not say
     reused_versions: tuple | None = None  # of those, the ones the current run did not compute with (None: not asked)
+    other_dtypes: tuple = ()  # (dtype, models) of this (task, protocol, setting) in other dtypes: in tables of their own
 
     @property
     def unit(self) -> str:
@@ -300,6 +301,12 @@ def summarize(
     keys = [key for key, _ in groups]
     shared = pd.Series([key[:3] for key in {key[:4] for key in keys}]).value_counts()  # fingerprints per triple
     dtypes = pd.Series([key[:3] for key in {key[:3] + key[4:] for key in keys}]).value_counts()
+    # (task, protocol, setting) -> dtype -> models, labelled over the whole triple: one checkpoint run by
+    # hf: and by vllm: in two dtypes is then named with its back-end in each table's caption
+    models_by_dtype: dict[tuple, dict[str, set[str]]] = {}
+    for triple, rows in frame.groupby(list(GROUP_COLUMNS[:3]), sort=True):
+        labels = model_labels(rows)
+        models_by_dtype[triple] = {str(d): set(labels[rows["dtype"] == d]) for d in rows["dtype"].unique()}
     for (task, protocol, setting, fingerprint, dtype), rows in groups:
         if is_perplexity(rows):
             table, metric, effective = perplexity_table(rows, models), "perplexity", None
@@ -321,6 +328,8 @@ def summarize(
             baseline if paired else None, paired, str(dtype), bool(dtypes[(task, protocol, setting)] > 1), alike,
             compute_versions=versions,
             reused_versions=None if current is None else tuple(v for v in versions if v not in current),
+            other_dtypes=tuple((other, tuple(sorted(names))) for other, names in sorted(models_by_dtype[(task, protocol, setting)].items())
+                               if other != str(dtype)),
         ))
     return summaries
 

@@ -209,7 +209,10 @@ def run_models(
             outcome.versions.update(evaluation.compute_version for evaluation in evaluations)
             steps = _ModelRun(evaluations, name, progress, say, prompts, notes, out=out, shard_of=shard_of,
                               batch_size=batch_size, force=force, reuse=reuse, quiet=quiet)
-            outcome.covered |= steps.run()
+            try:
+                outcome.covered |= steps.run()
+            finally:
+                backend.close()  # vLLM's engine processes end here, not whenever it is collected
             del backend, evaluations, steps  # one model in memory at a time
             gc.collect()
     if shard_run.submitted:  # `bamctl submit` prints the whole sweep's table: no partial table or plot here

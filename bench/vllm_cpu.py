@@ -1,0 +1,157 @@
+"""``vllm:`` against ``hf:`` on one model, the same requests, in one process: where the time goes.
+
+vLLM starts an engine (compiles the model, allocates its KV cache) once per model; each request
+after that is a scheduler step. This prints the engine's start and then, for each request kind a
+task makes (passkey teacher forcing, RULER greedy generation, sliding-window perplexity), the
+seconds per sample of each back-end with everything of one length asked at once, as a run asks
+it, and whether the answers agree (argmax and generated tokens identical; largest |Δ log p|).
+
+With ``--lm-eval``, also lm-evaluation-harness's own RULER tasks on the same model through its
+``hf`` and ``vllm`` back-ends (lm-eval builds its own prompts: ``--limit`` of them per length),
+beside bamctl's RULER tasks through ``hf:`` and ``vllm:`` on as many samples.
+
+    python scripts/smollm2_folder.py /tmp/smollm2          # in the environment of setup.sh --vllm
+    python bench/vllm_cpu.py --model /tmp/smollm2 --lengths 1k,4k --samples 4 [--lm-eval]   # lm-eval: 4k and up
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+LM_EVAL_LENGTHS = (4096, 8192, 16384, 32768, 65536, 131072)  # the lengths lm-eval's RULER YAMLs aggregate
+LM_EVAL_TASKS = {"niah_single_1": "niah_single_1", "vt": "ruler_vt"}  # bamctl's RULER task -> lm-eval's name for it
+
+
+def timed(run):
+    start = time.perf_counter()
+    result = run()
+    return time.perf_counter() - start, result
+
+
+def plan(task: str, length: int, n: int, backend, depths=None, **options):
+    from bamctl.tasks.registry import plan_samples
+
+    return list(plan_samples(task, [length], n, [0], backend.tokenizer, depths, bos_for=backend.bos_for, **options).samples())
+
+
+def request_kinds(backends: dict, lengths: list[int], n: int) -> list[list[str]]:
+    hf = backends["hf"]
+    rows = []
+    for length in lengths:
+        cases = {
+            "passkey (teacher forcing)": (plan("passkey", length, n, hf, [0.5]), lambda b, s: b.score_continuations([(x.input_ids, x.answer_ids) for x in s])),
+            "niah_single_1 (generation)": (plan("niah_single_1", length, n, hf), lambda b, s: b.generate_many([x.input_ids for x in s], s[0].max_new_tokens)),
+            "ppl (sliding windows)": (plan("ppl", length, 1, hf, doc_tokens=n * length), lambda b, s: b.token_nlls([(x.input_ids, 1) for x in s])),
+        }
+        for kind, (samples, ask) in cases.items():
+            seconds, answers = {}, {}
+            for name, backend in backends.items():
+                seconds[name], answers[name] = timed(lambda: ask(backend, samples))
+            rows.append([f"{length:,}", kind, str(len(samples)), *(f"{seconds[k] / len(samples):.2f}" for k in ("hf", "vllm")),
+                         f"{seconds['vllm'] / seconds['hf']:.2f}x", agreement(answers["hf"], answers["vllm"])])
+    return rows
+
+
+def agreement(ours, theirs) -> str:
+    import torch
+
+    if ours and isinstance(ours[0], torch.Tensor):
+        gaps = [float((a - b)[~(a - b).isnan()].abs().max()) for a, b in zip(ours, theirs)]
+        return f"largest Δ nll {max(gaps):.1e}"
+    if ours and hasattr(ours[0], "logprobs"):
+        same = all(a.predicted_ids == b.predicted_ids for a, b in zip(ours, theirs))
+        gap = max(abs(x - y) for a, b in zip(ours, theirs) for x, y in zip(a.logprobs, b.logprobs))
+        return f"argmax {'identical' if same else 'DIFFERS'}, largest Δ log p {gap:.1e}"
+    return "tokens identical" if ours == theirs else f"tokens differ in {sum(a != b for a, b in zip(ours, theirs))}"
+
+
+def lm_eval_ruler(model: str, lengths: list[int], limit: int, tasks: list[str], dtype: str, device: str) -> dict:
+    """Accuracy per (task, length, lm-eval back-end) of lm-eval's own RULER tasks."""
+    import lm_eval
+
+    from bamctl.backends.vllm import kv_cache_bytes
+    from transformers import AutoConfig
+
+    kv = kv_cache_bytes(AutoConfig.from_pretrained(model), max(lengths) + 256, dtype)
+    scores = {}
+    for backend, args in (("hf", f"pretrained={model},dtype={dtype},device={device}"),
+                          ("vllm", f"pretrained={model},dtype={dtype},max_model_len={max(lengths) + 256},kv_cache_memory_bytes={kv}")):
+        seconds, out = timed(lambda: lm_eval.simple_evaluate(
+            model=backend, model_args=args, tasks=[LM_EVAL_TASKS[t] for t in tasks], limit=limit,
+            metadata={"max_seq_lengths": lengths}, batch_size=1))
+        for task in tasks:
+            for length in lengths:
+                value = out["results"][LM_EVAL_TASKS[task]].get(f"{length},none")
+                scores[(task, length, f"lm-eval {backend}")] = value
+        scores[("seconds", 0, f"lm-eval {backend}")] = seconds
+    return scores
+
+
+def bamctl_ruler(backends: dict, lengths: list[int], n: int, tasks: list[str]) -> dict:
+    from bamctl.tasks.metrics import score
+
+    scores = {}
+    for name, backend in backends.items():
+        start = time.perf_counter()
+        for task in tasks:
+            for length in lengths:
+                samples = plan(task, length, n, backend)
+                generated = backend.generate_many([s.input_ids for s in samples], samples[0].max_new_tokens)
+                values = [score(s.metric, backend.tokenizer.decode(ids), s) for s, ids in zip(samples, generated)]
+                scores[(task, length, f"bamctl {name}:")] = sum(values) / len(values)
+        scores[("seconds", 0, f"bamctl {name}:")] = time.perf_counter() - start
+    return scores
+
+
+def print_table(header: list[str], rows: list[list[str]]) -> None:
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+
+
+def main() -> None:
+    from bamctl.backends import RunOptions, open_backend
+    from bamctl.lengths import parse_lengths
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="a transformers model folder both back-ends load")
+    parser.add_argument("--lengths", default="1k,4k")
+    parser.add_argument("--samples", type=int, default=4, help="samples per length and request kind (lm-eval: --limit)")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--lm-eval", action="store_true", help="also lm-eval's own RULER tasks, beside bamctl's")
+    parser.add_argument("--no-kinds", action="store_true", help="leave out the request-kind table (with --lm-eval: the RULER table alone)")
+    args = parser.parse_args()
+    lengths = parse_lengths(args.lengths)
+
+    import vllm
+
+    vl = open_backend(f"vllm:{args.model}", RunOptions(dtype=args.dtype))
+    hf = open_backend(f"hf:{args.model}", RunOptions(dtype=args.dtype, device=vl.device))
+    vl.check_fits(max(lengths), 8)
+    start_seconds, _ = timed(vl.prepare)
+    print(f"vLLM {vllm.__version__} on the {vl.device.upper()}, {args.dtype}: engine started in {start_seconds:.1f} s "
+          f"(sized for {vl._capacity:,} tokens); hf: loads the model when opened\n")
+    if not args.no_kinds:
+        print_table(["length", "request", "samples", "hf: s/sample", "vllm: s/sample", "vllm/hf", "agreement"],
+                    request_kinds({"hf": hf, "vllm": vl}, lengths, args.samples))
+    if args.lm_eval:
+        tasks = ["niah_single_1", "vt"]
+        lengths = [length for length in lengths if length in LM_EVAL_LENGTHS]
+        if not lengths:
+            parser.error(f"--lm-eval: lm-eval's RULER scores only the lengths {LM_EVAL_LENGTHS}; pass one in --lengths")
+        ours = bamctl_ruler({"hf": hf, "vllm": vl}, lengths, args.samples, tasks)
+        print(f"\nbamctl's RULER: {ours}", flush=True)  # before lm-eval starts its own engines
+        vl.close()
+        theirs = lm_eval_ruler(args.model, lengths, args.samples, tasks, args.dtype, hf.device)
+        columns = ["bamctl hf:", "bamctl vllm:", "lm-eval hf", "lm-eval vllm"]
+        scores = {**ours, **theirs}
+        print(f"\nRULER string_match_all, {args.samples} samples per cell (each side its own prompts)\n")
+        rows = [[task, f"{length:,}", *(f"{scores[(task, length, c)]:.2f}" for c in columns)] for task in tasks for length in lengths]
+        rows.append(["seconds", "all", *(f"{scores[('seconds', 0, c)]:.0f}" for c in columns)])
+        print_table(["task", "length", *columns], rows)
+
+
+if __name__ == "__main__":
+    main()
