@@ -94,6 +94,7 @@ def evaluate(
     rope_scaling: str | None = None,
     rope_factor: float | None = None,
     tensor_parallel: int | None = None,
+    **unknown,
 ):
     """Evaluate ``models`` on ``task``; the rows of exactly this request, as a pandas DataFrame
     (one row per sample; columns: docs/SCHEMA.md), each under the name it was asked by.
@@ -107,6 +108,7 @@ def evaluate(
     same name (``bamctl passkey --help`` says each). Bad input raises ``bamctl.errors.BamctlError``
     before any work.
     """
+    _refuse_unknown(set(unknown))
     outcome = _run(models, task, locals())
     return outcome.rows()
 
@@ -141,14 +143,23 @@ def _defaults() -> dict:
 
 
 def _run(models, task, given: dict, baseline: str | None = None):
+
+    given = {key: value for key, value in given.items() if key != "unknown"}
+    _refuse_unknown(set(given) - set(_defaults()) - {"models", "task"})
+    with _keyword_errors():
+        return _checked_run(models, task, _checked(given), baseline)
+
+
+def _checked_run(models, task, given: dict, baseline: str | None):
+    from bamctl.errors import BamctlError
     from bamctl.runs.checks import check_baseline
     from bamctl.runs.requests import AskedRequests, PromptChoices, Sampling, task_names
     from bamctl.runs.runner import command_of, model_names, model_or_flagship, parse_batch_size, run_models, run_options
 
-    unknown = set(given) - set(_defaults()) - {"models", "task"}
-    if unknown:
-        raise TypeError(f"compare() got an unexpected keyword argument {sorted(unknown)[0]!r} (it takes "
-                        f"evaluate's: {', '.join(_defaults())})")
+    if not isinstance(task, str) and not (isinstance(task, (list, tuple)) and all(isinstance(t, str) for t in task)):
+        raise BamctlError(f"task takes a task name or a list of them, not {task!r}")
+    if isinstance(models, (list, tuple)) and not _is_pair(models) and not models:
+        raise BamctlError("models is an empty list: give one or more models, or None for the task's flagship reference")
     tasks = task_names(task if isinstance(task, str) else ",".join(task))
     say = _stderr_line
     models = _as_models(models, given["names"], lambda: model_or_flagship(None, command_of(tasks[0]), say))
@@ -168,7 +179,114 @@ def _run(models, task, given: dict, baseline: str | None = None):
         return run_models(models, asked, run_options(given), out=Path(given["out"]),
                           batch_size=parse_batch_size(given["batch_size"], "batch_size"),
                           force=given["force"], reuse=given["reuse"], shard=given["shard"], quiet=given["quiet"],
-                          names=names)
+                          names=names, console=_console())
+
+
+INTEGERS = ("chunk_size", "stride", "bucket", "doc_tokens", "tensor_parallel")  # positive integers or None
+FLAGS = ("force", "reuse", "quiet", "chat_template")  # True or False
+
+
+def _checked(given: dict) -> dict:
+    """The keywords as the command line would take them, each refused by its name before any work
+    (a BamctlError): numbers that must be integers are integers, counts are positive."""
+    from bamctl.errors import BamctlError
+
+    def whole(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    def numbers(value, kind: str) -> list:
+        items = value if isinstance(value, (list, tuple)) else [value]
+        if isinstance(value, (list, tuple)) and not value:
+            raise BamctlError(f"{kind} is an empty list")
+        return list(items)
+
+    samples = given["samples"]
+    if samples is not None and not (whole(samples) and samples >= 1):
+        raise BamctlError(f"samples takes a positive integer (samples per length and depth), not {samples!r}")
+    lengths = given["lengths"]
+    if lengths is not None and not isinstance(lengths, str):
+        bad = [n for n in numbers(lengths, "lengths") if not (whole(n) and n >= 1)]
+        if bad:
+            raise BamctlError(f"lengths takes token counts (positive integers) or text such as '1k..64k', not {bad[0]!r}")
+    seeds = given["seeds"]
+    if not isinstance(seeds, str):
+        bad = [n for n in numbers(seeds, "seeds") if not whole(n)]
+        if bad:
+            raise BamctlError(f"seeds takes integers (0, [0, 1]) or text such as '0,1', not {bad[0]!r}")
+    depths = given["depths"]
+    if isinstance(depths, float):  # one depth, a fraction of the filler
+        given = {**given, "depths": [depths]}
+    elif depths is not None and not isinstance(depths, (str, int)) or isinstance(depths, bool):
+        bad = [d for d in numbers(depths, "depths") if isinstance(d, bool) or not isinstance(d, (int, float))]
+        if bad:
+            raise BamctlError(f"depths takes a count (5), a fraction (0.5), a list of fractions or text such as "
+                              f"'0,0.5,1', not {bad[0]!r}")
+    for name in INTEGERS:
+        value = given[name]
+        if value is not None and not (whole(value) and value >= 1):
+            raise BamctlError(f"{name} takes a positive integer, not {value!r}")
+    for name in FLAGS:
+        if not isinstance(given[name], bool):
+            raise BamctlError(f"{name} takes True or False, not {given[name]!r}")
+    factor = given["rope_factor"]
+    if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float))):
+        raise BamctlError(f"rope_factor takes a number, not {factor!r}")
+    return given
+
+
+def _refuse_unknown(unknown: set) -> None:
+    """A keyword evaluate does not take: a BamctlError naming it and the one meant, where one is close."""
+    import difflib
+
+    from bamctl.errors import BamctlError
+
+    if not unknown:
+        return
+    name = sorted(unknown)[0]
+    close = difflib.get_close_matches(name, list(_defaults()), n=1)
+    meant = f"; did you mean {close[0]}?" if close else f" (it takes: {', '.join(_defaults())})"
+    raise BamctlError(f"no keyword {name!r}{meant}")
+
+
+# How the command line's flags are called here: an error raised below the API names the keyword.
+KEYWORD_OF_FLAG = {"--seed": "seeds", "--force": "force=True", "--reuse": "reuse=True", "--quiet": "quiet=True",
+                   "--chat-template": "chat_template=True"}
+
+
+@contextmanager
+def _keyword_errors():
+    """Errors of the run name the API's keywords (``seeds``, ``chunk_size``), not the flags the
+    command line spells them with (``--seed``, ``--chunk-size``)."""
+    import re
+
+    from bamctl.errors import BamctlError
+
+    try:
+        yield
+    except BamctlError as err:
+        raise BamctlError(keywords_for_flags(str(err))) from None
+
+
+def keywords_for_flags(text: str) -> str:
+    """``--seed`` → ``seeds``, ``--chunk-size`` → ``chunk_size``: a line of the run in the API's words."""
+    import re
+
+    def keyword(match) -> str:
+        flag = match.group(0)
+        return KEYWORD_OF_FLAG.get(flag, flag[2:].replace("-", "_"))
+
+    return re.sub(r"(?<![\w-])--[a-z][a-z-]*", keyword, text)
+
+
+def _console():
+    """stderr, as the run's lines go there on the command line, in the API's words."""
+    from rich.console import Console
+
+    class KeywordConsole(Console):
+        def print(self, *objects, **kwargs):
+            super().print(*(keywords_for_flags(o) if isinstance(o, str) else o for o in objects), **kwargs)
+
+    return KeywordConsole(stderr=True, highlight=False)
 
 
 def _as_models(models, names, flagship) -> list:

@@ -13,20 +13,31 @@ What moves a compute version, and what does not:
   moves it (an expression, a constant, a default, a new import); a comment, a docstring, a
   blank line or a reflowed statement does not;
 - C++ is hashed without its comments and with white space collapsed;
-- the installed versions of the libraries a back-end computes with (torch; transformers and
-  tokenizers for ``hf:``; vLLM for ``vllm:``) are part of it;
+- the installed versions of the libraries a back-end computes with (torch, and tiktoken and
+  sentencepiece, which decode generations; transformers and tokenizers for ``hf:``; vLLM for
+  ``vllm:``) are part of it;
 - the modules in ``UNCOUNTED`` are left out: they cannot change a number.
 
-This module imports nothing of bamctl's: every layer may use it.
+The code is the code this process runs, not what is on disk when the version is asked for:
+``record_imports`` (installed by ``import bamctl``) has every bamctl module compiled from the
+bytes it reads, and keeps them; a version hashes those bytes. A module the version covers but
+this process has not imported yet is read from disk then, and its import must find the same
+bytes, else it stops with one line: a ``git pull`` or an edit beside a running sweep can no
+longer label rows with a version that names other code.
+
+This module imports nothing of bamctl's but errors: every layer may use it.
 """
 
 from __future__ import annotations
 
 import ast
 import hashlib
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import json
 import re
+import sys
 from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
@@ -34,9 +45,65 @@ from pathlib import Path
 LENGTH = 16  # hex digits kept, as for content fingerprints
 
 # Modules that no number depends on: the package's version string (a release changes nothing
-# that is computed by itself), error messages and atomic file writes.
-UNCOUNTED = frozenset({"bamctl", "bamctl.errors", "bamctl.files"})
+# that is computed by itself; ``bamctl.version`` holds it and the checkpoint code imports it),
+# error messages and atomic file writes.
+UNCOUNTED = frozenset({"bamctl", "bamctl.version", "bamctl.errors", "bamctl.files"})
 NATIVE_SOURCES = "csrc"  # a module's folder holding C++ it compiles (bamctl/engine/csrc)
+
+
+PACKAGE = "bamctl"
+_RAN: dict[str, bytes] = {}  # module -> the source bytes this process compiled it from
+_PROMISED: dict[str, bytes] = {}  # module -> the bytes a version hashed before the module was imported
+
+
+class _RecordingLoader(importlib.machinery.SourceFileLoader):
+    """Compiles a bamctl module from the bytes it keeps (no bytecode cache: a .pyc could hold
+    code of other bytes than the ones read, were the file edited in between)."""
+
+    def get_code(self, fullname: str):
+        source = self.get_data(self.path)
+        promised = _PROMISED.get(fullname)
+        if promised is not None and promised != source:
+            from bamctl.errors import BamctlError
+
+            raise BamctlError(f"{self.path} changed on disk after this process fingerprinted the code it runs "
+                              f"(its compute version); run the command again")
+        _RAN[fullname] = source
+        return self.source_to_code(source, self.path)
+
+
+class _RecordingFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path=None, target=None):
+        if not fullname.startswith(PACKAGE + "."):
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or not isinstance(spec.loader, importlib.machinery.SourceFileLoader):
+            return spec
+        spec.loader = _RecordingLoader(fullname, spec.origin)
+        return spec
+
+
+def record_imports() -> None:
+    """From now on, every bamctl module is compiled from bytes this module keeps. The modules
+    already imported (the package's own ``__init__`` and this one) are read now."""
+    if any(isinstance(finder, _RecordingFinder) for finder in sys.meta_path):
+        return
+    for name, module in list(sys.modules.items()):
+        origin = getattr(getattr(module, "__spec__", None), "origin", None)
+        if (name == PACKAGE or name.startswith(PACKAGE + ".")) and origin and origin.endswith(".py"):
+            _RAN.setdefault(name, Path(origin).read_bytes())
+    sys.meta_path.insert(0, _RecordingFinder())
+
+
+def module_source(name: str) -> bytes:
+    """The source of module ``name`` as this process runs it: the bytes it was compiled from, or,
+    not yet imported, the file's bytes now, which its import must then find again."""
+    if name in _RAN:
+        return _RAN[name]
+    data = _source_path(name).read_bytes()
+    if name.startswith(PACKAGE + "."):
+        _PROMISED.setdefault(name, data)
+    return data
 
 
 def compute_version(roots: Iterable[str], libraries: Iterable[str] = ()) -> str:
@@ -88,7 +155,7 @@ def _bamctl_imports(name: str) -> frozenset[str]:
     path = _source_path(name)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(ast.parse(module_source(name).decode("utf-8"))):
         if isinstance(node, ast.Import):
             candidates = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -113,7 +180,7 @@ def _bamctl_imports(name: str) -> frozenset[str]:
 @lru_cache(maxsize=None)
 def module_digest(name: str) -> str:
     """The fingerprint of a module's syntax tree without docstrings (comments are not in the tree)."""
-    tree = ast.parse(_source_path(name).read_text(encoding="utf-8"))
+    tree = ast.parse(module_source(name).decode("utf-8"))
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and _has_docstring(node):
             node.body = node.body[1:] or [ast.Pass()]

@@ -71,6 +71,7 @@ class RunStats:
     other_request: int = 0  # rows stored for another request under the same key (a prompt changed), computed again
     dropped_tokens: int = 0  # prompt tokens the back-end left out to fit its maximum length, over the rows written
     dropped_rows: int = 0
+    bos_left_out: int = 0  # rows fed without the BOS the back-end puts before its other requests of that kind
     rows: list[dict] = field(default_factory=list)
 
 
@@ -143,9 +144,17 @@ class Evaluation:
         return self._mine(shard)
 
     def _mine(self, shard: tuple[int, int]) -> list[SampleSlot]:
-        """The slots of shard ``(i, n)``: slots i, i + n, i + 2n, …"""
+        """The slots of shard ``(i, n)`` (slots i, i + n, i + 2n, … of the plan), in the order the run
+        visits them: the lengths in the plan's order of first appearance, each length's slots
+        together in the plan's order. The plans put seeds (and perplexity documents) outside the
+        length; visited as planned, a batch would end at every change of seed, smaller than the
+        memory allows and than ``batch_sizes`` announces."""
         index, count = shard
-        return self.plan.slots[index::count]
+        mine = self.plan.slots[index::count]
+        order: dict[int, int] = {}
+        for slot in mine:
+            order.setdefault(slot.length, len(order))
+        return sorted(mine, key=lambda slot: order[slot.length])  # stable: the plan's order within a length
 
     def run(
         self, *, force: bool = False, reuse: bool = False, on_row: Callable[[dict], None] | None = None,
@@ -172,11 +181,14 @@ class Evaluation:
                     stats.written += 1
                     stats.dropped_tokens += row["dropped_tokens"]
                     stats.dropped_rows += row["dropped_tokens"] > 0
+                    stats.bos_left_out += not row["bos"] and self.backend.bos_for(row["scoring"])
                     stats.rows.append(row)
                     if on_row:
                         on_row(row)
-        finally:  # also on Ctrl-C: one file per run keeps later reads fast
-            self.store.merge(parts)
+        finally:  # also on Ctrl-C: one file per run keeps later reads fast, each sample stored once
+            merged = self.store.merge(parts)
+            if merged is not None:
+                self.store.supersede(merged)
         return stats
 
     def _pending(self, shard: tuple[int, int], stored: dict, reuse: bool, stats: RunStats):
@@ -189,8 +201,8 @@ class Evaluation:
 
     def _batches(self, pending, batch_size: int | None):
         """Runs of consecutive pending slots of one length (one cell), each of at most the batch size
-        for that length: samples are asked in the plan's order, as ``generate`` writes them. A
-        slot's sample is built when its batch is due."""
+        for that length, in the order ``_mine`` visits them (a length's slots together). A slot's
+        sample is built when its batch is due."""
         batch, cell = [], None
         for item in pending:
             slot = item[0]

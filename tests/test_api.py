@@ -89,26 +89,44 @@ def test_the_api_loads_no_command_line_code(models, tmp_path):
 @pytest.mark.parametrize("call, message", [
     (dict(task="passkey", lengths="1k..abc"), "length"),
     (dict(task="nosuchtask"), "nosuchtask"),
-    (dict(task="passkey", seeds="x"), "--seed takes integers"),
+    (dict(task="passkey", seeds="x"), "^seeds takes integers"),  # the keyword, not the command line's --seed
+    (dict(task="passkey", seeds=[0.5]), "^seeds takes integers"),
     (dict(task="passkey", batch_size=0), "batch_size"),
-    (dict(task="passkey", stride=4), "--stride applies to --task ppl only"),
-    (dict(task="passkey", no_such_option=1), "no_such_option"),  # Python's own TypeError
+    (dict(task="passkey", stride=4), "^stride applies to task ppl only"),
+    (dict(task="passkey", no_such_option=1), "no keyword 'no_such_option'"),
+    (dict(task="passkey", seed=3), "no keyword 'seed'; did you mean seeds"),
+    (dict(task="passkey", samples=0), "samples takes a positive integer"),  # not the task's default
+    (dict(task="passkey", samples="3"), "samples takes a positive integer .*'3'"),
+    (dict(task="passkey", samples=2.7), "samples takes a positive integer .*2.7"),
+    (dict(task="passkey", lengths=[128.5]), "lengths takes token counts .*128.5"),  # not 128
+    (dict(task="passkey", depths=[0.5, "x"]), "depths takes a count"),
+    (dict(task="passkey", chunk_size=0), "^chunk_size takes a positive integer"),
+    (dict(task="passkey", force="yes"), "^force takes True or False"),
+    (dict(task=3), "^task takes a task name"),
 ])
 def test_bad_input_is_one_error_before_any_work(models, tmp_path, call, message):
     out = tmp_path / "results"
-    with pytest.raises((BamctlError, TypeError), match=message):
+    with pytest.raises(BamctlError, match=message):
         bamctl.evaluate(models["rope"], out=out, **call)
     assert not out.exists()
 
 
+def test_no_model_and_one_depth_are_what_they_say(models, tmp_path):
+    with pytest.raises(BamctlError, match="models is an empty list"):
+        bamctl.evaluate([], out=tmp_path / "r")
+    assert not (tmp_path / "r").exists()
+    rows = bamctl.evaluate(models["rope"], lengths=[256], samples=1, depths=0.5, out=tmp_path / "r")  # one depth, a fraction
+    assert len(rows) == 1 and float(rows["depth"].iloc[0]) == 0.5
+
+
 def test_compare_refuses_a_keyword_evaluate_does_not_take(models, tmp_path):
-    with pytest.raises(TypeError, match="unexpected keyword argument 'no_such_option' .it takes evaluate's: lengths"):
+    with pytest.raises(BamctlError, match="no keyword 'no_such_option' .it takes: lengths"):
         bamctl.compare([models["rope"]], "passkey", no_such_option=1, out=tmp_path / "r")
     assert not (tmp_path / "r").exists()
 
 
 def test_a_baseline_that_is_not_compared_is_refused_before_any_work(models, tmp_path):
-    with pytest.raises(BamctlError, match="--baseline alibi is not one of the models compared"):
+    with pytest.raises(BamctlError, match="baseline alibi is not one of the models compared"):
         bamctl.compare([models["rope"]], "passkey", lengths="256", out=tmp_path / "r", baseline="alibi")
     assert not (tmp_path / "r").exists()
 

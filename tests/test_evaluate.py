@@ -110,9 +110,8 @@ def test_rerun_skips_done_samples_and_force_recomputes(models, tmp_path, capsys)
     assert ResultStore(tmp_path).part_files() == first  # nothing new written
     assert "skipped" in capsys.readouterr().err
     assert run_cli(*args, "--force") == 0
-    assert len(ResultStore(tmp_path).part_files()) == 2
-    assert len(ResultStore(tmp_path).read(dedupe=False)) == 2 * rows
-    assert len(ResultStore(tmp_path).read()) == rows  # newest row per key
+    assert len(ResultStore(tmp_path).part_files()) == 1 and ResultStore(tmp_path).part_files() != first
+    assert len(ResultStore(tmp_path).read(dedupe=False)) == rows  # the rows it replaced are gone: each sample once
 
 
 # Long enough that the interrupt lands mid-run on an idle machine too: 5 lengths x 5 depths x 4 samples.
@@ -237,6 +236,27 @@ def test_batched_runs_write_the_rows_of_one_at_a_time_and_a_part_per_batch(model
     # The batch's time is shared by its rows; its throughput is the batch's tokens over that time.
     first = [r for r in batched if (r["length"], r["request_digest"], r["position"]) in store.parts[0]]
     assert len({r["seconds"] for r in first}) == 1 and len({r["tokens_per_s"] for r in first}) == 1
+
+
+@pytest.mark.parametrize("task, seeds, samples, options, lengths", [
+    ("passkey", [0, 1], 2, {}, [128, 256]),  # the seed outside the length: batches of 20, not 10
+    ("ppl", [5], 4, {"stride": 64}, [128, 256]),  # the document outside the length: all its windows of a length together
+], ids=["seeds", "documents"])
+def test_the_batches_a_run_announces_are_the_batches_it_runs(models, tmp_path, task, seeds, samples, options, lengths):
+    """Finding 6 of the fourth trust pass: a run's batches are as large as announced (``batch_sizes``),
+    not cut at every change of seed or document."""
+    backend = open_backend(models["bam-ssmax"], RunOptions(device="cpu"))
+    request = TaskRequest(task, lengths, samples=samples, seeds=seeds, depths=None, protocol=None, options=options)
+    evaluation = Evaluation(backend, request, Appends(ResultStore(tmp_path / "r")), model_name="m")
+    announced = evaluation.batch_sizes()
+    assert announced[min(lengths)] > samples  # more than one seed's or one document's worth
+    evaluation.run()
+    ran = [(part[0][0], len({row[1:] for row in part})) for part in evaluation.store.parts]
+    assert [size for length, size in ran if size == announced[length]] and all(size <= announced[length] for length, size in ran)
+    first = {}
+    for length, size in ran:
+        first.setdefault(length, size)
+    assert first == announced  # every length's first batch is the announced size
 
 
 def test_auto_batches_are_said_in_the_first_lines_and_bad_sizes_are_refused(models, tmp_path, capsys):

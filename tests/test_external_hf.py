@@ -130,6 +130,22 @@ def test_a_window_at_the_limit_leaves_out_the_bos_not_a_token(tiny_llama, refere
     torch.testing.assert_close(nll, F.cross_entropy(logits[:-1], torch.tensor(ids[1:]), reduction="none"), atol=1e-4, rtol=1e-4)
 
 
+def test_a_window_run_at_the_limit_says_it_went_in_without_its_bos(tiny_llama, tmp_path, capsys):
+    """``ppl hf:M --lengths 24,48`` with 48 positions: the 48-token window loses its BOS; the run
+    says so in one line and ``results show --dropped`` lists that row, not the 24-token ones."""
+    out = tmp_path / "r"
+    corpus = tmp_path / "words.txt"
+    corpus.write_text(" ".join(f"w{(7 * i) % WORDS}" for i in range(400)))
+    code, _, err = _cli(capsys, "ppl", f"hf:{tiny_llama}", "--lengths", f"24,{MAX_POSITIONS}", "--corpus", str(corpus),
+                        "--device", "cpu", "--out", str(out), "--quiet")
+    assert code == 0, err
+    assert f"1 prompt fed without the BOS its other prompts get to fit its maximum of {MAX_POSITIONS} positions" in err
+    code, shown, err = _cli(capsys, "results", "show", "--dir", str(out), "--dropped", "--json")
+    assert code == 0, err
+    listed = __import__("json").loads(shown)["dropped"]
+    assert [(row["length"], row["bos"], row["dropped_tokens"]) for row in listed] == [(MAX_POSITIONS, False, 0)]
+
+
 def test_a_tokenizer_of_another_vocabulary_is_refused(tiny_llama):
     with pytest.raises(BamctlError, match="--tokenizer gpt2 is not"):
         open_tiny(tiny_llama, tokenizer="gpt2")

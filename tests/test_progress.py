@@ -103,8 +103,8 @@ def test_without_a_terminal_each_finished_cell_prints_one_line(tmp_path, capsys)
     err = capsys.readouterr().err  # captured: not a terminal
     assert done.value.code == 0, err
     cells = [line for line in err.splitlines() if line.startswith("passkey m ")]
-    assert [line.split(":")[0] for line in cells] == ["passkey m 128 seed 0", "passkey m 256 seed 0",
-                                                       "passkey m 128 seed 1", "passkey m 256 seed 1"]
+    assert [line.split(":")[0] for line in cells] == ["passkey m 128 seed 0", "passkey m 128 seed 1",  # one length at a time
+                                                       "passkey m 256 seed 0", "passkey m 256 seed 1"]
     assert all("2 samples in" in line and "of the run done" in line for line in cells)
     with pytest.raises(SystemExit):
         main(["passkey", str(model), "--lengths", "128,256", "--samples", "1", "--depths", "2", "--seed", "0,1",

@@ -160,7 +160,7 @@ def test_format_length(tokens, text):
 
 
 def test_format_ratio():
-    assert [format_ratio(x) for x in (32.0, 1.5, 0.25)] == ["32×", "1.5×", "0.25×"]
+    assert [format_ratio(x) for x in (32.0, 1.5, 0.25, 512.0, 1024.0, 4096.0)] == ["32×", "1.5×", "0.25×", "512×", "1,024×", "4,096×"]
 
 
 def test_one_checkpoint_on_two_backends_is_two_columns():

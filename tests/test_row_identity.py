@@ -8,6 +8,7 @@ trust issue's findings 1, 3, 4, 6 and 7), and fails on the code that had it.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import textwrap
 from pathlib import Path
@@ -15,6 +16,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
+
+REPO = Path(__file__).resolve().parents[1]
 
 from bamctl.backends import RunOptions, open_backend
 from bamctl.checkpoint import new_random_model, save_checkpoint
@@ -134,7 +137,12 @@ def test_each_back_end_s_compute_version_reaches_its_engine_and_libraries(monkey
     import bamctl.code_version as cv
     from bamctl.backends.hf import HFBackend
 
-    assert {"torch", "transformers", "tokenizers"} <= set(HFBackend.compute_libraries)
+    assert {"torch", "transformers", "tokenizers", "tiktoken", "sentencepiece"} <= set(HFBackend.compute_libraries)
+    from bamctl.backends.native import NativeBackend
+
+    assert {"torch", "tiktoken", "sentencepiece"} <= set(NativeBackend.compute_libraries)  # they decode generations
+    for root in ("bamctl.backends.native", "bamctl.backends.authors", "bamctl.backends.hf", "bamctl.backends.vllm"):
+        assert "bamctl.version" not in code_closure((root,)), root  # a release alone moves no back-end's version
     before = compute_version(["bamctl.backends.hf"], HFBackend.compute_libraries)
     real = cv.installed_version
     monkeypatch.setattr(cv, "installed_version", lambda name: "9.9.9" if name == "transformers" else real(name))
@@ -311,3 +319,88 @@ def test_a_prompt_under_the_maximum_is_fed_whole(llama_of_64, tmp_path, capsys):
 
 
 from test_external_vllm import fake_vllm  # noqa: E402,F401  (a fixture, used by name)
+
+
+def _package_copy(tmp_path):
+    """bamctl's Python sources alone, in a folder of their own that a test may edit."""
+    root = tmp_path / "tree"
+    shutil.copytree(REPO / "bamctl", root / "bamctl", ignore=shutil.ignore_patterns("data", "assets", "__pycache__"))
+    return root
+
+
+def _in_copy(root, script: str) -> str:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=root, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip()
+
+
+def test_a_compute_version_names_the_code_this_process_imported_not_the_file_edited_since(tmp_path):
+    """Finding 1 of the fourth trust pass: a process imports the engine, the file is then edited on
+    disk; its version must be the one of the code it runs (a fresh process on the old tree gives
+    it), not the edited file's."""
+    root = _package_copy(tmp_path)
+    stream = root / "bamctl" / "engine" / "stream.py"
+    version = 'from bamctl.code_version import compute_version; print(compute_version(["bamctl.backends.native"]))'
+    old = _in_copy(root, version)
+    edited = stream.read_text().replace("import torch\n", "import torch\nEDITED = 1\n", 1)
+    assert edited != stream.read_text()
+    during = _in_copy(root, f"""
+        import bamctl, bamctl.engine.stream
+        from pathlib import Path
+        Path({str(stream)!r}).write_text({edited!r})
+        {version}
+    """)
+    assert during == old
+    assert _in_copy(root, version) != old  # a fresh process runs the edited file: another version
+
+
+def test_a_module_edited_between_its_version_and_its_import_stops_the_run(tmp_path):
+    root = _package_copy(tmp_path)
+    native = root / "bamctl" / "backends" / "native.py"  # the one module of its closure that hashing leaves unimported
+    edited = native.read_text() + "\nEDITED = 1\n"
+    message = _in_copy(root, f"""
+        import sys
+        import bamctl
+        from bamctl.code_version import compute_version
+        from bamctl.errors import BamctlError
+        compute_version(["bamctl.backends.native"])
+        assert "bamctl.backends.native" not in sys.modules
+        from pathlib import Path
+        Path({str(native)!r}).write_text({edited!r})
+        try:
+            import bamctl.backends.native
+        except BamctlError as err:
+            print(err)
+    """)
+    assert "native.py changed on disk after this process fingerprinted the code it runs" in message
+
+
+def test_force_and_a_recompute_leave_each_sample_once_for_a_plain_reader(micro, tmp_path, capsys):
+    """Finding 3 of the fourth trust pass: after ``--force`` (or a recompute under another compute
+    version) pandas, pyarrow, duckdb and polars read each sample once, the newest, with no
+    compaction; rows the run did not replace stay."""
+    import pandas as pd
+
+    out = tmp_path / "r"
+    other = ["--lengths", "128", "--samples", "2", "--depths", "0.25", "--quiet", "--json"]
+    run(capsys, "passkey", micro, *other, "--out", str(out))
+    run(capsys, "passkey", micro, *PASSKEY, "--out", str(out))
+    before = pd.read_parquet(out)
+    assert len(before) == 4
+    run(capsys, "passkey", micro, *PASSKEY, "--out", str(out), "--force")
+    after = pd.read_parquet(out)
+    assert len(after) == 4 and sorted(after["depth"]) == [0.25, 0.25, 0.5, 0.5]
+    replaced = after[after["depth"] == 0.5]["created_at"]
+    assert (replaced > before[before["depth"] == 0.5]["created_at"].max()).all()  # the newest rows, not the old ones
+    kept = after[after["depth"] == 0.25].sort_values("sample")["created_at"].tolist()
+    assert kept == before[before["depth"] == 0.25].sort_values("sample")["created_at"].tolist()
+
+    _rewrite_rows(out, compute_version="0ther0ther0ther0")
+    again = run(capsys, "passkey", micro, *PASSKEY, "--out", str(out))
+    assert "computed again" in again.err
+    rows = pd.read_parquet(out)
+    assert len(rows) == 4 and set(rows[rows["depth"] == 0.5]["compute_version"]) != {"0ther0ther0ther0"}

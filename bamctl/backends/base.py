@@ -80,7 +80,8 @@ class Backend(ABC):
     one out cannot be built (a test opens every registered back-end)."""
 
     kind: str  # which back-end computes: "native", "authors", "hf", "vllm" (part of a row's identity)
-    compute_libraries: tuple[str, ...] = ("torch",)  # distributions whose versions change its numbers
+    # distributions whose versions change its numbers; tiktoken and sentencepiece decode generations
+    compute_libraries: tuple[str, ...] = ("torch", "tiktoken", "sentencepiece")
     info: ModelInfo
     tokenizer: Any  # bamctl.tokenizer.Tokenizer, whose non-empty `fingerprint` identifies it
     device: str  # what ran: "cpu", "cuda:0"

@@ -71,7 +71,7 @@ def scaled_config(reference: str, kind: str, factor: float):
 
 class HFBackend(ShapedBackend):
     kind = "hf"
-    compute_libraries = ("torch", "transformers", "tokenizers")
+    compute_libraries = ShapedBackend.compute_libraries + ("transformers", "tokenizers")
 
     def __init__(self, reference: str, options: HFOptions):
         from bamctl.backends.hf_tokenizer import model_tokenizer

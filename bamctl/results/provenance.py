@@ -50,13 +50,24 @@ def torch_version() -> str:
         return "unknown"
 
 
-DROPPED_COLUMNS = ("model", "task", "protocol", "length", "depth", "seed", "sample", "n_tokens", "dropped_tokens")
+DROPPED_COLUMNS = ("model", "task", "protocol", "length", "depth", "seed", "sample", "n_tokens", "dropped_tokens", "bos")
 
 
 def dropped(frame: "pd.DataFrame") -> "pd.DataFrame":
-    """The rows whose prompt the back-end cut to fit the model's maximum length, and by how much."""
-    cut = frame[frame["dropped_tokens"].fillna(0) > 0] if "dropped_tokens" in frame else frame.iloc[0:0]
-    return cut[list(DROPPED_COLUMNS)].reset_index(drop=True)
+    """The rows whose prompt the back-end cut to fit the model's maximum length: prompt tokens left
+    out (``dropped_tokens``), or the BOS a model's other rows of the same task get left out (at
+    exactly an ``hf:`` model's limit a perplexity window goes in without it: its perplexity is
+    then not that of the other lengths)."""
+    if "dropped_tokens" not in frame:
+        return frame.iloc[0:0].reindex(columns=list(DROPPED_COLUMNS))
+    cut = frame["dropped_tokens"].fillna(0) > 0
+    if "bos" in frame:
+        bos = frame["bos"].astype("boolean")
+        group = [c for c in ("model_hash", "backend", "task", "protocol") if c in frame]
+        others_have_it = bos.fillna(False).groupby([frame[c].astype(str) for c in group]).transform("any")
+        cut |= (bos == False).fillna(False) & others_have_it  # noqa: E712 (a nullable boolean)
+    columns = [c for c in DROPPED_COLUMNS if c in frame]
+    return frame[cut.to_numpy(dtype=bool)][columns].reset_index(drop=True)
 
 
 def engines(frame: "pd.DataFrame") -> "pd.DataFrame":

@@ -35,9 +35,14 @@ def format_length(tokens: int) -> str:
     return str(tokens)
 
 
+def plural(count: int, noun: str) -> str:
+    """1 → "1 key", 3 → "3 keys", 1200 → "1,200 keys" (nouns whose plural adds an s)."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
 def format_ratio(ratio: float) -> str:
-    """32.0 → "32×", 1.5 → "1.5×", 0.25 → "0.25×"."""
-    return f"{ratio:.3g}×"
+    """32.0 → "32×", 1.5 → "1.5×", 0.25 → "0.25×", 1024.0 → "1,024×" (never an exponent)."""
+    return f"{ratio:,.0f}×" if ratio >= 1000 else f"{ratio:.3g}×"
 
 
 def format_cell(summary: Summary, length: int, model: str) -> str | None:

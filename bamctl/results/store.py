@@ -11,8 +11,11 @@ Hidden (`.`/`_`) files are ignored by bamctl and by pyarrow/polars/duckdb globbi
 
 Duplicates: the same resume key (`schema.KEY_COLUMNS`) can be written twice, by two runs
 racing on one directory, by `--force`, or by a rerun that found the stored row computed from
-another request or by other code. Files are never rewritten in place; readers keep the
-row with the newest `created_at` per key (ties: the later part file, by name) and drop the rest.
+another request or by other code. A run that replaced stored rows removes them when it ends
+(`supersede`: each file holding one is replaced by a file without it), so a plain Parquet
+reader sees each sample once; files are never rewritten in place, and until then (or after a
+crash) bamctl's readers keep the row with the newest `created_at` per key (ties: the later
+part file, by name) and drop the rest.
 """
 
 from __future__ import annotations
@@ -142,6 +145,41 @@ class ResultStore:
         for part in parts:
             part.unlink(missing_ok=True)
         return path
+
+    def supersede(self, written: Path) -> int:
+        """Rewrite every other part file without the rows that a row of ``written`` (a part this
+        process wrote) replaces: the same resume key, written earlier. A plain reader (pandas,
+        pyarrow, duckdb, polars) then sees each sample once, the newest, after ``--force`` or a
+        recompute under another compute version, with no compaction step. Returns the rows
+        removed. Only older rows of this run's keys go, so a concurrent run's rows stay; a file
+        is replaced by a new one holding the rest (then deleted), so a crash in between leaves
+        duplicates, which bamctl's readers drop, never a loss."""
+        try:
+            ours = self._read_part(written, [*KEY_COLUMNS, "created_at"])
+        except (FileNotFoundError, _BadFile):
+            return 0
+        newest = _key_frame(ours).groupby("_key")["_created"].max()
+        removed = 0
+        for part in self.part_files():
+            if part == written:
+                continue
+            try:
+                keys = _key_frame(self._read_part(part, [*KEY_COLUMNS, "created_at"]))
+            except (FileNotFoundError, _BadFile):
+                continue
+            replaced = (keys["_key"].map(newest) > keys["_created"]).to_numpy()
+            if not replaced.any():
+                continue
+            try:
+                table = self._read_part(part, None)
+            except (FileNotFoundError, _BadFile):
+                continue
+            rest = table.filter(pa.array(~replaced))
+            if rest.num_rows:
+                self._write(rest)
+            part.unlink(missing_ok=True)
+            removed += int(replaced.sum())
+        return removed
 
     def compact(self) -> Path | None:
         """Merge all readable part files into one (newest row per key), then delete the merged parts.
@@ -309,6 +347,13 @@ def _conform(table: pa.Table, columns: list[str]) -> pa.Table:
             raise _BadFile(f"missing required column {name!r}")
     schema = pa.schema([SCHEMA.field(c) for c in columns], metadata=SCHEMA.metadata)
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _key_frame(table: pa.Table) -> pd.DataFrame:
+    """Per row: its resume key (one hashable value) and ``created_at`` in nanoseconds."""
+    keys = table.select(list(KEY_COLUMNS)).to_pylist()
+    return pd.DataFrame({"_key": [row_key(row) for row in keys],
+                         "_created": table.column("created_at").cast(pa.int64()).to_numpy()})
 
 
 def _dedupe(table: pa.Table) -> pa.Table:

@@ -301,21 +301,27 @@ def batch_line(evaluation, name: str, batch_size: int | None) -> str:
 
 def run_notes(stats, name: str, out: Path, backend) -> list[str]:
     """What a user should know of a model's run: rows reused, rows computed again, tokens dropped."""
+    from bamctl.results.render import plural
+
     lines = []
     if stats.skipped:
         reused = f", {stats.reused_other_code} of them computed by another compute version (--reuse)" if stats.reused_other_code else ""
-        lines.append(f"{name}: {stats.skipped} samples already in {out}, skipped{reused} (--force recomputes)")
+        lines.append(f"{name}: {plural(stats.skipped, 'sample')} already in {out}, skipped{reused} (--force recomputes)")
     if stats.other_code:
-        lines.append(f"{name}: {stats.other_code} samples stored in {out} by another compute version (other bamctl "
+        lines.append(f"{name}: {plural(stats.other_code, 'sample')} stored in {out} by another compute version (other bamctl "
                      "code or library versions) computed again (--reuse takes them)")
     if stats.other_request:
-        lines.append(f"{name}: {stats.other_request} samples stored in {out} for other prompts under the same key "
+        lines.append(f"{name}: {plural(stats.other_request, 'sample')} stored in {out} for other prompts under the same key "
                      "computed again")
+    limit = getattr(getattr(backend, "lengths", None), "limit", None)
+    at = f" to fit its maximum of {limit:,} positions" if limit else " to fit its maximum length"
     if stats.dropped_tokens:
-        limit = getattr(getattr(backend, "lengths", None), "limit", None)
-        at = f" to fit its maximum of {limit:,} positions" if limit else " to fit its maximum length"
         lines.append(f"{name}: {stats.dropped_tokens} prompt tokens left out from the start of {stats.dropped_rows} "
                      f"prompts{at} (their rows record it: bamctl results show --dropped)")
+    if stats.bos_left_out:
+        lines.append(f"{name}: {plural(stats.bos_left_out, 'prompt')} fed without the BOS its other prompts get{at}, "
+                     "so their numbers are not those of the other lengths (their rows record bos = false: bamctl "
+                     "results show --dropped)")
     return lines
 
 
