@@ -49,11 +49,15 @@ def test_each_family_differs_only_in_the_positional_encoding(family):
     dicts = [load_recipe(p).to_dict() for p in family]
     # save_dtype is how the finished weights are stored, not how they were trained
     strip = lambda d: {  # noqa: E731
-        k: ({**v, "save_dtype": None} if k == "train" else v)
+        k: ({**v, "save_dtype": None, "seed": None} if k == "train" else v)
         for k, v in d.items()
         if k not in ("name", "description", "expected_losses", "model")
     }
     assert all(strip(d) == strip(dicts[0]) for d in dicts)
+    # the training seed is 0 for every PE but where the convergence rule (baselines README, step 18:
+    # final loss <= 0.80, else the next seed) took another: sinusoidal's seed 0 ended at 1.071
+    moved = {d["name"]: d["train"]["seed"] for d in dicts if d["train"]["seed"] != 0}
+    assert moved == ({"sinusoidal": 1} if family is PASSKEY_FAMILY else {}), moved
     # ssmax_init acts only with SSMax (without it the field draws nothing and sets nothing), and the
     # passkey round of the baselines README's step 15 set it on the SSMax PEs alone: one value for all
     ssmax = [d["model"] for d in dicts if d["model"]["pe"].endswith("-ssmax")]
