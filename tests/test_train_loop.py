@@ -249,3 +249,36 @@ def test_paper_recipe_smoke_runs_on_a_tiny_override_with_a_text_folder(tmp_path)
     checkpoint = load_checkpoint(tmp_path / "out")
     assert checkpoint.model.config.token_subset is None and checkpoint.model.config.ssmax
     assert checkpoint.provenance["data"] == f"--data {data}"
+
+
+def test_the_cpu_allocator_changes_no_weight(tmp_path):
+    """`--cpu-allocator keep` (glibc keeps freed blocks: no mmap per large tensor, no trimming)
+    against the C library's defaults: a training run in a process of its own each way, same bytes."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "micro.toml"
+    path.write_text(MICRO_RECIPE)
+    weights = {}
+    for allocator in ("keep", "system"):
+        out = tmp_path / allocator
+        done = subprocess.run([sys.executable, "-m", "bamctl", "train", "--recipe", str(path), "--steps", "4", "--device", "cpu",
+                               "--out", str(out), "--cpu-allocator", allocator], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        weights[allocator] = (out / "model.safetensors").read_bytes()
+    assert weights["keep"] == weights["system"]
+    if sys.platform.startswith("linux"):  # and it did apply here (glibc)
+        applied = subprocess.run([sys.executable, "-c", "from bamctl.train import keep_freed_cpu_memory as k; print(k())"],
+                                 capture_output=True, text=True, timeout=60)
+        assert applied.stdout.strip() == "True", applied.stderr
+
+
+def test_an_unknown_cpu_allocator_is_one_line(tmp_path, capsys):
+    from bamctl.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--recipe", "bam", "--out", str(tmp_path / "x"), "--cpu-allocator", "jemalloc"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--cpu-allocator must be one of keep, system" in err
+    assert not (tmp_path / "x").exists()

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from bamctl.cli.app import app
+from bamctl.errors import BamctlError
 
 stdout = Console(highlight=False)
 stderr = Console(stderr=True, highlight=False)
@@ -43,6 +44,7 @@ def train(
     device: Annotated[str, typer.Option(help="auto (CUDA when present), cpu, cuda or cuda:N. On CUDA the forward pass runs under bfloat16 autocast.")] = "auto",
     data: Annotated[Optional[Path], typer.Option("--data", help="Folder of training text: *.txt files, or pre-tokenised GPT-2 shards (*.npy, *.bin uint16, llm.c headers accepted). Replaces the shipped corpus.")] = None,
     restart: Annotated[bool, typer.Option("--restart", help="Train from step 0 even where --out holds a saved state or a finished checkpoint; that one stays until the new run finishes (it trains in .NAME.restart beside it, and running again without --restart resumes there).")] = False,
+    cpu_allocator: Annotated[str, typer.Option("--cpu-allocator", help="keep: freed memory stays in the process for the next step (glibc's malloc without per-block mmap or trimming; about a quarter faster on a CPU, same weights); system: the C library's defaults.")] = "keep",
 ) -> None:
     """Train a model from a recipe; an interrupted run resumes where it last saved.
 
@@ -53,9 +55,11 @@ def train(
 
     Example: bamctl train --recipe bam --device cpu   (writes models/bam)
     """
-    from bamctl.train import load_recipe, recipe_path, resuming_from
+    from bamctl.train import ALLOCATORS, keep_freed_cpu_memory, load_recipe, recipe_path, resuming_from
     from bamctl.train import train as run_training
 
+    if cpu_allocator not in ALLOCATORS:
+        raise BamctlError(f"--cpu-allocator must be one of {', '.join(ALLOCATORS)}, not {cpu_allocator!r}")
     path = recipe_path(recipe)
     spec = load_recipe(path).with_overrides(steps=steps, seed=seed)
     target = out if out is not None else Path("models") / spec.name  # never into the installed package unasked
@@ -65,6 +69,8 @@ def train(
     if resumed is not None:
         stderr.print(f"resuming {target} from its saved training state{'' if resumed == target else f' in {resumed}'}", soft_wrap=True)
 
+    if cpu_allocator == "keep":
+        keep_freed_cpu_memory()  # this process trains and exits; elsewhere than glibc nothing changes
     if progress is None:
         result = run_training(spec, target, device=device, data_dir=data, restart=restart)
     else:

@@ -3,9 +3,11 @@
 - ``recipe``: the TOML recipe as a validated dataclass;
 - ``data``: batches as a pure function of (recipe, step): passkey prompts + text windows;
 - ``vocab``: the token subset a small model gets rows for;
-- ``loop``: AdamW with a positional group, warm-up + cosine, resumable checkpoints.
+- ``loop``: AdamW with a positional group, warm-up + cosine, resumable checkpoints;
+- ``allocator``: glibc's malloc set to keep freed memory for the next step (``bamctl train``).
 """
 
+from bamctl.train.allocator import ALLOCATORS, keep_freed_cpu_memory
 from bamctl.train.data import BatchMaker, is_passkey_row, passkey_row
 from bamctl.train.loop import (
     STATE_FILE, StepReport, TrainResult, first_losses, lr_at, param_groups, prepare, resuming_from, staging_folder, train,
@@ -14,6 +16,7 @@ from bamctl.train.recipe import PASSKEY_SEED_OFFSET, Recipe, load_recipe, recipe
 from bamctl.train.vocab import build_token_subset, passkey_token_ids
 
 __all__ = [
+    "ALLOCATORS",
     "PASSKEY_SEED_OFFSET",
     "STATE_FILE",
     "BatchMaker",
@@ -23,6 +26,7 @@ __all__ = [
     "build_token_subset",
     "first_losses",
     "is_passkey_row",
+    "keep_freed_cpu_memory",
     "load_recipe",
     "lr_at",
     "param_groups",
