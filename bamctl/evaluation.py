@@ -144,17 +144,11 @@ class Evaluation:
         return self._mine(shard)
 
     def _mine(self, shard: tuple[int, int]) -> list[SampleSlot]:
-        """The slots of shard ``(i, n)`` (slots i, i + n, i + 2n, … of the plan), in the order the run
-        visits them: the lengths in the plan's order of first appearance, each length's slots
-        together in the plan's order. The plans put seeds (and perplexity documents) outside the
-        length; visited as planned, a batch would end at every change of seed, smaller than the
-        memory allows and than ``batch_sizes`` announces."""
+        """The slots of shard ``(i, n)`` (slots i, i + n, i + 2n, … of the plan), in the plan's
+        order: a length's slots together (``plan_samples`` orders them so), so batches are as
+        large as ``batch_sizes`` announces."""
         index, count = shard
-        mine = self.plan.slots[index::count]
-        order: dict[int, int] = {}
-        for slot in mine:
-            order.setdefault(slot.length, len(order))
-        return sorted(mine, key=lambda slot: order[slot.length])  # stable: the plan's order within a length
+        return self.plan.slots[index::count]
 
     def run(
         self, *, force: bool = False, reuse: bool = False, on_row: Callable[[dict], None] | None = None,
@@ -201,7 +195,7 @@ class Evaluation:
 
     def _batches(self, pending, batch_size: int | None):
         """Runs of consecutive pending slots of one length (one cell), each of at most the batch size
-        for that length, in the order ``_mine`` visits them (a length's slots together). A slot's
+        for that length, in the plan's order (a length's slots together). A slot's
         sample is built when its batch is due."""
         batch, cell = [], None
         for item in pending:

@@ -395,16 +395,28 @@ def plan_samples(
     options = spec.functions.resolve(spec, lengths, options)
     if spec.takes_bos():
         options = {**options, "bos": bool(bos_for(spec.scoring)) if bos_for is not None else False}
-    slots = [
+    slots = _length_by_length([
         slot
         for seed in seeds
         for slot in spec.functions.plan(spec=spec, lengths=lengths, depths=depths, n_samples=n_samples, seed=seed, **options)
-    ]
+    ])
     shortfall = spec.functions.shortfall(spec, lengths, n_samples, tokenizer, options) if check_tokenizer else None
     return TaskPlan(
         spec, slots, tokenizer, options, setting, plan_fingerprint(spec, options, tokenizer, scored_tokens),
         notes=(shortfall,) if shortfall else (),
     )
+
+
+def _length_by_length(slots: list[SampleSlot]) -> list[SampleSlot]:
+    """``slots`` with each length's together, the lengths in order of first appearance and the
+    generator's order kept within a length. The generators put seeds (and perplexity's
+    documents) outside the length; a run visits the plan in order, and visited that way its
+    batches would end at every change of seed, smaller than memory allows and than the run
+    announces. ``bamctl generate`` writes the same order, so its file is what a run feeds."""
+    first: dict[int, int] = {}
+    for slot in slots:
+        first.setdefault(slot.length, len(first))
+    return sorted(slots, key=lambda slot: first[slot.length])  # stable
 
 
 # Scoring kinds whose number sums over the tokens a model scores: models scoring other token
