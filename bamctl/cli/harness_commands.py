@@ -1,0 +1,56 @@
+"""``bamctl lm-eval``: lm-evaluation-harness's own command line, with ``--model bamctl`` in it."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from bamctl.cli.app import app
+from bamctl.errors import BamctlError
+
+LM_EVAL_COMMANDS = ("run", "ls", "validate")
+
+
+def lm_eval_argv(args: list[str]) -> list[str]:
+    """What lm-eval's command line is given: its ``run`` (unless another of its commands is
+    named), with ``--model bamctl`` unless a model is named."""
+    if args and args[0] in LM_EVAL_COMMANDS:
+        command, rest = args[0], args[1:]
+    else:
+        command, rest = "run", args
+    named = any(a == "--model" or a.startswith("--model=") for a in rest)
+    if command == "run" and not named:
+        rest = ["--model", "bamctl", *rest]
+    return ["lm-eval", command, *rest]
+
+
+@app.command(
+    "lm-eval",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+    add_help_option=False,
+)
+def lm_eval(ctx: typer.Context) -> None:
+    """Run lm-evaluation-harness on a bamctl model: lm-eval's own command line, with --model bamctl.
+
+    Every argument goes to lm-eval (`lm-eval run`), with `--model bamctl` added; `--model_args`
+    names the model and bamctl's engine options: model= (a catalog name, a checkpoint folder,
+    hf:PATH, vllm:PATH, bam:PATH), dtype, device, chunk_size, bos, rope_scaling and rope_factor,
+    max_gen_toks. `--batch_size auto` sizes batches as bamctl's runs do. `bamctl lm-eval --help`
+    prints lm-eval's own help.
+
+    Example: bamctl lm-eval --model_args model=lm-bam,dtype=float32 --tasks arc_easy --batch_size auto
+    """
+    try:
+        import bamctl.harness  # noqa: F401  registers --model bamctl in lm-eval's registry
+        from lm_eval.__main__ import cli_evaluate
+    except ModuleNotFoundError as err:
+        if err.name and err.name.split(".")[0] == "lm_eval":
+            raise BamctlError("bamctl lm-eval needs lm-eval: pip install 'bamctl[lm-eval]'") from None
+        raise
+    argv = sys.argv
+    sys.argv = lm_eval_argv(list(ctx.args))
+    try:
+        cli_evaluate()
+    finally:
+        sys.argv = argv

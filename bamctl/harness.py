@@ -1,0 +1,273 @@
+"""bamctl's models as a model back-end of lm-evaluation-harness: ``--model bamctl``.
+
+lm-eval asks a model three things: the log-likelihood of a continuation after a context
+(multiple choice: MMLU, ARC), the log-likelihood of a whole string (perplexity), and a greedy
+generation until a stop string. :class:`BamctlLM` answers each with one of bamctl's own
+request kinds, through the back-end that a model reference names (a catalog name, a checkpoint
+folder, ``bam:``, ``hf:``, ``vllm:``, or a model in memory): the same engine, chunking,
+tokenizer and BOS rule as bamctl's tasks, so a number here is the number a bamctl task would
+compute on the same tokens.
+
+What lm-eval itself decides stays lm-eval's, by calling its own code: how a context and a
+continuation are split into tokens (``TemplateLM._encode_pair``: trailing spaces move to the
+continuation), the rolling windows of a long string (``get_rolling_token_windows``), what
+generation kwargs mean and where a generation is cut (``normalize_gen_kwargs``,
+``postprocess_generated_text``). Where bamctl's rule differs from lm-eval's HF back-end it is
+the model's BOS: the back-end puts it in front of every request, as in bamctl's tasks, so a
+string longer than the model's maximum is scored in windows that each start after a BOS.
+
+lm-eval 0.4.13, the release on the package index, finds a model only in its registry:
+importing this module registers ``bamctl`` there (``bamctl lm-eval`` does, then hands its
+arguments to lm-eval's own command line). Releases that discover plugins read the
+``lm_eval.models`` entry point in bamctl's package metadata and import this module on first
+use of the name.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Sequence
+
+import lm_eval.models  # noqa: F401  lm-eval fills its registry with its own back-ends only while it is empty
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import register_model
+from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from tqdm import tqdm
+
+from bamctl.backends import RunOptions, open_backend, peek_backend
+from bamctl.backends.base import ContinuationScore
+from bamctl.errors import BamctlError, did_you_mean
+
+NAME = "bamctl"  # --model bamctl
+
+# model_args a user may give, beside the model itself: RunOptions' fields of an engine run.
+ENGINE_ARGS = ("device", "dtype", "chunk_size", "attention", "tokenizer", "beyond_max", "bos",
+               "prior_form", "rope_scaling", "rope_factor", "tensor_parallel")
+
+
+def _keywords(message: str) -> str:
+    """A back-end's error in model_args' words: ``--chunk-size`` -> ``chunk_size``."""
+    return re.sub(r"(?<![\w-])--([a-z][a-z-]*)", lambda m: m.group(1).replace("-", "_"), message)
+
+
+def _batch_setting(batch_size) -> int | None:
+    """lm-eval's ``--batch_size``: a number, or ``auto`` (``auto:N`` too): None, bamctl's own rule."""
+    if batch_size is None or str(batch_size).startswith("auto"):
+        return None
+    try:
+        size = int(batch_size)
+    except ValueError:
+        raise BamctlError(f"batch_size must be a positive number or auto, not {batch_size!r}") from None
+    if size < 1:
+        raise BamctlError(f"batch_size must be a positive number or auto, not {batch_size!r}")
+    return size
+
+
+@register_model(NAME)
+class BamctlLM(TemplateLM):
+    """A bamctl model answering lm-eval's requests.
+
+    ``model``: a reference as bamctl's commands take it (``lm-bam``, ``./ckpt``, ``hf:./llama``,
+    ``bam:./authors``), a bamctl ``Transformer``, or a transformers module with its tokenizer
+    object in ``tokenizer``. The engine options are bamctl's (``dtype``, ``device``,
+    ``chunk_size``, ``rope_scaling`` with ``rope_factor``, ``bos``, …) under their field names;
+    ``batch_size``: requests asked at once (``auto``: as ``--batch-size auto`` in bamctl's runs);
+    ``max_gen_toks``: the generation budget when a task gives none.
+
+        lm_eval.simple_evaluate(model=BamctlLM(model="lm-bam", dtype="float32"), tasks=["arc_easy"])
+        bamctl lm-eval --model_args model=lm-bam,dtype=float32 --tasks arc_easy
+    """
+
+    def __init__(self, model: Any = None, pretrained: Any = None, batch_size: int | str | None = 1,
+                 max_batch_size: int | None = None, max_gen_toks: int = 256, **engine: Any):
+        super().__init__()
+        model = model if model is not None else pretrained  # pretrained=: the name lm-eval's HF users type
+        if model is None:
+            raise BamctlError("model_args needs model= (a catalog name, a checkpoint folder, hf:PATH, bam:PATH ...)")
+        unknown = sorted(set(engine) - set(ENGINE_ARGS))
+        if unknown:
+            raise BamctlError(f"model_args: {NAME} takes no {unknown[0]!r}{did_you_mean(unknown[0], ENGINE_ARGS)}; "
+                              f"it takes model, batch_size, max_gen_toks, {', '.join(ENGINE_ARGS)}")
+        tokenizer_object = None
+        if not isinstance(model, str) and not isinstance(engine.get("tokenizer"), (str, type(None))):
+            tokenizer_object = engine.pop("tokenizer")  # a transformers tokenizer beside a module in memory
+        if engine.get("rope_factor") is not None:
+            engine["rope_factor"] = float(engine["rope_factor"])
+        self.batch_size = _batch_setting(batch_size)
+        self.max_batch_size = int(max_batch_size) if max_batch_size else None
+        self.max_gen_toks = int(max_gen_toks)
+        options = RunOptions(**{key: value for key, value in engine.items() if value is not None})
+        try:
+            if not isinstance(model, str):
+                from bamctl.backends.in_memory import in_memory
+
+                model = in_memory(model, tokenizer_object)
+            self.limit = peek_backend(model, options).max_length  # None: no maximum (bamctl's engine)
+            self.served = open_backend(model, options)
+        except BamctlError as err:
+            raise BamctlError(_keywords(str(err))) from None
+        self.tokenizer = self.served.tokenizer
+        self._prepared = False
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> "BamctlLM":
+        from lm_eval.utils import simple_parse_args_string
+
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> "BamctlLM":
+        """``--model_args`` beside lm-eval's own ``--batch_size``, ``--max_batch_size`` and
+        ``--device``: model_args win. lm-eval's ``--device`` defaults to ``cuda:0``, so a CUDA
+        device on a machine without one means bamctl's ``auto`` (the CPU there)."""
+        extra = {key: value for key, value in (additional_config or {}).items() if value is not None and key not in arg_dict}
+        if str(extra.get("device", "")).startswith("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                extra["device"] = "auto"
+        return cls(**arg_dict, **extra)
+
+    # -- what lm-eval reads of a model ----------------------------------------------------------
+    @property
+    def eot_token_id(self) -> int:
+        if self.tokenizer.eos_id is None:
+            raise BamctlError(f"tokenizer {self.tokenizer.name} has no end-of-text token for lm-eval to condition on")
+        return self.tokenizer.eos_id
+
+    @property
+    def prefix_token_id(self) -> int:
+        """What an empty context becomes for a model fed without a BOS: its tokenizer's BOS, else
+        its end-of-text token (lm-eval's HF rule)."""
+        bos = getattr(self.tokenizer, "bos_id", None)
+        return bos if bos is not None else self.eot_token_id
+
+    @property
+    def device(self) -> str:
+        return self.served.device
+
+    @property
+    def tokenizer_name(self) -> str:
+        return self.tokenizer.name
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+        """The text's tokens alone: the back-end puts the model's BOS in front of what it is fed."""
+        return list(self.tokenizer.encode(string))
+
+    def tok_decode(self, tokens: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(tokens))
+
+    def _bos(self, scoring: str) -> bool:
+        return self.served.bos_for(scoring)
+
+    # -- the three request kinds -----------------------------------------------------------------
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        """lm-eval's split of each (context, continuation); an empty context is the model's BOS
+        where it takes one (lm-eval's HF back-end: its prefix token)."""
+        if not self._bos("teacher_forced"):
+            return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
+        encoded = []
+        for context, continuation in (request.args for request in requests):
+            pair = self._encode_pair(context, continuation) if context else ([], self.tok_encode(continuation))
+            encoded.append(((context, continuation), *pair))
+        return self._loglikelihood_tokens(encoded, disable_tqdm=disable_tqdm)
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **_) -> list[tuple[float, bool]]:
+        """Each (strings, context ids, continuation ids): the continuation's summed log-prob, and
+        whether greedy decoding gives it, teacher-forced through the back-end."""
+        asked = [i for i, (_, _, continuation) in enumerate(requests) if continuation]  # nothing to score: 0, greedy
+        pairs = [(list(requests[i][1]), list(requests[i][2])) for i in asked]
+        scored = dict(zip(asked, self._in_batches(
+            pairs, lambda pair: (len(pair[0]), len(pair[1])), self.served.score_continuations,
+            "log-likelihoods", disable_tqdm)))
+        answers = []
+        for index, (strings, _, continuation) in enumerate(requests):
+            answer = _answer(scored[index], continuation) if index in scored else (0.0, True)
+            if strings is not None:
+                self.cache_hook.add_partial("loglikelihood", strings, answer)
+            answers.append(answer)
+        return answers
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        """Each string's log-likelihood, every token scored once: in one pass where the model has no
+        maximum length, else in lm-eval's rolling windows, each as long as the model takes (after
+        its BOS, where it takes one)."""
+        bos = self._bos("teacher_forced")
+        windows, owners = [], []
+        for index, (string,) in enumerate(request.args for request in requests):
+            tokens = self.tok_encode(string)
+            longest = self.limit - bos if self.limit is not None else len(tokens) + 1
+            pairs = list(map(make_disjoint_window, get_rolling_token_windows(
+                token_list=tokens, prefix_token=self.prefix_token_id, max_seq_len=longest, context_len=1)))
+            if bos and pairs:  # the BOS the back-end puts in front stands for lm-eval's prefix token
+                pairs[0] = (pairs[0][0][1:], pairs[0][1])
+            windows += [(None, context, continuation) for context, continuation in pairs]
+            owners += [index] * len(pairs)
+        totals = [0.0] * len(requests)
+        for index, (logprob, _) in zip(owners, self._loglikelihood_tokens(windows, disable_tqdm=disable_tqdm)):
+            totals[index] += logprob
+        for request, total in zip(requests, totals):
+            self.cache_hook.add_partial("loglikelihood_rolling", request.args, total)
+        return totals
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """Greedy generations, each cut at the first of its stop strings (lm-eval's rules)."""
+        eos = self.tok_decode([self.eot_token_id]) if self.tokenizer.eos_id is not None else None
+        asked = []
+        for context, gen_kwargs in (request.args for request in requests):
+            kwargs = normalize_gen_kwargs(dict(gen_kwargs), self.max_gen_toks)
+            if kwargs.get("do_sample") or float(kwargs.get("temperature") or 0.0) > 0.0:
+                raise BamctlError(f"{NAME} generates greedily; this task asks to sample ({gen_kwargs})")
+            budget = int(kwargs["max_gen_toks"])
+            ids = self.tok_encode(context)
+            if self.limit is not None:  # lm-eval's HF rule: room for the budget, the context cut from the left
+                room = self.limit - budget - self._bos("generate")
+                if room < 1:
+                    raise BamctlError(f"max_gen_toks {budget} leaves no room for a context in {self.limit} positions")
+                ids = ids[-room:]
+            asked.append((ids, budget, handle_stop_sequences(kwargs.get("until"), eos=eos)))
+        texts: list[str] = [""] * len(asked)
+        for budget in sorted({budget for _, budget, _ in asked}):  # one budget per batch
+            indices = [i for i, (_, b, _) in enumerate(asked) if b == budget]
+            outputs = self._in_batches(
+                [asked[i][0] for i in indices], lambda ids, b=budget: (len(ids), b),
+                lambda prompts, b=budget: self.served.generate_many(prompts, b), "generations", disable_tqdm)
+            for i, output in zip(indices, outputs):
+                generated = [token for token in output if token not in self.served.stop_ids]
+                texts[i] = postprocess_generated_text(self.tok_decode(generated), asked[i][2], None)
+        for request, text in zip(requests, texts):
+            self.cache_hook.add_partial("generate_until", request.args, text)
+        return texts
+
+    # -- batches -------------------------------------------------------------------------------
+    def _in_batches(self, items: list, size_of: Callable, ask: Callable, what: str, disable_tqdm: bool) -> list:
+        """``ask`` on batches of ``items`` (longest first, so a batch holds requests of like size and a
+        request too large for memory fails at once), the answers in the items' order."""
+        order = sorted(range(len(items)), key=lambda i: -sum(size_of(items[i])))
+        answers: list = [None] * len(items)
+        bar = tqdm(total=len(items), desc=f"{NAME}: {what}", disable=disable_tqdm)
+        start = 0
+        while start < len(order):
+            n_prompt, n_answer = size_of(items[order[start]])  # the longest left
+            self.served.check_fits(n_prompt, n_answer)
+            if not self._prepared:
+                self.served.prepare()  # vLLM starts its engine here, once
+                self._prepared = True
+            size = self.batch_size or self.served.batch_limit(n_prompt, n_answer)
+            size = min(size, self.max_batch_size or size)
+            batch = order[start : start + size]
+            for i, answer in zip(batch, ask([items[i] for i in batch])):
+                answers[i] = answer
+            bar.update(len(batch))
+            start += len(batch)
+        bar.close()
+        return answers
+
+    def close(self) -> None:
+        """Stop what the back-end holds beyond Python objects (vLLM's engine processes)."""
+        self.served.close()
+
+
+def _answer(score: ContinuationScore, continuation: Sequence[int]) -> tuple[float, bool]:
+    return float(sum(score.logprobs)), list(score.predicted_ids) == list(continuation)

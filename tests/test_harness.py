@@ -1,0 +1,279 @@
+"""``--model bamctl`` in lm-eval, held against lm-eval's own code.
+
+On a transformers folder both can load (the tests' tiny Llama with its byte-level BPE),
+lm-eval's own HF back-end (``HFLM``) is the reference: the same requests, the same numbers.
+bamctl's own models have no peer in lm-eval; there the reference is the model's dense
+forward pass (``Transformer.forward``, the training path), which shares no code with the
+streaming engine the plugin runs. The last tests drive lm-eval's own command line and task
+machinery on a multiple-choice task over a local file (no download).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("lm_eval", reason="lm-eval not installed (pip install 'bamctl[lm-eval]' or the dev extra)")
+pytest.importorskip("transformers", reason="transformers not installed (pip install 'bamctl[hf]')")
+
+from lm_eval.api.instance import Instance  # noqa: E402
+
+from bamctl.harness import BamctlLM  # noqa: E402
+from tiny_llama import save_tiny_llama  # noqa: E402
+
+MAX_POSITIONS = 64
+ROOT = Path(__file__).resolve().parents[1]
+TASKS = ROOT / "examples" / "lm_eval"  # arc_mini: lm-eval's task format over 24 science questions shipped there
+ARC_MINI = TASKS / "arc_mini.jsonl"
+TOLERANCE = 1e-4  # nats per request, float32 both ways; measured: see the note of each test
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-bpe"), vocab="bpe", max_positions=MAX_POSITIONS)
+
+
+def hflm(folder: Path, **kwargs):
+    from lm_eval.models.huggingface import HFLM
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(str(folder), local_files_only=True, torch_dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    return HFLM(pretrained=model, tokenizer=tokenizer, batch_size=1, device="cpu", **kwargs)
+
+
+def ours(folder: Path, **kwargs) -> BamctlLM:
+    return BamctlLM(model=f"hf:{folder}", device="cpu", dtype="float32", chunk_size=16, **{"batch_size": 3, **kwargs})
+
+
+def requests(kind: str, args: list[tuple]) -> list[Instance]:
+    return [Instance(kind, {}, arg, index) for index, arg in enumerate(args)]
+
+
+def questions() -> list[dict]:
+    return [json.loads(line) for line in ARC_MINI.read_text().splitlines()]
+
+
+def choice_pairs() -> list[tuple[str, str]]:
+    """ARC-style requests as lm-eval's multiple-choice tasks make them, and an empty context."""
+    pairs = [(f"Question: {q['question']}\nAnswer:", f" {choice}") for q in questions()[:6] for choice in q["choices"]]
+    return pairs + [("", "The Sun is a star."), ("Water boils at ", "100 degrees.")]  # a context ending in a space
+
+
+def test_loglikelihood_equals_lm_evals_hf_backend(folder):
+    """Per request, the summed log-prob and is_greedy of HFLM's (its tokenizer puts the BOS in
+    front; bamctl's back-end does, BOS rule auto). Measured: at most 2.9e-6 nats apart over the 26."""
+    pairs = choice_pairs()
+    theirs = hflm(folder).loglikelihood(requests("loglikelihood", pairs), disable_tqdm=True)
+    mine = ours(folder).loglikelihood(requests("loglikelihood", pairs), disable_tqdm=True)
+    assert [greedy for _, greedy in mine] == [greedy for _, greedy in theirs]
+    assert max(abs(a - b) for (a, _), (b, _) in zip(mine, theirs)) < TOLERANCE
+    assert len({round(value, 3) for value, _ in mine}) > len(pairs) // 2  # distinct requests, distinct numbers
+
+
+def test_a_shifted_loglikelihood_is_caught(folder, monkeypatch):
+    """The comparison above fails on a plugin that scores one token off (the context's last token
+    moved into the continuation): what it holds is the offset, not just the order of magnitude."""
+    pairs = choice_pairs()[:8]
+    theirs = hflm(folder).loglikelihood(requests("loglikelihood", pairs), disable_tqdm=True)
+    encode_pair = BamctlLM._encode_pair
+
+    def shifted(self, context, continuation):
+        context_ids, continuation_ids = encode_pair(self, context, continuation)
+        return context_ids[:-1], context_ids[-1:] + continuation_ids
+
+    monkeypatch.setattr(BamctlLM, "_encode_pair", shifted)
+    mine = ours(folder).loglikelihood(requests("loglikelihood", pairs), disable_tqdm=True)
+    assert min(abs(a - b) for (a, _), (b, _) in zip(mine, theirs)) > 100 * TOLERANCE
+
+
+def _document(words: int) -> str:
+    essays = Path(__file__).resolve().parents[1] / "bamctl" / "data" / "tasks" / "texts" / "essays"
+    text = " ".join(sorted(essays.glob("*.txt"))[0].read_text(encoding="utf-8").split())
+    return " ".join(text.split()[1000 : 1000 + words])
+
+
+def test_rolling_loglikelihood_equals_lm_evals_hf_backend(folder):
+    """A string within the model's length: every token after the BOS, as HFLM scores it when its
+    tokenizer is not asked to add the BOS too (``add_bos_token=False``; given a tokenizer that puts
+    a BOS in front, HFLM also scores that BOS after its prefix BOS, one token more). Strings longer
+    than the model's 64 positions, without a BOS (``bos=never``): lm-eval's windows, and HFLM's
+    numbers. Measured: 2.1e-5 nats apart at most (short), 9.1e-6 on sums of 2,177 and 3,701 nats (long)."""
+    short = [_document(12), _document(30)]
+    theirs = hflm(folder, add_bos_token=False).loglikelihood_rolling(requests("loglikelihood_rolling", [(s,) for s in short]), disable_tqdm=True)
+    mine = ours(folder).loglikelihood_rolling(requests("loglikelihood_rolling", [(s,) for s in short]), disable_tqdm=True)
+    assert max(abs(a - b) for a, b in zip(mine, theirs)) < TOLERANCE
+
+    long = [_document(150), _document(260)]
+    tokens = [len(ours(folder).tok_encode(s)) for s in long]
+    assert min(tokens) > 2 * MAX_POSITIONS  # three windows and more
+    theirs = hflm(folder, add_bos_token=False, max_length=MAX_POSITIONS).loglikelihood_rolling(
+        requests("loglikelihood_rolling", [(s,) for s in long]), disable_tqdm=True)
+    mine = ours(folder, bos="never").loglikelihood_rolling(requests("loglikelihood_rolling", [(s,) for s in long]), disable_tqdm=True)
+    assert max(abs(a - b) for a, b in zip(mine, theirs)) < TOLERANCE
+
+
+def test_rolling_loglikelihood_past_the_limit_scores_every_token_once(folder):
+    """With its BOS in front of every window (bamctl's rule), each token of a long string is still
+    scored once, in lm-eval's windows: the first from the BOS, each later one the 63 positions
+    after a BOS, its first token context only (the windows restated here, and scored by plain
+    transformers)."""
+    from transformers import LlamaForCausalLM
+
+    lm = ours(folder)
+    string = _document(200)
+    (total,) = lm.loglikelihood_rolling(requests("loglikelihood_rolling", [(string,)]), disable_tqdm=True)
+    tokens = lm.tok_encode(string)
+    width = MAX_POSITIONS - 1  # after the BOS
+    assert len(tokens) > 3 * width
+    model = LlamaForCausalLM.from_pretrained(str(folder), local_files_only=True, torch_dtype=torch.float32).eval()
+    bos = 1
+    expected, done = 0.0, 0
+    while done < len(tokens):
+        end = min(done + width, len(tokens))
+        start = 0 if done == 0 else end - width - 1
+        fed = [bos, *tokens[start : end - 1]]
+        with torch.no_grad():
+            table = torch.log_softmax(model(torch.tensor([fed])).logits[0].double(), dim=-1)
+        rows = range(done - start, end - start)  # row r of `fed` predicts tokens[start + r]
+        expected += float(sum(table[r, tokens[start + r]] for r in rows))
+        done = end
+    assert total == pytest.approx(expected, abs=1e-3)
+
+
+def test_generate_until_is_token_identical_to_lm_evals_hf_backend(folder):
+    """Greedy generations, cut at the stop strings by lm-eval's rule: the same text as HFLM's."""
+    prompts = [f"Question: {q['question']}\nAnswer:" for q in questions()[:5]]
+    args = [(p, {"until": ["\n"], "max_gen_toks": 12, "do_sample": False}) for p in prompts]
+    args += [(prompts[0], {"until": ["e"], "max_gen_toks": 20}), (prompts[1], {"max_gen_toks": 9})]
+    theirs = hflm(folder).generate_until(requests("generate_until", args), disable_tqdm=True)
+    mine = ours(folder).generate_until(requests("generate_until", args), disable_tqdm=True)
+    assert mine == theirs
+    assert any(len(text) > 3 for text in mine)  # something was generated to compare
+    assert "e" not in mine[-2]
+
+
+def test_sampling_is_refused_in_one_line(folder):
+    from bamctl.errors import BamctlError
+
+    with pytest.raises(BamctlError, match="greedily"):
+        ours(folder).generate_until(requests("generate_until", [("Hi", {"do_sample": True, "temperature": 0.7})]))
+
+
+def test_bamctl_models_score_as_their_dense_forward():
+    """A shipped BAM reference (``lm-bam``, streamed in chunks of 7): each continuation's log-prob
+    and is_greedy as the model's dense forward pass gives them on the same tokens; the rolling
+    log-likelihood scores every token after the end-of-text prefix (the model has no BOS);
+    greedy generation equals argmax decoding with full forwards."""
+    from bamctl.catalog import resolve_model
+
+    from bamctl.vocab import VocabSubset
+
+    lm = BamctlLM(model="lm-bam", device="cpu", dtype="float32", chunk_size=7, batch_size="auto")
+    model = resolve_model("lm-bam").model.eval()
+    rows_of = VocabSubset(model.config.token_subset, lm.tokenizer.vocab_size)  # its rows: a subset of GPT-2's ids
+
+    def logprobs(ids: list[int]) -> torch.Tensor:
+        """(len(ids), tokenizer ids): the dense forward's log-probs, by tokenizer id."""
+        with torch.no_grad():
+            table = torch.log_softmax(model(rows_of.to_model(torch.tensor([ids])))[0].double(), dim=-1)
+        return table[:, rows_of.to_model(torch.arange(lm.tokenizer.vocab_size))]
+
+    pairs = [("The river ran", " to the sea."), ("Once upon a time there was", " a king"), ("", "It was late.")]
+    got = lm.loglikelihood(requests("loglikelihood", pairs), disable_tqdm=True)
+    for (context, continuation), (value, greedy) in zip(pairs, got):
+        ctx, cont = (lm._encode_pair(context, continuation) if context else ([lm.prefix_token_id], lm.tok_encode(continuation)))
+        table = logprobs(ctx + cont)
+        rows = table[len(ctx) - 1 : len(ctx) + len(cont) - 1]
+        assert value == pytest.approx(float(rows[range(len(cont)), cont].sum()), abs=1e-4)
+        assert greedy == (rows.argmax(-1).tolist() == cont)
+
+    string = "The lamp in the window burned all night, and nobody came to put it out."
+    (total,) = lm.loglikelihood_rolling(requests("loglikelihood_rolling", [(string,)]), disable_tqdm=True)
+    ids = [lm.prefix_token_id, *lm.tok_encode(string)]
+    table = logprobs(ids)
+    assert total == pytest.approx(float(table[range(len(ids) - 1), ids[1:]].sum()), abs=1e-4)
+
+    (text,) = lm.generate_until(requests("generate_until", [("The old man said", {"until": ["\n\n"], "max_gen_toks": 8})]))
+    ids = lm.tok_encode("The old man said")
+    for _ in range(8):
+        ids.append(int(logprobs(ids)[-1].argmax()))
+    assert text == lm.tok_decode(ids[len(lm.tok_encode("The old man said")):]).split("\n\n")[0]
+
+
+def test_bad_model_args_are_one_line(folder):
+    from bamctl.errors import BamctlError
+
+    with pytest.raises(BamctlError, match=r"takes no 'chunksize'.*did you mean chunk_size"):
+        BamctlLM(model=f"hf:{folder}", chunksize=8)
+    with pytest.raises(BamctlError, match="needs model="):
+        BamctlLM()
+    with pytest.raises(BamctlError, match="batch_size must be"):
+        BamctlLM(model="lm-bam", batch_size="many")
+    with pytest.raises(BamctlError, match=r"^bos does not apply"):  # model_args' words, not a flag
+        BamctlLM(model="lm-bam", bos="never")
+
+
+def _by_hand(lm: BamctlLM) -> tuple[float, float]:
+    """acc and acc_norm from the plugin's own scores: the best choice by log-prob, and by log-prob
+    per character of the choice (lm-eval's acc_norm)."""
+    hits = normed = 0
+    for q in questions():
+        context = f"Question: {q['question']}\nAnswer:"
+        scores = [value for value, _ in lm.loglikelihood(
+            requests("loglikelihood", [(context, f" {c}") for c in q["choices"]]), disable_tqdm=True)]
+        hits += max(range(len(scores)), key=scores.__getitem__) == q["answer"]
+        per_char = [s / len(f" {c}") for s, c in zip(scores, q["choices"])]
+        normed += max(range(len(per_char)), key=per_char.__getitem__) == q["answer"]
+    return hits / len(questions()), normed / len(questions())
+
+
+@pytest.mark.parametrize("model", ["lm-bam", "hf"])
+def test_lm_eval_command_line_runs_a_local_task_with_model_bamctl(model, folder, tmp_path):
+    """``bamctl lm-eval --model_args model=... --tasks arc_mini --include_path examples/lm_eval``
+    from the repository root, as the example says: lm-eval's own command line loads the task (its
+    YAML, the datasets library's json builder), asks ``--model bamctl``, and reports the accuracy
+    the plugin's scores give by hand."""
+    reference = "lm-bam" if model == "lm-bam" else f"hf:{folder}"
+    out = tmp_path / "out"
+    done = _bamctl("lm-eval", "--model_args", f"model={reference},dtype=float32", "--tasks", "arc_mini",
+                   "--include_path", str(TASKS), "--batch_size", "auto", "--output_path", str(out),
+                   home=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (written,) = out.rglob("results_*.json")
+    results = json.loads(written.read_text())["results"]["arc_mini"]
+    acc, acc_norm = _by_hand(BamctlLM(model=reference, dtype="float32", device="cpu"))
+    assert results["acc,none"] == pytest.approx(acc)
+    assert results["acc_norm,none"] == pytest.approx(acc_norm)
+    assert not math.isnan(results["acc,none"])
+
+
+def test_lm_eval_finds_model_bamctl_by_its_entry_point():
+    """lm-eval releases that discover plugins read this entry point; installed with bamctl."""
+    from importlib.metadata import entry_points
+
+    (entry,) = [e for e in entry_points(group="lm_eval.models") if e.name == "bamctl"]
+    assert entry.load() is BamctlLM
+
+
+def test_model_args_errors_from_lm_evals_command_line_are_one_line(tmp_path):
+    done = _bamctl("lm-eval", "--model_args", "model=no-such-model", "--tasks", "arc_mini",
+                   "--include_path", str(TASKS), home=tmp_path)
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "no-such-model" in errors[0], done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+
+
+def _bamctl(*args: str, home: Path) -> subprocess.CompletedProcess:
+    """bamctl in a process of its own, as a user runs it (lm-eval sets up its logging per process);
+    the datasets library offline, with its cache under ``home``."""
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(home / "datasets")}
+    return subprocess.run([sys.executable, "-m", "bamctl", *args], capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
