@@ -110,3 +110,64 @@ def test_without_a_terminal_each_finished_cell_prints_one_line(tmp_path, capsys)
         main(["passkey", str(model), "--lengths", "128,256", "--samples", "1", "--depths", "2", "--seed", "0,1",
               "--out", str(tmp_path / "quiet"), "--quiet"])
     assert not [line for line in capsys.readouterr().err.splitlines() if line.startswith("passkey m ")]
+
+
+def test_an_interrupted_cell_says_what_it_computed_and_claims_nothing_more():
+    """Ctrl-C at 16k after 7 of its 20 rows, in a folder that held nothing: the line says 7
+    computed and 13 not, not "13 stored already", and the cells after it stay unresolved, so
+    the share done counts the rows computed (it once closed every cell left as stored)."""
+    slots = plan([1024, 16384, 65536], per_length=20)
+    lines = []
+    progress = RunProgress(slots, "passkey m", say=lines.append)
+    for s in slots[:27]:  # the 1k cell, then 7 rows of 16k
+        progress.row_written(row(s))
+    progress.finish(interrupted=True)
+    assert len(lines) == 2
+    assert "16k: interrupted, 7 samples computed" in lines[1] and "and 13 not" in lines[1]
+    assert "stored already)" not in lines[1].split("and 13 not")[0]
+    done = progress.done_fraction()
+    assert done == pytest.approx(sum(cost(s.length) for s in slots[:27]) / sum(cost(s.length) for s in slots), rel=1e-6)
+    assert done < 0.1
+
+
+def test_a_run_interrupted_from_the_command_line_keeps_its_line(tmp_path, capsys, monkeypatch):
+    """The runner tells the tracker the run was interrupted: a KeyboardInterrupt in the second
+    cell prints that cell's interrupted line, not every later cell as stored."""
+    from bamctl.evaluation import Evaluation
+
+    model = save_checkpoint(new_random_model(ModelConfig.from_preset("micro", "bam", train_length=128), 0), tmp_path / "m")
+    answer = Evaluation._answer
+    calls = []
+
+    def interrupted(self, batch):
+        calls.append(len(batch))
+        if len(calls) == 4:  # two batches of 128, one of 256 answered
+            raise KeyboardInterrupt
+        return answer(self, batch)
+
+    monkeypatch.setattr(Evaluation, "_answer", interrupted)
+    with pytest.raises(SystemExit) as done:
+        main(["passkey", str(model), "--lengths", "128,256,512", "--samples", "2", "--batch-size", "5",
+              "--out", str(tmp_path / "r")])
+    assert done.value.code == 130
+    err = capsys.readouterr().err
+    assert "256: interrupted, 5 samples computed" in err and "and 5 not" in err
+    assert "512:" not in err
+
+
+def test_an_eta_that_reaches_far_past_the_timed_lengths_says_it_is_an_extrapolation():
+    """The design card's command, ``bamctl passkey --lengths 1k..512k`` (20 rows a length), timed
+    by a fake clock: while lengths more than 4x the longest timed are left, each line says the
+    ETA is extrapolated and from which length; from 128k on, it is not."""
+    from bamctl.lengths import parse_lengths
+
+    slots = plan(parse_lengths("1k..512k"), per_length=20)
+    lines = []
+    progress = RunProgress(slots, "passkey bam-ssmax", say=lines.append)
+    for s in slots:
+        progress.row_written(row(s))
+    progress.finish()
+    assert len(lines) == 10
+    assert "(extrapolated from lengths up to 1k)" in lines[0]
+    assert all("extrapolated from lengths up to 64k" in line for line in lines[6:7])
+    assert all("extrapolated" not in line for line in lines[7:])

@@ -28,6 +28,8 @@ PRIOR_BALANCE = 4096
 # A generated token costs about as much as this many prompt tokens prefilled: one token through
 # every weight matrix as a vector, not in a block (bamctl's reference models on a CPU).
 DECODE_STEP_TOKENS = 64
+# Rows left past this many times the longest length timed: the ETA is said to be an extrapolation.
+EXTRAPOLATION = 4
 
 
 @dataclass
@@ -166,11 +168,20 @@ class RunProgress:
         cell.tokens += row["n_tokens"]
         self.fit.add(row["length"], row["seconds"])
 
-    def finish(self) -> None:
-        """The run ended: every cell is resolved, and the last one with rows gets its line."""
-        for index in range(self.current, len(self.cells)):
-            self._close(index)
-        self.current = len(self.cells)
+    def finish(self, interrupted: bool = False) -> None:
+        """The run ended: every cell is resolved, and the last one with rows gets its line. An
+        interrupted run (Ctrl-C, an error) resolves nothing it did not reach: the cell it was in
+        says how many of its rows were computed and how many were not, and the cells after it
+        stay unresolved, so the run's share done counts only what was computed or passed."""
+        if not interrupted:
+            for index in range(self.current, len(self.cells)):
+                self._close(index)
+            self.current = len(self.cells)
+            return
+        cell = self.cells[self.current] if self.current < len(self.cells) else None
+        if cell is not None and not cell.closed and cell.written and self.say is not None:
+            cell.closed = True
+            self.say(self.cell_line(cell) if cell.written == cell.rows else self.interrupted_line(cell))
 
     def eta(self) -> float | None:
         """Seconds left by the fitted cost of the rows not yet resolved; None before a row is timed."""
@@ -204,16 +215,41 @@ class RunProgress:
         if cell.written and self.say is not None:  # a cell wholly stored already says nothing
             self.say(self.cell_line(cell))
 
+    def extrapolated_from(self) -> int | None:
+        """The longest length timed, when the rows left reach past EXTRAPOLATION times it: the ETA
+        then rests on the fit's extrapolation (attention's share at lengths not yet seen)."""
+        if not self.fit.lengths:
+            return None
+        timed = max(self.fit.lengths)
+        left = [cell.length for cell in self.cells[self.current:] if cell.seen < cell.rows]
+        return timed if left and max(left) > EXTRAPOLATION * timed else None
+
     def cell_line(self, cell: Cell) -> str:
         from bamctl.results.render import format_length
 
-        seed = f" seed {cell.seed}" if self.seeds > 1 else ""
-        rate = f", {cell.tokens / cell.seconds:,.0f} tok/s" if cell.seconds > 0 else ""
         skipped = f" ({cell.rows - cell.written} stored already)" if cell.written < cell.rows else ""
         left = self.eta()
         eta = f", about {format_seconds(left)} left" if left is not None else ""
-        return (f"{self.label} {format_length(cell.length)}{seed}: {cell.written} sample{'s' if cell.written != 1 else ''}{skipped} in "
-                f"{format_seconds(cell.seconds)}{rate}; {self.done_fraction():.0%} of the run done{eta}")
+        timed = self.extrapolated_from()
+        if left is not None and timed is not None:
+            eta += f" (extrapolated from lengths up to {format_length(timed)})"
+        return (f"{self._where(cell)}: {cell.written} sample{'s' if cell.written != 1 else ''}{skipped} in "
+                f"{format_seconds(cell.seconds)}{self._rate(cell)}; {self.done_fraction():.0%} of the run done{eta}")
+
+    def interrupted_line(self, cell: Cell) -> str:
+        missing = cell.rows - cell.written
+        return (f"{self._where(cell)}: interrupted, {cell.written} sample{'s' if cell.written != 1 else ''} computed in "
+                f"{format_seconds(cell.seconds)}{self._rate(cell)} and {missing} not (stored already or still to "
+                f"compute); {self.done_fraction():.0%} of the run done")
+
+    def _where(self, cell: Cell) -> str:
+        from bamctl.results.render import format_length
+
+        return f"{self.label} {format_length(cell.length)}" + (f" seed {cell.seed}" if self.seeds > 1 else "")
+
+    @staticmethod
+    def _rate(cell: Cell) -> str:
+        return f", {cell.tokens / cell.seconds:,.0f} tok/s" if cell.seconds > 0 else ""
 
 
 def format_seconds(seconds: float) -> str:

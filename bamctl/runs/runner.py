@@ -271,8 +271,10 @@ class _ModelRun:
         try:
             stats = evaluation.run(force=self.force, reuse=self.reuse, on_row=advance, shard=self.shard_of, checked=True,
                                    batch_size=self.batch_size)
-        finally:
-            tracker.finish()
+        except BaseException:  # Ctrl-C or an error: the cell in flight says what it computed, nothing more
+            tracker.finish(interrupted=True)
+            raise
+        tracker.finish()
         progress.update(bar, completed=progress.tasks[bar].total)
         for line in run_notes(stats, self.name, self.out, evaluation.backend):
             self.say(line)
