@@ -414,3 +414,20 @@ def test_smollm2_passkey_offline():
     assert backend.tokenizer.decode(score.predicted_ids).strip() == sample.answers[0]
     generated = backend.tokenizer.decode(backend.generate(sample.input_ids, 8))
     assert sample.answers[0] in generated
+
+
+def test_compare_applies_an_option_to_the_models_that_take_it(tmp_path, capsys):
+    """``compare hf:M rope --beyond-max refuse``: the policy is the hf: model's, bamctl's own model
+    has no maximum to be beyond; a line says it does not reach rope (it once refused the whole
+    comparison: "--beyond-max does not apply to bamctl's own models"). Past hf:M's 256 positions
+    the policy still refuses, naming it."""
+    folder = save_tiny_llama(tmp_path / "bpe", vocab="bpe", max_positions=256)
+    common = ["--task", "passkey", "--samples", "1", "--depths", "0.5", "--beyond-max", "refuse", "--device", "cpu",
+              "--out", str(tmp_path / "r"), "--quiet"]
+    code, _, err = _cli(capsys, "compare", f"hf:{folder}", "rope", "--lengths", "128", *common)
+    assert code == 0, err
+    assert "note: --beyond-max applies to the models that take it, not to rope" in err
+    code, _, err = _cli(capsys, "compare", f"hf:{folder}", "rope", "--lengths", "512", *common)
+    assert code == 2 and "beyond-max refuse" in err and "256" in err
+    code, _, err = _cli(capsys, "passkey", "rope", "--lengths", "128", *common[2:])  # one model: refused as before
+    assert code == 2 and "--beyond-max does not apply to bamctl's own models" in err

@@ -408,3 +408,18 @@ def test_old_perplexity_rows_of_two_seeds_are_the_same_documents():
     (summary,) = summarize(_seeded_documents(nll, {0: ["0", "1"], 1: ["0", "1"]}, draw=False), baseline="tiny-rope")
     assert summary.table.loc[256, ("n_draws", "tiny-rope")] == 2 and summary.table.loc[256, ("n", "tiny-rope")] == 2
     assert summary.paired[0].n_draws == 2
+
+
+def test_the_reach_caption_adds_up_and_counts_one_key_as_one_key():
+    """The caption's arithmetic is printed to three figures, so it adds up as written (at .2g,
+    "2/2^4 = 0.12 … 5 × 0.12 = 0.62" did not); a cell of one key says "1 key"."""
+    from bamctl.results.render import caption
+
+    lengths = tuple(512 * 2**i for i in range(5))
+    worst = {"tiny-bam": _per_key([0] * 4), "tiny-rope": _per_key([1] * 4)}
+    (summary,) = summarize(_keyed(worst, lengths=lengths), baseline="tiny-rope")
+    text = caption(summary)
+    assert "the smallest p is 2/2^4 = 0.125" in text and "makes it 5 × 0.125 = 0.625" in text
+    one = {"tiny-bam": _per_key([0]), "tiny-rope": _per_key([1])}
+    text = caption(summarize(_keyed(one, lengths=lengths[:2], seeds=(0,)), baseline="tiny-rope")[0])
+    assert "with 1 key per cell" in text and "1 keys" not in text

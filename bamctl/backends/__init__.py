@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from bamctl.backends.base import (
@@ -104,6 +104,20 @@ def open_backend(reference, options: RunOptions = RunOptions()) -> Backend:
     reference, options = split_rope_suffix(reference, options)
     entry, rest = backend_for(reference)
     return entry.open(rest, options)
+
+
+def options_taken(reference, options: RunOptions) -> tuple[RunOptions, list[str]]:
+    """What of ``options`` the back-end of ``reference`` takes, and the names of what it does not
+    (a comparison of models of several back-ends applies each option to the models it applies
+    to). A model in memory is checked when it opens: all of it is kept."""
+    if not isinstance(reference, str):
+        return options, []
+    bare, _ = split_rope_suffix(reference, options)
+    entry, _ = backend_for(bare)
+    known = {f.name for f in fields(entry.options)}
+    dropped = [name for name in options.asked() if name not in known]
+    defaults = {f.name: f.default for f in fields(RunOptions)}
+    return replace(options, **{name: defaults[name] for name in dropped}), dropped
 
 
 def peek_backend(reference, options: RunOptions = RunOptions()) -> ModelPeek:

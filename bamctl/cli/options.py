@@ -25,6 +25,8 @@ from typing import Annotated, Any, Callable, Optional
 
 import typer
 
+from bamctl.errors import BamctlError
+
 ENGINE_PANEL = "Engine (bamctl's own models)"
 EXTERNAL_PANEL = "External models (hf:, vllm:, bam:)"
 OUTPUT_PANEL = "Results and output"
@@ -210,10 +212,24 @@ PROMPT: list[Param] = [
     Param("bucket", Optional[int], None, typer.Option(
         min=1, rich_help_panel=PERPLEXITY_PANEL, help="buckets: positions per bucket (default 1024).")),
     Param("doc_tokens", Optional[int], None, typer.Option(
-        min=2, rich_help_panel=PERPLEXITY_PANEL, help="sliding: document length in tokens (default: the largest length).")),
+        parser=lambda text: _document_tokens(text), metavar="TOKENS", rich_help_panel=PERPLEXITY_PANEL,
+        help="sliding: document length in tokens, written as lengths are ('16k' = 16384; default: the largest length).")),
     Param("corpus", Optional[Path], None, typer.Option(
         rich_help_panel=PERPLEXITY_PANEL, help="UTF-8 text file to score instead of the shipped public-domain corpus.")),
 ]
+
+def _document_tokens(text: str) -> int:
+    """``--doc-tokens``: a size as ``--lengths`` writes one (``16k``), at least 2 (a token and one to predict)."""
+    from bamctl.lengths import parse_size
+
+    try:
+        tokens = parse_size(str(text))
+    except BamctlError as err:
+        raise BamctlError(f"--doc-tokens: {err}") from None
+    if tokens < 2:
+        raise BamctlError(f"--doc-tokens must be at least 2 (got {tokens})")
+    return tokens
+
 
 Threshold = Annotated[float, typer.Option(min=0.0, max=1.0, help="Accuracy that counts as 'still working' for the effective length.")]
 ModelArgument = Annotated[str | None, typer.Argument(

@@ -66,4 +66,6 @@ def generate(
 
         out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(out, write_file)  # a complete file or none, also on Ctrl-C
-    stderr.print(f"wrote {count} {task} samples ({len(requests[0].lengths)} lengths) to {out}")
+    from bamctl.results.render import plural
+
+    stderr.print(f"wrote {plural(count, task + ' sample')} ({plural(len(requests[0].lengths), 'length')}) to {out}")

@@ -73,7 +73,12 @@ def prompt_unit(summary: Summary) -> str:
 
 def counts_text(summary: Summary, n: int, n_draws: int) -> str:
     """"40 prompts, 8 keys"; "16 windows, 8 documents"."""
-    return f"{n} {prompt_unit(summary)}, {n_draws} {summary.unit}"
+    return f"{_counted(n, prompt_unit(summary))}, {_counted(n_draws, summary.unit)}"
+
+
+def _counted(count: int, nouns: str) -> str:
+    """3, "keys" → "3 keys"; 1, "keys" → "1 key" (the units' plurals all end in s)."""
+    return f"{count} {nouns[:-1] if count == 1 and nouns.endswith('s') else nouns}"
 
 
 def uniform_counts(summary: Summary) -> tuple[int, int] | None:
@@ -103,13 +108,14 @@ def reach_lines(summary: Summary) -> list[str]:
         key = (r.lengths, r.n_draws, r.n_draws_fewest, r.p_min, r.p_holm_floor, r.draws_needed)
         grouped.setdefault(key, []).append(r.model)
     unit, lines = summary.unit, []
-    for (lengths, most, fewest, p_min, floor, needed), models in grouped.items():
-        draws = f"{most}" if most == fewest else f"at most {most}"
-        smallest = f"2/2^{most} = {p_min:.2g}" if p_min == smallest_p(most, True) else f"{p_min:.2g}"
+    for (lengths, most, fewest, p_min, _capped, needed), models in grouped.items():
+        draws = _counted(most, unit) if most == fewest else f"at most {_counted(most, unit)}"
+        smallest = f"2/2^{most} = {p_min:.3g}" if p_min == smallest_p(most, True) else f"{p_min:.3g}"
+        product = lengths * p_min  # Holm's floor, before it is capped at 1
         lines.append(
-            f"with {draws} {unit} per cell no difference of {', '.join(models)} from {summary.baseline} can reach "
+            f"with {draws} per cell no difference of {', '.join(models)} from {summary.baseline} can reach "
             f"p < {ALPHA:g}: the smallest p is {smallest}, and Holm over {lengths} length{'s' if lengths > 1 else ''} "
-            f"makes it {lengths} × {p_min:.2g} = {floor:.2g}; that takes ≥ {needed} {unit} per cell "
+            f"makes it {lengths} × {p_min:.3g} = {product:.3g}; that takes ≥ {needed} {unit} per cell "
             f"(the smallest k with {lengths} × 2/2^k < {ALPHA:g})"
         )
     return lines

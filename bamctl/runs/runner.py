@@ -164,7 +164,8 @@ def run_models(
         from bamctl.devices import resolve_device
 
         resolve_device(run.device)
-    peeks = [peek_backend(model, run) for model in models]
+    taken = _options_per_model(models, run, say)
+    peeks = [peek_backend(model, options) for model, options in zip(models, taken)]
     requests = asked.for_models([p.train_length for p in peeks])
     # Options, protocols and plans checked now; what depends on each model's tokenizer, when it loads.
     plans = [request.plan(get_tokenizer(checks.PLANNING_TOKENIZER), check_tokenizer=False) for request in requests]
@@ -195,8 +196,8 @@ def run_models(
     outcome = RunOutcome(store=store, names=names)
     prompts, notes = {}, set()
     with progress_display(console, quiet) as progress:
-        for model, name in zip(models, names):
-            backend = open_backend(model, run)
+        for model, name, options in zip(models, names, taken):
+            backend = open_backend(model, options)
             identity = (backend.info.model_hash, backend.kind)
             same = outcome.names_by_identity.setdefault(identity, [])
             same.append(name)
@@ -287,6 +288,31 @@ class _ModelRun:
         if first[1] != fingerprint:
             self.say(f"note: {self.name} sees other {key[0]} prompts than {first[0]} (tokenizer "
                      f"{evaluation.backend.tokenizer.name} against {first[2]}); their results are summarised apart")
+
+
+def _options_per_model(models: list, run, say) -> list:
+    """Each model's options: an option that some of the models take applies to those, and a line
+    says which it does not reach (``compare hf:M lm-rope --beyond-max refuse``); one that none takes
+    stays, so its back-end refuses it by name."""
+    from bamctl.backends import options_taken
+    from bamctl.backends.base import option_flag
+
+    if len(models) < 2:
+        return [run] * len(models)
+    taken = [options_taken(model, run) for model in models]
+    unused = {name for _, dropped in taken for name in dropped if all(name in d for _, d in taken)}
+    per_model = [run if not set(dropped) - unused else _keep(run, options, unused) for options, dropped in taken]
+    for name in sorted({name for _, dropped in taken for name in dropped} - unused):
+        left_out = [model_label(m) for m, (_, dropped) in zip(models, taken) if name in dropped]
+        say(f"note: {option_flag(name)} applies to the models that take it, not to {', '.join(left_out)}")
+    return per_model
+
+
+def _keep(run, options, unused: set):
+    """``options`` (what a back-end takes) with the options no model takes put back, to be refused."""
+    from dataclasses import replace
+
+    return replace(options, **{name: getattr(run, name) for name in unused})
 
 
 def batch_line(evaluation, name: str, batch_size: int | None) -> str:
