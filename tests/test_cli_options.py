@@ -138,3 +138,24 @@ def test_a_typo_in_a_later_task_is_refused_before_any_work(tmp_path, capsys):
     assert done.value.code == 2
     assert "niah_singel_2" in capsys.readouterr().err
     assert not list(tmp_path.glob("*.parquet"))
+
+
+def test_doc_tokens_is_written_as_lengths_are(tmp_path, capsys):
+    """--doc-tokens 1k is --doc-tokens 1024 (it was refused: "'1k' is not a valid integer"); below 2
+    or malformed, one line naming the option."""
+    from bamctl.cli import main
+
+    written = []
+    for tokens in ("1k", "1024"):
+        out = tmp_path / f"{tokens}.jsonl"
+        with pytest.raises(SystemExit) as done:
+            main(["generate", "ppl", "--lengths", "256", "--doc-tokens", tokens, "--out", str(out)])
+        assert done.value.code == 0, capsys.readouterr().err
+        written.append(out.read_text())
+    capsys.readouterr()
+    assert written[0] == written[1] and written[0]
+    for bad, said in (("1", "at least 2"), ("1kk", "--doc-tokens: bad length '1kk'")):
+        with pytest.raises(SystemExit) as done:
+            main(["generate", "ppl", "--lengths", "256", "--doc-tokens", bad, "--out", str(tmp_path / "x.jsonl")])
+        err = capsys.readouterr().err
+        assert done.value.code == 2 and said in err and len(err.strip().splitlines()) == 1
