@@ -381,3 +381,20 @@ def test_inspect_shows_their_checkpoint_and_its_priors(tmp_path, capsys):
     assert shown["config"]["pe"] == "bam" and shown["n_params"] > 0 and len(shown["heads"]) == LAYERS * HEADS
     beta = state["layers.1.attention.prior.theta_beta"].reshape(-1)
     assert [h["beta"] for h in shown["heads"] if h["layer"] == 1] == pytest.approx(beta.tolist())
+
+
+@pytest.mark.parametrize("ssmax_prior, scope", [(True, "logits: s·log n scales content score and prior"),
+                                                (False, "content: s·log n scales the content score only")])
+def test_inspect_shows_where_their_ssmax_multiplies(tmp_path, capsys, ssmax_prior, scope):
+    """``bamctl inspect bam:PATH`` names the SSMax scope their ``ssmax_prior`` decides (it did not)."""
+    from bamctl.cli import main
+
+    folder, *_ = build(tmp_path, "bam_ssmax")
+    data = json.loads((folder / "args.json").read_text())
+    data["model_args"]["ssmax_prior"] = ssmax_prior
+    (folder / "args.json").write_text(json.dumps(data))
+    with pytest.raises(SystemExit) as done:
+        main(["inspect", f"bam:{folder}"])
+    assert done.value.code == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert f"SSMax scope │ {scope}" in shown

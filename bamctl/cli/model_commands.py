@@ -174,6 +174,12 @@ def _inspect_json(checkpoint, heads: list[dict]) -> dict:
     }
 
 
+SSMAX_SCOPES = {
+    "logits": "logits: s·log n scales content score and prior",
+    "content": "content: s·log n scales the content score only, the prior added after",
+}
+
+
 def _summary_table(checkpoint) -> Table:
     config = checkpoint.model.config
     summary = Table(title=f"{checkpoint.path}", show_header=False)
@@ -181,6 +187,8 @@ def _summary_table(checkpoint) -> Table:
     summary.add_row("parameters", f"{checkpoint.model.n_params():,}")
     summary.add_row("layers × heads × dim", f"{config.n_layers} × {config.n_heads} × {config.dim}")
     summary.add_row("training length", f"{config.train_length:,}")
+    if config.ssmax:  # where s·log n multiplies: bamctl's rule, or the authors' per checkpoint (bam:'s ssmax_prior)
+        summary.add_row("SSMax scope", SSMAX_SCOPES[config.ssmax_scope])
     rows = f"{len(config.token_subset)} of its ids + UNK" if config.token_subset else f"vocab {config.vocab_size:,}"
     summary.add_row("tokenizer", f"{config.tokenizer} ({rows})")
     summary.add_row("weights sha256", checkpoint.sha256[:16])
