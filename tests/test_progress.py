@@ -6,7 +6,7 @@ import pytest
 
 from bamctl.checkpoint import new_random_model, save_checkpoint
 from bamctl.cli import main
-from bamctl.runs.progress import CostFit, RunProgress, cells_of
+from bamctl.runs.progress import CostFit, RunProgress, cells_of, prior_cost
 from bamctl.model import ModelConfig
 from bamctl.tasks.sample import SampleSlot
 
@@ -36,7 +36,7 @@ def test_the_eta_prices_long_prompts_by_their_quadratic_cost():
         progress.row_written(row(s))
     truth = sum(cost(s.length) for s in slots[12:])
     per_sample = sum(cost(s.length) for s in slots[:12]) / 12 * len(slots[12:])  # what counting samples says
-    assert progress.eta() == pytest.approx(truth, rel=1e-6)
+    assert truth / 1.5 < progress.eta() < truth * 1.5  # past 4k: the prior shape, anchored at 4k's price
     assert per_sample < truth / 100  # the old estimate was off by two orders of magnitude here
 
 
@@ -54,14 +54,17 @@ def test_a_constant_cost_per_sample_is_priced_as_constant():
         fit.add(length, seconds)
     c, a, b = fit.coefficients()
     assert (a, b) == (0.0, 0.0) and c == pytest.approx(3.7)
-    assert fit.price(8192) == pytest.approx(3.7)
+    assert fit.price(384) == pytest.approx(3.7)  # within the lengths timed: the fit
+    assert fit.price(8192) == pytest.approx(3.7 * prior_cost(8192, 0) / prior_cost(512, 0))  # past them: the prior's growth
 
 
 def test_the_fit_recovers_a_constant_plus_quadratic_cost():
     fit = CostFit()
     for length in (512, 1024, 2048, 4096):
         fit.add(length, 0.5 + 3e-4 * length + 1e-7 * length**2)
-    assert fit.price(65536) == pytest.approx(0.5 + 3e-4 * 65536 + 1e-7 * 65536**2, rel=1e-6)
+    c, a, b = fit.coefficients()
+    assert (c, a, b) == pytest.approx((0.5, 3e-4 * 1024, 1e-7 * 1024**2), rel=1e-6)
+    assert fit.price(3000) == pytest.approx(0.5 + 3e-4 * 3000 + 1e-7 * 3000**2, rel=1e-6)
 
 
 def test_cells_stored_already_leave_the_price_once_the_run_passes_them():
@@ -125,9 +128,7 @@ def test_an_interrupted_cell_says_what_it_computed_and_claims_nothing_more():
     assert len(lines) == 2
     assert "16k: interrupted, 7 samples computed" in lines[1] and "and 13 not" in lines[1]
     assert "stored already)" not in lines[1].split("and 13 not")[0]
-    done = progress.done_fraction()
-    assert done == pytest.approx(sum(cost(s.length) for s in slots[:27]) / sum(cost(s.length) for s in slots), rel=1e-6)
-    assert done < 0.1
+    assert 0 < progress.done_fraction() < 0.1  # the 64k cell unresolved (closing it as stored said 100%)
 
 
 def test_a_run_interrupted_from_the_command_line_keeps_its_line(tmp_path, capsys, monkeypatch):
@@ -171,3 +172,48 @@ def test_an_eta_that_reaches_far_past_the_timed_lengths_says_it_is_an_extrapolat
     assert "(extrapolated from lengths up to 1k)" in lines[0]
     assert all("extrapolated from lengths up to 64k" in line for line in lines[6:7])
     assert all("extrapolated" not in line for line in lines[7:])
+
+
+# Seconds per prompt of bam-ssmax on this 2-core machine (one thread, passkey, teacher-forced):
+# 1k-8k from the held-out compare's cell lines (1,024 / 24,949 tok/s ...), 64k and 128k from the
+# baselines record (steps 14 and 19: median 25 and 79 s), 512k the ~25 min the trust issue timed.
+MEASURED = [(1024, 0.041), (2048, 0.0866), (4096, 0.2325), (8192, 0.608), (65536, 25.0), (131072, 79.0), (524288, 1500.0)]
+
+
+def measured_cost(length: int) -> float:
+    """Log-log interpolation between the measured points."""
+    import math
+
+    for (a, ya), (b, yb) in zip(MEASURED, MEASURED[1:]):
+        if a <= length <= b:
+            t = math.log(length / a) / math.log(b / a)
+            return math.exp(math.log(ya) + t * math.log(yb / ya))
+    raise ValueError(length)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_design_cards_eta_moves_by_less_than_2x_from_one_cell_line_to_the_next(seed):
+    """``bamctl passkey --lengths 1k..512k`` (20 prompts a length) on a fake clock: bam-ssmax's
+    measured seconds per prompt, each row off by up to 25% (seeded). Every cell line's time left
+    is within 2x of the line before, and of the truth from the first line on (the fit's own
+    curve, extrapolated, moved by up to 14x between lines and said 0.37x the truth)."""
+    import random
+    import re
+
+    from bamctl.lengths import parse_lengths
+
+    slots = plan(parse_lengths("1k..512k"), per_length=20)
+    noise = random.Random(seed)
+    lines, left = [], []
+    progress = RunProgress(slots, "passkey bam-ssmax", say=lines.append)
+    for index, s in enumerate(slots):
+        progress.row_written({**row(s), "seconds": measured_cost(s.length) * noise.uniform(0.8, 1.25)})
+        if index + 1 < len(slots) and slots[index + 1].length != s.length:
+            left.append(sum(measured_cost(t.length) for t in slots[index + 1 :]))
+    progress.finish()
+    said = [3600 * int(h) + 60 * int(m) + int(sec) for h, m, sec in
+            (re.search(r"about (\d+):(\d+):(\d+) left", line).groups() for line in lines[:-1])]
+    assert len(said) == len(left) == 9
+    assert all(max(a, b) / min(a, b) < 2 for a, b in zip(said, said[1:]))
+    assert all(truth / 2 < eta < truth * 2 for eta, truth in zip(said, left))
+    assert sum(measured_cost(s.length) for s in slots) / 3600 == pytest.approx(10.9, abs=0.1)  # the run: ~11 h

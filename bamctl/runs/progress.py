@@ -6,8 +6,9 @@ a generated answer adds about the same at every length, so a prompt of L tokens 
 about ``c + a·L + b·L²`` seconds. Counting samples, a run from 1k to 512k would look
 nearly finished after its short lengths with hours left. Here the rows still to compute
 are priced by that formula, ``c``, ``a`` and ``b`` fitted by non-negative least squares to
-the rows finished so far (a prior shape until two lengths are timed), and rows a run
-skips (stored already) are dropped from the price as the run passes them.
+the rows finished so far (a prior shape until two lengths are timed; past the longest length
+timed, the fit's price there grown by that prior shape), and rows a run skips (stored
+already) are dropped from the price as the run passes them.
 
 With stderr a terminal the rich bar shows that ETA; otherwise (a log file, a batch job)
 one line is printed per finished cell: a run of consecutive samples of one seed and
@@ -102,12 +103,23 @@ class CostFit:
         return self.powers[0] > 0
 
     def price(self, length: int) -> float | None:
-        """Fitted seconds of one sample of ``length``; None before any row is timed."""
+        """Seconds of one sample of ``length``; None before any row is timed. Within the lengths
+        timed, the fit; past the longest, the fit's price there grown by the prior shape
+        (``prior_cost``), never by the fit's own curve: a quadratic term fitted to short lengths
+        is mostly noise, and extrapolated 64x it swung the design card's ETA (1k..512k) by 3-14x
+        from one cell to the next; anchored, it moves by < 1.3x on bam-ssmax's measured costs."""
         if not self.timed():
             return None
         coefficients = self.coefficients()
         if coefficients is None:  # one length timed: the prior shape, scaled to it by least squares
             return self.prior[0] / self.prior[1] * prior_cost(length, self.new_tokens)
+        longest = max(self.lengths)
+        if length > longest:
+            return self._fitted(longest, coefficients) * prior_cost(length, self.new_tokens) / prior_cost(longest, self.new_tokens)
+        return self._fitted(length, coefficients)
+
+    @staticmethod
+    def _fitted(length: int, coefficients) -> float:
         x = length / 1024
         return sum(c * x**k for k, c in zip(TERMS, coefficients))
 
