@@ -304,3 +304,24 @@ def test_smollm2_through_the_plugin_equals_lm_evals_hf_backend(tmp_path_factory)
     args = [(f"Question: {q['question']}\nAnswer:", {"until": ["\n"], "max_gen_toks": 16}) for q in questions()[:4]]
     assert ours(smollm2).generate_until(requests("generate_until", args)) == hflm(smollm2).generate_until(
         requests("generate_until", args))
+
+
+def test_models_in_memory_answer_as_their_folders(folder):
+    """A transformers module with its tokenizer object, and a bamctl Transformer, given to the
+    plugin in memory: the same log-likelihoods as the same weights named by reference."""
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    from bamctl.catalog import resolve_model
+
+    pairs = choice_pairs()[:6]
+    module = LlamaForCausalLM.from_pretrained(str(folder), local_files_only=True, torch_dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    in_memory = BamctlLM(model=module, tokenizer=tokenizer, device="cpu", chunk_size=16)
+    by_folder = ours(folder)
+    assert [v for v, _ in in_memory.loglikelihood(requests("loglikelihood", pairs), disable_tqdm=True)] == pytest.approx(
+        [v for v, _ in by_folder.loglikelihood(requests("loglikelihood", pairs), disable_tqdm=True)], abs=1e-5)
+    transformer = resolve_model("lm-bam").model
+    native = BamctlLM(model=transformer, device="cpu", dtype="float32")
+    named = BamctlLM(model="lm-bam", device="cpu", dtype="float32")
+    assert [v for v, _ in native.loglikelihood(requests("loglikelihood", pairs), disable_tqdm=True)] == pytest.approx(
+        [v for v, _ in named.loglikelihood(requests("loglikelihood", pairs), disable_tqdm=True)], abs=1e-5)
