@@ -1,10 +1,11 @@
-"""``vllm:`` against ``hf:`` on one model, the same requests, in one process: where the time goes.
+"""``vllm:`` against a plain vLLM script and ``hf:`` on one model, the same requests, in one process.
 
 vLLM starts an engine (compiles the model, allocates its KV cache) once per model; each request
 after that is a scheduler step. This prints the engine's start and then, for each request kind a
 task makes (passkey teacher forcing, RULER greedy generation, sliding-window perplexity), the
 seconds per sample of each back-end with everything of one length asked at once, as a run asks
-it, and whether the answers agree (argmax and generated tokens identical; largest |Δ log p|).
+it, of the plain script (``PlainVLLM``: the calls a user writes, on the same engine), and whether
+the back-ends' answers agree (argmax and generated tokens identical; largest |Δ log p|).
 
 With ``--lm-eval``, also lm-evaluation-harness's own RULER tasks on the same model through its
 ``hf`` and ``vllm`` back-ends (lm-eval builds its own prompts: ``--limit`` of them per length),
@@ -35,21 +36,59 @@ def plan(task: str, length: int, n: int, backend, depths=None, **options):
     return list(plan_samples(task, [length], n, [0], backend.tokenizer, depths, bos_for=backend.bos_for, **options).samples())
 
 
-def request_kinds(backends: dict, lengths: list[int], n: int) -> list[list[str]]:
+class PlainVLLM:
+    """The peer: what a user writes against vLLM for the same requests, on the same engine (the
+    ``LLM`` that ``vllm:`` started): one ``generate`` call per request kind, greedy, reading
+    ``prompt_logprobs`` for scoring, nothing of bamctl's between."""
+
+    def __init__(self, llm, vllm):
+        self.llm, self.vllm = llm, vllm
+
+    def forget(self) -> None:
+        """Empty the engine's prefix cache, so a timing does not read the prompts the last one computed."""
+        self.llm.reset_prefix_cache()
+
+    def _generate(self, prompts, **params):
+        sampling = self.vllm.SamplingParams(temperature=0.0, detokenize=False, **{"max_tokens": 1, **params})
+        return self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sampling, use_tqdm=False)
+
+    def teacher_forced(self, samples):
+        outputs = self._generate([x.input_ids + x.answer_ids for x in samples], prompt_logprobs=1)
+        answers = []
+        for x, out in zip(samples, outputs):
+            start = len(x.input_ids)
+            entries = out.prompt_logprobs[start:]
+            answers.append(sum(e[t].logprob for e, t in zip(entries, x.answer_ids)))
+        return answers
+
+    def greedy(self, samples):
+        outputs = self._generate([x.input_ids for x in samples], max_tokens=samples[0].max_new_tokens)
+        return [list(out.outputs[0].token_ids) for out in outputs]
+
+    def nll(self, samples):
+        outputs = self._generate([x.input_ids for x in samples], prompt_logprobs=0)
+        return [[-e[t].logprob for e, t in zip(out.prompt_logprobs[1:], x.input_ids[1:])] for x, out in zip(samples, outputs)]
+
+
+def request_kinds(backends: dict, plain: PlainVLLM, lengths: list[int], n: int) -> list[list[str]]:
     hf = backends["hf"]
     rows = []
     for length in lengths:
         cases = {
-            "passkey (teacher forcing)": (plan("passkey", length, n, hf, [0.5]), lambda b, s: b.score_continuations([(x.input_ids, x.answer_ids) for x in s])),
-            "niah_single_1 (generation)": (plan("niah_single_1", length, n, hf), lambda b, s: b.generate_many([x.input_ids for x in s], s[0].max_new_tokens)),
-            "ppl (sliding windows)": (plan("ppl", length, 1, hf, doc_tokens=n * length), lambda b, s: b.token_nlls([(x.input_ids, 1) for x in s])),
+            "passkey (teacher forcing)": (plan("passkey", length, n, hf, [0.5]), lambda b, s: b.score_continuations([(x.input_ids, x.answer_ids) for x in s]), plain.teacher_forced),
+            "niah_single_1 (generation)": (plan("niah_single_1", length, n, hf), lambda b, s: b.generate_many([x.input_ids for x in s], s[0].max_new_tokens), plain.greedy),
+            "ppl (sliding windows)": (plan("ppl", length, 1, hf, doc_tokens=n * length), lambda b, s: b.token_nlls([(x.input_ids, 1) for x in s]), plain.nll),
         }
-        for kind, (samples, ask) in cases.items():
+        for kind, (samples, ask, peer) in cases.items():
             seconds, answers = {}, {}
             for name, backend in backends.items():
+                plain.forget()
                 seconds[name], answers[name] = timed(lambda: ask(backend, samples))
-            rows.append([f"{length:,}", kind, str(len(samples)), *(f"{seconds[k] / len(samples):.2f}" for k in ("hf", "vllm")),
-                         f"{seconds['vllm'] / seconds['hf']:.2f}x", agreement(answers["hf"], answers["vllm"])])
+            plain.forget()  # neither side reads the other's prompts from the prefix cache
+            seconds["plain"], _ = timed(lambda: peer(samples))
+            rows.append([f"{length:,}", kind, str(len(samples)), *(f"{seconds[k] / len(samples):.2f}" for k in ("hf", "vllm", "plain")),
+                         f"{seconds['vllm'] / seconds['plain']:.2f}x", f"{seconds['vllm'] / seconds['hf']:.2f}x",
+                         agreement(answers["hf"], answers["vllm"])])
     return rows
 
 
@@ -138,8 +177,9 @@ def main() -> None:
     print(f"vLLM {vllm.__version__} on the {vl.device.upper()}, {args.dtype}: engine started in {start_seconds:.1f} s "
           f"(sized for {vl._capacity:,} tokens); hf: loads the model when opened\n")
     if not args.no_kinds:
-        print_table(["length", "request", "samples", "hf: s/sample", "vllm: s/sample", "vllm/hf", "agreement"],
-                    request_kinds({"hf": hf, "vllm": vl}, lengths, args.samples))
+        print_table(["length", "request", "samples", "hf: s/sample", "vllm: s/sample", "plain vLLM s/sample",
+                     "vllm:/plain", "vllm:/hf", "agreement"],
+                    request_kinds({"hf": hf, "vllm": vl}, PlainVLLM(vl._llm, vllm), lengths, args.samples))
     if args.lm_eval:
         tasks = ["niah_single_1", "vt"]
         lengths = [length for length in lengths if length in LM_EVAL_LENGTHS]
