@@ -165,6 +165,8 @@ def test_sampling_is_refused_in_one_line(folder):
 
     with pytest.raises(BamctlError, match="greedily"):
         ours(folder).generate_until(requests("generate_until", [("Hi", {"do_sample": True, "temperature": 0.7})]))
+    with pytest.raises(BamctlError, match="chat templates"):  # lm-eval's --apply_chat_template
+        ours(folder).apply_chat_template([{"role": "user", "content": "Hi"}])
 
 
 def test_bamctl_models_score_as_their_dense_forward():
