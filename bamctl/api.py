@@ -269,13 +269,9 @@ def _keyword_errors():
 
 def keywords_for_flags(text: str) -> str:
     """``--seed`` → ``seeds``, ``--chunk-size`` → ``chunk_size``: a line of the run in the API's words."""
-    import re
+    from bamctl.errors import flags_as_keywords
 
-    def keyword(match) -> str:
-        flag = match.group(0)
-        return KEYWORD_OF_FLAG.get(flag, flag[2:].replace("-", "_"))
-
-    return re.sub(r"(?<![\w-])--[a-z][a-z-]*", keyword, text)
+    return flags_as_keywords(text, KEYWORD_OF_FLAG)
 
 
 def _console():

@@ -12,3 +12,12 @@ def did_you_mean(name: str, known, cutoff: float = 0.6) -> str:
     known = [str(k) for k in known]
     close = difflib.get_close_matches(str(name), known, n=3, cutoff=cutoff)
     return f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(known)}"
+
+
+def flags_as_keywords(text: str, renamed: dict[str, str] | None = None) -> str:
+    """A command-line line in keyword words: ``--chunk-size`` -> ``chunk_size``, or what ``renamed``
+    names a flag (``{"--seed": "seeds"}``), for the Python API and lm-eval's ``model_args``."""
+    import re
+
+    renamed = renamed or {}
+    return re.sub(r"(?<![\w-])--[a-z][a-z-]*", lambda m: renamed.get(m.group(0), m.group(0)[2:].replace("-", "_")), text)

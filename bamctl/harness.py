@@ -25,7 +25,6 @@ use of the name.
 
 from __future__ import annotations
 
-import re
 from typing import Any, Callable, Sequence
 
 import lm_eval.models  # noqa: F401  lm-eval fills its registry with its own back-ends only while it is empty
@@ -37,18 +36,13 @@ from tqdm import tqdm
 
 from bamctl.backends import RunOptions, open_backend, peek_backend
 from bamctl.backends.base import ContinuationScore
-from bamctl.errors import BamctlError, did_you_mean
+from bamctl.errors import BamctlError, did_you_mean, flags_as_keywords
 
 NAME = "bamctl"  # --model bamctl
 
 # model_args a user may give, beside the model itself: RunOptions' fields of an engine run.
 ENGINE_ARGS = ("device", "dtype", "chunk_size", "attention", "tokenizer", "beyond_max", "bos",
                "prior_form", "rope_scaling", "rope_factor", "tensor_parallel")
-
-
-def _keywords(message: str) -> str:
-    """A back-end's error in model_args' words: ``--chunk-size`` -> ``chunk_size``."""
-    return re.sub(r"(?<![\w-])--([a-z][a-z-]*)", lambda m: m.group(1).replace("-", "_"), message)
 
 
 def _batch_setting(batch_size) -> int | None:
@@ -106,7 +100,7 @@ class BamctlLM(TemplateLM):
             self.limit = peek_backend(model, options).max_length  # None: no maximum (bamctl's engine)
             self.served = open_backend(model, options)
         except BamctlError as err:
-            raise BamctlError(_keywords(str(err))) from None
+            raise BamctlError(flags_as_keywords(str(err))) from None  # in model_args' words
         self.tokenizer = self.served.tokenizer
         self._prepared = False
 
@@ -217,7 +211,6 @@ class BamctlLM(TemplateLM):
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Greedy generations, each cut at the first of its stop strings (lm-eval's rules)."""
-        eos = self.tok_decode([self.eot_token_id]) if self.tokenizer.eos_id is not None else None
         asked = []
         for context, gen_kwargs in (request.args for request in requests):
             kwargs = normalize_gen_kwargs(dict(gen_kwargs), self.max_gen_toks)
@@ -230,7 +223,8 @@ class BamctlLM(TemplateLM):
                 if room < 1:
                     raise BamctlError(f"max_gen_toks {budget} leaves no room for a context in {self.limit} positions")
                 ids = ids[-room:]
-            asked.append((ids, budget, handle_stop_sequences(kwargs.get("until"), eos=eos)))
+            # no EOS string among the stops: generation ends at the model's stop ids, decoded without specials
+            asked.append((ids, budget, handle_stop_sequences(kwargs.get("until"), eos=None)))
         texts: list[str] = [""] * len(asked)
         for budget in sorted({budget for _, budget, _ in asked}):  # one budget per batch
             indices = [i for i, (_, b, _) in enumerate(asked) if b == budget]

@@ -58,7 +58,8 @@ def main() -> None:
             seconds = statistics.median(r[0] for r in runs)
             print(f"| {label} | {name} | {runs[0][1]} | {seconds:.3f} | {runs[0][2]:.6g} |")
         before, after = (statistics.median(r[0] for r in measured[n]) for n in ("before", "after"))
-        print(f"| {label} | after / before | | {after / before:.2f} | |")
+        same = len({round(r[2], 9) for runs in measured.values() for r in runs}) == 1
+        print(f"| {label} | after / before | | {after / before:.2f} | {'same values' if same else 'VALUES DIFFER'} |")
 
 
 if __name__ == "__main__":

@@ -64,8 +64,7 @@ def main() -> None:
                 print(json.dumps({**common, "k": k, "weights": per_head}), flush=True)
             continue
         start = time.perf_counter()
-        predicted = engine.score_continuation(sample.input_ids, sample.answer_ids)
-        predicted = predicted[0] if isinstance(predicted, tuple) else predicted.predicted_ids
+        predicted, _ = engine.score_continuation(sample.input_ids, sample.answer_ids)  # argmax, log-probs
         weights = engine.last_query_attention(sample.input_ids)
         key_tokens = [p + d for p in keys for d in range(KEY_DIGITS)]
         print(json.dumps({

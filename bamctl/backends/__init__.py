@@ -106,18 +106,15 @@ def open_backend(reference, options: RunOptions = RunOptions()) -> Backend:
     return entry.open(rest, options)
 
 
-def options_taken(reference, options: RunOptions) -> tuple[RunOptions, list[str]]:
-    """What of ``options`` the back-end of ``reference`` takes, and the names of what it does not
-    (a comparison of models of several back-ends applies each option to the models it applies
-    to). A model in memory is checked when it opens: all of it is kept."""
+def options_not_taken(reference, options: RunOptions) -> list[str]:
+    """The names of the options asked in ``options`` that the back-end of ``reference`` does not take
+    (a comparison of models of several back-ends applies each option to the models it applies to).
+    A model in memory is checked when it opens: none."""
     if not isinstance(reference, str):
-        return options, []
-    bare, _ = split_rope_suffix(reference, options)
-    entry, _ = backend_for(bare)
+        return []
+    entry, _ = backend_for(split_rope_suffix(reference, options)[0])
     known = {f.name for f in fields(entry.options)}
-    dropped = [name for name in options.asked() if name not in known]
-    defaults = {f.name: f.default for f in fields(RunOptions)}
-    return replace(options, **{name: defaults[name] for name in dropped}), dropped
+    return [name for name in options.asked() if name not in known]
 
 
 def peek_backend(reference, options: RunOptions = RunOptions()) -> ModelPeek:

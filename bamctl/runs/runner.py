@@ -294,25 +294,20 @@ def _options_per_model(models: list, run, say) -> list:
     """Each model's options: an option that some of the models take applies to those, and a line
     says which it does not reach (``compare hf:M lm-rope --beyond-max refuse``); one that none takes
     stays, so its back-end refuses it by name."""
-    from bamctl.backends import options_taken
+    from dataclasses import fields, replace
+
+    from bamctl.backends import options_not_taken
     from bamctl.backends.base import option_flag
 
     if len(models) < 2:
         return [run] * len(models)
-    taken = [options_taken(model, run) for model in models]
-    unused = {name for _, dropped in taken for name in dropped if all(name in d for _, d in taken)}
-    per_model = [run if not set(dropped) - unused else _keep(run, options, unused) for options, dropped in taken]
-    for name in sorted({name for _, dropped in taken for name in dropped} - unused):
-        left_out = [model_label(m) for m, (_, dropped) in zip(models, taken) if name in dropped]
+    dropped = [options_not_taken(model, run) for model in models]
+    somewhere = {name for names in dropped for name in names if not all(name in other for other in dropped)}
+    defaults = {f.name: f.default for f in fields(run)}
+    for name in sorted(somewhere):
+        left_out = [model_label(m) for m, names in zip(models, dropped) if name in names]
         say(f"note: {option_flag(name)} applies to the models that take it, not to {', '.join(left_out)}")
-    return per_model
-
-
-def _keep(run, options, unused: set):
-    """``options`` (what a back-end takes) with the options no model takes put back, to be refused."""
-    from dataclasses import replace
-
-    return replace(options, **{name: getattr(run, name) for name in unused})
+    return [replace(run, **{name: defaults[name] for name in names if name in somewhere}) for names in dropped]
 
 
 def batch_line(evaluation, name: str, batch_size: int | None) -> str:
