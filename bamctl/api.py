@@ -29,7 +29,10 @@ from typing import Any, Sequence
 
 __all__ = ["evaluate", "compare", "Comparison"]
 
-DEFAULT_OUT = Path("results")
+DEFAULT_DIR = Path("results")
+
+# Keywords renamed, under their old names: still taken, with a DeprecationWarning (old -> new).
+RENAMED = {"out": "dir"}
 
 
 @dataclass
@@ -70,7 +73,7 @@ def evaluate(
     depths: int | str | Sequence[float] | None = None,
     protocol: str | None = None,
     names: str | Sequence[str] | None = None,
-    out: str | Path = DEFAULT_OUT,
+    dir: str | Path = DEFAULT_DIR,
     batch_size: int | str = "auto",
     force: bool = False,
     reuse: bool = False,
@@ -106,9 +109,8 @@ def evaluate(
     ``names``: what rows call the models (default: a reference's last path part, a model in
     memory's ``in-memory-…`` name). Every other keyword is the command-line option of the
     same name (``bamctl passkey --help`` says each). Bad input raises ``bamctl.errors.BamctlError``
-    before any work.
+    before any work. ``dir``: the results directory (``--dir``), rows reused from it on a rerun.
     """
-    _refuse_unknown(set(unknown))
     outcome = _run(models, task, locals())
     return outcome.rows()
 
@@ -144,7 +146,8 @@ def _defaults() -> dict:
 
 def _run(models, task, given: dict, baseline: str | None = None):
 
-    given = {key: value for key, value in given.items() if key != "unknown"}
+    given = {**{key: value for key, value in given.items() if key != "unknown"}, **given.get("unknown", {})}
+    given = _fold_renamed(given)
     _refuse_unknown(set(given) - set(_defaults()) - {"models", "task"})
     with _keyword_errors():
         return _checked_run(models, task, _checked(given), baseline)
@@ -176,7 +179,7 @@ def _checked_run(models, task, given: dict, baseline: str | None):
         ),
     )
     with _left_as_found(models):
-        return run_models(models, asked, run_options(given), out=Path(given["out"]),
+        return run_models(models, asked, run_options(given), out=Path(given["dir"]),
                           batch_size=parse_batch_size(given["batch_size"], "batch_size"),
                           force=given["force"], reuse=given["reuse"], shard=given["shard"], quiet=given["quiet"],
                           names=names, console=_console())
@@ -231,6 +234,27 @@ def _checked(given: dict) -> dict:
     factor = given["rope_factor"]
     if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float))):
         raise BamctlError(f"rope_factor takes a number, not {factor!r}")
+    return given
+
+
+def _fold_renamed(given: dict) -> dict:
+    """``given`` with each old keyword's value under its new name (``RENAMED``), with a
+    DeprecationWarning; refused where both are given and differ."""
+    import warnings
+
+    from bamctl.errors import BamctlError
+
+    for old, new in RENAMED.items():
+        if old not in given:
+            continue
+        given = dict(given)
+        value = given.pop(old)
+        default = _defaults()[new]
+        if given.get(new, default) not in (default, value):
+            raise BamctlError(f"{old} is the old name of {new}: give {new} alone")
+        given[new] = value
+        warnings.warn(f"bamctl: {old}= is now {new}= (the results directory, --dir on the command line)",
+                      DeprecationWarning, stacklevel=4)
     return given
 
 

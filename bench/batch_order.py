@@ -33,7 +33,7 @@ def one_run(tree: Path, args: list[str]) -> tuple[float, int, float]:
     """(the rows' seconds, their batches, their mean score or NLL) of one run on ``tree``'s code."""
     with tempfile.TemporaryDirectory() as out:
         env = {**os.environ, "PYTHONPATH": str(tree)}
-        subprocess.run([sys.executable, "-m", "bamctl", *args, "--device", "cpu", "--force", "--quiet", "--out", out],
+        subprocess.run([sys.executable, "-m", "bamctl", *args, "--device", "cpu", "--force", "--quiet", "--dir", out],
                        check=True, capture_output=True, cwd=tree, env=env)
         rows = pd.read_parquet(out)
         batches = rows["tokens_per_s"].nunique()  # a batch's rows share its throughput

@@ -33,7 +33,7 @@ def main() -> None:
     for length in parse_lengths(args.lengths):
         with tempfile.TemporaryDirectory() as out:
             cmd = [sys.executable, "-m", "bamctl", "passkey", model, "--lengths", str(length), "--samples", "1",
-                   "--depths", "0.5", "--out", out, "--quiet", "--attention", args.attention]
+                   "--depths", "0.5", "--dir", out, "--quiet", "--attention", args.attention]
             code, seconds, peak, tail = run_measured(cmd)
         if code != 0:
             print(f"{length:>8} | failed ({code}): {tail}")

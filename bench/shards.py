@@ -36,9 +36,9 @@ def main() -> None:
     print(f"{'run':<24} | {'wall s':>7} | {'rows':>4} | {'rows/s':>6} | {'speed-up':>8} | {'model s':>7} | {'other s':>7}")
     with tempfile.TemporaryDirectory() as tmp:
         runs = {
-            "1 process": [*bamctl, *sweep, "--out", f"{tmp}/one"],
+            "1 process": [*bamctl, *sweep, "--dir", f"{tmp}/one"],
             f"submit, {args.shards} local shards": [*bamctl, "submit", "--shards", str(args.shards), "--executor", "local",
-                                                   "--logs", f"{tmp}/logs", "--", *sweep, "--out", f"{tmp}/sharded"],
+                                                   "--logs", f"{tmp}/logs", "--", *sweep, "--dir", f"{tmp}/sharded"],
         }
         base = None
         for (name, command), out, parallel in zip(runs.items(), ("one", "sharded"), (1, args.shards)):

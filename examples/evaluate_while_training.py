@@ -42,7 +42,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--every", type=int, default=100, help="evaluate every N steps")
-    parser.add_argument("--out", default="results-while-training", help="results directory")
+    parser.add_argument("--dir", default="results-while-training", help="results directory")
     parser.add_argument("--lengths", default="128..512", help="evaluation lengths")
     args = parser.parse_args()
 
@@ -59,7 +59,7 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         if step % args.every == 0 or step == args.steps:
-            rows = bamctl.evaluate(model, "ppl", lengths=args.lengths, names=f"step-{step}", out=args.out, quiet=True)
+            rows = bamctl.evaluate(model, "ppl", lengths=args.lengths, names=f"step-{step}", dir=args.dir, quiet=True)
             per_length = rows.groupby("length")[["nll", "n_scored"]].sum()  # a cell's perplexity: exp(sum nll / sum n)
             curve[step] = np.exp(per_length["nll"] / per_length["n_scored"])
             print(f"step {step}: training loss {loss.item():.3f}; perplexity "

@@ -27,15 +27,15 @@ import bamctl
 class ExtrapolationCallback(TrainerCallback):
     """Every ``every`` steps: sliding-window perplexity at ``lengths`` of the model as it is now."""
 
-    def __init__(self, tokenizer, every: int, lengths: str, out: str, corpus: str | None = None):
-        self.tokenizer, self.every, self.lengths, self.out, self.corpus = tokenizer, every, lengths, out, corpus
+    def __init__(self, tokenizer, every: int, lengths: str, results_dir: str, corpus: str | None = None):
+        self.tokenizer, self.every, self.lengths, self.dir, self.corpus = tokenizer, every, lengths, results_dir, corpus
         self.curve: dict[int, dict[int, float]] = {}
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if state.global_step % self.every:
             return
         rows = bamctl.evaluate((model, self.tokenizer), "ppl", lengths=self.lengths, corpus=self.corpus,
-                               names=f"step-{state.global_step}", out=self.out, quiet=True)
+                               names=f"step-{state.global_step}", dir=self.dir, quiet=True)
         per_length = rows.groupby("length")[["nll", "n_scored"]].sum()  # a cell's perplexity: exp(sum nll / sum n)
         self.curve[state.global_step] = dict(np.exp(per_length["nll"] / per_length["n_scored"]))
         print(f"step {state.global_step}: perplexity "
@@ -73,16 +73,16 @@ def main() -> None:
     parser.add_argument("--lengths", default="512..4k", help="evaluation lengths")
     parser.add_argument("--text", help="training text (UTF-8); default: bamctl's shipped training text")
     parser.add_argument("--corpus", help="evaluation text (UTF-8); default: bamctl's shipped perplexity corpus")
-    parser.add_argument("--out", default="results-trainer", help="results directory")
+    parser.add_argument("--dir", default="results-trainer", help="results directory")
     args = parser.parse_args()
 
     tokenizer = AutoTokenizer.from_pretrained(args.model, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(args.model, local_files_only=True)
     ids = tokenizer(training_text(args.text), add_special_tokens=False)["input_ids"]
-    callback = ExtrapolationCallback(tokenizer, args.every, args.lengths, args.out, args.corpus)
+    callback = ExtrapolationCallback(tokenizer, args.every, args.lengths, args.dir, args.corpus)
     trainer = Trainer(
         model=model,
-        args=TrainingArguments(output_dir=str(Path(args.out) / "trainer"), max_steps=args.steps, per_device_train_batch_size=4,
+        args=TrainingArguments(output_dir=str(Path(args.dir) / "trainer"), max_steps=args.steps, per_device_train_batch_size=4,
                                learning_rate=1e-3, logging_steps=max(args.every, 1), save_strategy="no", report_to=[],
                                use_cpu=not torch.cuda.is_available()),
         train_dataset=Windows(ids, args.train_length),

@@ -32,9 +32,9 @@ MODEL="$OUT/smollm2-135m"
 "$PYTHON" scripts/smollm2_folder.py "$MODEL"
 
 step "passkey sweep through vllm: (2 samples x 3 depths x 3 lengths; 16k is past its 8192)"
-timeout 900 bamctl passkey "vllm:$MODEL" --lengths 1k,4k,16k --samples 2 --depths 3 --dtype bfloat16 --out "$OUT/results" --quiet --json \
+timeout 900 bamctl passkey "vllm:$MODEL" --lengths 1k,4k,16k --samples 2 --depths 3 --dtype bfloat16 --dir "$OUT/results" --quiet --json \
   | tee "$OUT/passkey.json"
-timeout 900 bamctl passkey "hf:$MODEL" --lengths 1k,4k --samples 2 --depths 3 --out "$OUT/results" --device cuda --quiet --json \
+timeout 900 bamctl passkey "hf:$MODEL" --lengths 1k,4k --samples 2 --depths 3 --dir "$OUT/results" --device cuda --quiet --json \
   | tee "$OUT/passkey-hf.json"
 
 step "results"

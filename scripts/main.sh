@@ -23,8 +23,8 @@ cd "$(dirname "$0")/.."
 source scripts/python.sh
 "$PYTHON" -m bamctl models
 "$PYTHON" -m bamctl compare bam-ssmax nope sinusoidal rope alibi bam nope-ssmax rope-ssmax alibi-ssmax --lengths 128,512,2k,8k --chunk-size 1024 \
-  --task passkey --depths 0.5 --seed 0 --samples 35 --out results/main --plot plots/main-passkey.png "$@"
+  --task passkey --depths 0.5 --seed 0 --samples 35 --dir results/main --plot plots/main-passkey.png "$@"
 force=()
 for arg in "$@"; do [[ "$arg" == "--force" ]] && force=(--force); done
 "$PYTHON" -m bamctl compare lm-bam lm-nope lm-sinusoidal lm-rope lm-alibi lm-bam-ssmax \
-  --task ppl --lengths 256..4k --seed 0 --samples 9 --out results/main --plot plots/main-ppl.png "${force[@]}"
+  --task ppl --lengths 256..4k --seed 0 --samples 9 --dir results/main --plot plots/main-ppl.png "${force[@]}"

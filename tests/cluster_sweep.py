@@ -32,7 +32,7 @@ def one_process(models, tmp_path_factory):
     out = tmp_path_factory.mktemp("whole") / "results"
     printed = io.StringIO()
     with redirect_stdout(printed):
-        assert run_cli("compare", *models, *SWEEP, "--quiet", "--out", out) == 0
+        assert run_cli("compare", *models, *SWEEP, "--quiet", "--dir", out) == 0
     return ResultStore(out).read(), printed.getvalue()
 
 
@@ -47,7 +47,7 @@ def stable(frame):
 
 
 def compare_command(models, out):
-    return ["compare", *models, *SWEEP, "--out", str(out)]
+    return ["compare", *models, *SWEEP, "--dir", str(out)]
 
 
 def shard_slow_to_start(command, shard, sweep_id, threads):

@@ -53,8 +53,8 @@ def stable(frame):
     ("ppl", dict(lengths="64,128", doc_tokens=200, stride=32), ["--lengths", "64,128", "--doc-tokens", "200", "--stride", "32"]),
 ])
 def test_the_api_writes_the_rows_the_command_line_writes(models, tmp_path, task, api, flags):
-    assert cli(task, models["bam-ssmax"], *flags, "--out", str(tmp_path / "cli"), "--quiet") == 0
-    returned = bamctl.evaluate(models["bam-ssmax"], task, **api, out=tmp_path / "api", quiet=True)
+    assert cli(task, models["bam-ssmax"], *flags, "--dir", str(tmp_path / "cli"), "--quiet") == 0
+    returned = bamctl.evaluate(models["bam-ssmax"], task, **api, dir=tmp_path / "api", quiet=True)
     by_cli, by_api = ResultStore(tmp_path / "cli").read(), ResultStore(tmp_path / "api").read()
     assert len(by_cli) == len(by_api) == len(returned) > 0
     assert list(by_cli.columns) == list(by_api.columns)
@@ -64,9 +64,9 @@ def test_the_api_writes_the_rows_the_command_line_writes(models, tmp_path, task,
 
 def test_compare_gives_the_summary_the_command_line_prints(models, tmp_path, capsys):
     both = [models["bam-ssmax"], models["rope"]]
-    assert cli("compare", *both, *PASSKEY_FLAGS, "--out", str(tmp_path), "--json", "--quiet", "--baseline", "rope") == 0
+    assert cli("compare", *both, *PASSKEY_FLAGS, "--dir", str(tmp_path), "--json", "--quiet", "--baseline", "rope") == 0
     printed = json.loads(capsys.readouterr().out)
-    result = bamctl.compare(both, "passkey", **PASSKEY, out=tmp_path, baseline="rope", quiet=True)
+    result = bamctl.compare(both, "passkey", **PASSKEY, dir=tmp_path, baseline="rope", quiet=True)
     assert result.to_json() == printed  # every row read back from the command line's run
     assert set(result.rows["model"]) == {"bam-ssmax", "rope"}
     table = result.table()
@@ -77,7 +77,7 @@ def test_the_api_loads_no_command_line_code(models, tmp_path):
     script = (
         "import sys, bamctl\n"
         "assert 'torch' not in sys.modules and 'typer' not in sys.modules  # import bamctl stays light\n"
-        f"rows = bamctl.evaluate({models['rope']!r}, 'passkey', lengths='256', samples=1, depths=1, out={str(tmp_path)!r}, quiet=True)\n"
+        f"rows = bamctl.evaluate({models['rope']!r}, 'passkey', lengths='256', samples=1, depths=1, dir={str(tmp_path)!r}, quiet=True)\n"
         "assert len(rows) == 1, rows\n"
         "loaded = sorted(m for m in sys.modules if m.startswith('bamctl.cli') or m in ('typer', 'click'))\n"
         "assert not loaded, loaded\n"
@@ -107,27 +107,48 @@ def test_the_api_loads_no_command_line_code(models, tmp_path):
 def test_bad_input_is_one_error_before_any_work(models, tmp_path, call, message):
     out = tmp_path / "results"
     with pytest.raises(BamctlError, match=message):
-        bamctl.evaluate(models["rope"], out=out, **call)
+        bamctl.evaluate(models["rope"], dir=out, **call)
     assert not out.exists()
 
 
 def test_no_model_and_one_depth_are_what_they_say(models, tmp_path):
     with pytest.raises(BamctlError, match="models is an empty list"):
-        bamctl.evaluate([], out=tmp_path / "r")
+        bamctl.evaluate([], dir=tmp_path / "r")
     assert not (tmp_path / "r").exists()
-    rows = bamctl.evaluate(models["rope"], lengths=[256], samples=1, depths=0.5, out=tmp_path / "r")  # one depth, a fraction
+    rows = bamctl.evaluate(models["rope"], lengths=[256], samples=1, depths=0.5, dir=tmp_path / "r")  # one depth, a fraction
     assert len(rows) == 1 and float(rows["depth"].iloc[0]) == 0.5
+
+
+def test_dir_is_the_results_directory_and_out_its_old_name(models, tmp_path):
+    ask = dict(lengths="256", samples=1, depths=0.5, quiet=True)
+    rows = bamctl.evaluate(models["rope"], dir=tmp_path / "new", **ask)
+    with pytest.warns(DeprecationWarning, match="out= is now dir="):
+        old = bamctl.evaluate(models["rope"], out=tmp_path / "old", **ask)
+    assert len(ResultStore(tmp_path / "new").read()) == len(ResultStore(tmp_path / "old").read()) == 1
+    assert old["score"].tolist() == rows["score"].tolist()
+    with pytest.raises(BamctlError, match="^out is the old name of dir: give dir alone$"):
+        bamctl.compare([models["rope"]], out=tmp_path / "a", dir=tmp_path / "b", **ask)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_quiet_says_nothing_when_the_run_goes_as_planned(models, tmp_path, capfd):
+    ask = dict(lengths="256", samples=1, depths=0.5, dir=tmp_path)
+    bamctl.evaluate(models["rope"], **ask)
+    assert "batches (batch_size auto)" in capfd.readouterr().err
+    bamctl.evaluate(models["rope"], **ask, quiet=True)  # its rows reused, as asked
+    bamctl.evaluate(models["rope"], **ask, force=True, quiet=True)
+    assert capfd.readouterr().err == ""
 
 
 def test_compare_refuses_a_keyword_evaluate_does_not_take(models, tmp_path):
     with pytest.raises(BamctlError, match="no keyword 'no_such_option' .it takes: lengths"):
-        bamctl.compare([models["rope"]], "passkey", no_such_option=1, out=tmp_path / "r")
+        bamctl.compare([models["rope"]], "passkey", no_such_option=1, dir=tmp_path / "r")
     assert not (tmp_path / "r").exists()
 
 
 def test_a_baseline_that_is_not_compared_is_refused_before_any_work(models, tmp_path):
     with pytest.raises(BamctlError, match="baseline alibi is not one of the models compared"):
-        bamctl.compare([models["rope"]], "passkey", lengths="256", out=tmp_path / "r", baseline="alibi")
+        bamctl.compare([models["rope"]], "passkey", lengths="256", dir=tmp_path / "r", baseline="alibi")
     assert not (tmp_path / "r").exists()
 
 
@@ -137,8 +158,8 @@ def test_a_baseline_that_is_not_compared_is_refused_before_any_work(models, tmp_
 def test_a_transformer_in_memory_scores_what_its_saved_folder_scores(tmp_path):
     model = tiny()
     folder = save_checkpoint(model, tmp_path / "saved")
-    in_memory = bamctl.evaluate(model, "passkey", **PASSKEY, out=tmp_path / "a", quiet=True)
-    on_disk = bamctl.evaluate(str(folder), "passkey", **PASSKEY, out=tmp_path / "b", quiet=True)
+    in_memory = bamctl.evaluate(model, "passkey", **PASSKEY, dir=tmp_path / "a", quiet=True)
+    on_disk = bamctl.evaluate(str(folder), "passkey", **PASSKEY, dir=tmp_path / "b", quiet=True)
     a, b = stable(in_memory), stable(on_disk)
     assert len(a) == len(b) == 8
     for column in ("score", "predicted", "correct", "expected", "request_digest", "fingerprint", "backend", "compute_version"):
@@ -172,7 +193,7 @@ def perplexity(rows) -> dict[int, float]:
 
 def test_training_a_few_steps_changes_the_curve_and_each_weights_keep_their_rows(tmp_path):
     model = tiny()
-    ask = dict(lengths="64,128,256", doc_tokens=300, out=tmp_path, quiet=True, names="run")
+    ask = dict(lengths="64,128,256", doc_tokens=300, dir=tmp_path, quiet=True, names="run")
     before = bamctl.evaluate(model, "ppl", **ask)
     _train(model, steps=20)
     assert model.training  # evaluate left it as the loop had it
@@ -192,7 +213,7 @@ def test_a_model_in_memory_is_left_as_it_was_found(tmp_path):
     model = tiny()
     model.train()
     digest = state_digest(model)
-    rows = bamctl.evaluate(model, "passkey", lengths="256", samples=1, depths=1, dtype="bfloat16", out=tmp_path, quiet=True)
+    rows = bamctl.evaluate(model, "passkey", lengths="256", samples=1, depths=1, dtype="bfloat16", dir=tmp_path, quiet=True)
     assert rows["dtype"].tolist() == ["bfloat16"]
     assert model.training and state_digest(model) == digest  # evaluated on a copy in bfloat16
     assert {p.dtype for p in model.parameters()} == {torch.float32}
@@ -200,13 +221,13 @@ def test_a_model_in_memory_is_left_as_it_was_found(tmp_path):
 
 def test_a_model_in_memory_cannot_be_sharded(tmp_path):
     with pytest.raises(BamctlError, match="a model in memory cannot be sharded"):
-        bamctl.evaluate(tiny(), "passkey", lengths="256", shard="0/2", out=tmp_path / "r")
+        bamctl.evaluate(tiny(), "passkey", lengths="256", shard="0/2", dir=tmp_path / "r")
     assert not (tmp_path / "r").exists()
 
 
 def test_what_is_not_a_model_is_refused_by_name(tmp_path):
     with pytest.raises(BamctlError, match="cannot evaluate a dict"):
-        bamctl.evaluate({"weights": 1}, "passkey", out=tmp_path)
+        bamctl.evaluate({"weights": 1}, "passkey", dir=tmp_path)
 
 
 # -- a Hugging Face module in memory -------------------------------------------------------
@@ -230,8 +251,8 @@ def test_a_hugging_face_module_in_memory_scores_what_hf_folder_scores(tiny_llama
     model = AutoModelForCausalLM.from_pretrained(str(tiny_llama), local_files_only=True)
     model.train()
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_llama), local_files_only=True)
-    in_memory = bamctl.evaluate((model, tokenizer), "ppl", **ask, out=tmp_path / "a")
-    on_disk = bamctl.evaluate(f"hf:{tiny_llama}", "ppl", **ask, out=tmp_path / "b")
+    in_memory = bamctl.evaluate((model, tokenizer), "ppl", **ask, dir=tmp_path / "a")
+    on_disk = bamctl.evaluate(f"hf:{tiny_llama}", "ppl", **ask, dir=tmp_path / "b")
     a, b = stable(in_memory), stable(on_disk)
     assert len(a) == len(b) > 10
     assert a["request_digest"].tolist() == b["request_digest"].tolist()  # the same ids fed, BOS included
@@ -245,7 +266,7 @@ def test_a_hugging_face_module_without_its_tokenizer_is_refused(tiny_llama, tmp_
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_llama), local_files_only=True)
     with pytest.raises(BamctlError, match="needs its tokenizer"):
-        bamctl.evaluate(model, "ppl", out=tmp_path)
+        bamctl.evaluate(model, "ppl", dir=tmp_path)
 
 
 # -- the example scripts --------------------------------------------------------------------
@@ -260,7 +281,7 @@ def _run_example(name: str, *args: str, cwd: Path) -> str:
 
 def test_the_plain_training_loop_example_prints_a_curve_per_evaluation(tmp_path):
     out = _run_example("evaluate_while_training.py", "--steps", "4", "--every", "2", "--lengths", "128,256",
-                       "--out", str(tmp_path / "r"), cwd=tmp_path)
+                       "--dir", str(tmp_path / "r"), cwd=tmp_path)
     lines = [line for line in out.splitlines() if line.startswith("step ")]
     assert [line.split(":")[0] for line in lines] == ["step 2", "step 4"]
     assert all("128:" in line and "256:" in line for line in lines)
@@ -275,7 +296,7 @@ def test_the_trainer_callback_example_evaluates_the_model_being_trained(tiny_lla
     text.write_text(" ".join(f"w{(5 * i + i // 7) % WORDS}" for i in range(2000)))
     out = _run_example("trainer_callback.py", "--model", str(tiny_llama), "--steps", "4", "--every", "2",
                        "--train-length", "16", "--lengths", "8,16", "--text", str(text), "--corpus", str(text),
-                       "--out", str(tmp_path / "r"), cwd=tmp_path)
+                       "--dir", str(tmp_path / "r"), cwd=tmp_path)
     lines = [line for line in out.splitlines() if line.startswith("step ")]
     assert [line.split(":")[0] for line in lines] == ["step 2", "step 4"]
     rows = ResultStore(tmp_path / "r").read()

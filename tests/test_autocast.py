@@ -116,7 +116,7 @@ def test_rows_record_autocast_apart_from_bfloat16(tmp_path, capsys):
     model = new_random_model(ModelConfig.from_preset("micro", "bam-ssmax", train_length=128), 0)
     path = save_checkpoint(model, tmp_path / "m")
     out = tmp_path / "r"
-    passkey = ["--task", "passkey", "--lengths", "128", "--samples", "2", "--depths", "0.5", "--out", str(out), "--quiet"]
+    passkey = ["--task", "passkey", "--lengths", "128", "--samples", "2", "--depths", "0.5", "--dir", str(out)]
     run(capsys, "compare", str(path), *passkey, "--dtype", "bfloat16")
     captured = run(capsys, "compare", str(path), *passkey, "--dtype", "autocast-bf16")
     assert "skipped" not in captured.err

@@ -53,7 +53,7 @@ def test_every_command_that_makes_prompts_takes_the_same_prompt_options():
     assert wanted <= set(shared)
     for command in PROMPT_COMMANDS[1:]:
         assert described[command] == described["passkey"], command
-    assert set(_params("generate")) & {p.name for p in EVALUATION} == {"out"}  # generate runs no model; its --out is a file
+    assert not set(_params("generate")) & {p.name for p in EVALUATION}  # generate runs no model; its --out is a file
 
 
 def test_closed_choices_are_listed_choices():
@@ -99,7 +99,7 @@ def test_a_commands_help_lists_only_the_task_options_that_apply(capsys, monkeypa
 
 def test_an_option_hidden_from_a_commands_help_is_still_refused_by_name(tmp_path, capsys):
     with pytest.raises(SystemExit) as done:
-        main(["passkey", "bam", "--lengths", "128", "--stride", "4", "--out", str(tmp_path)])
+        main(["passkey", "bam", "--lengths", "128", "--stride", "4", "--dir", str(tmp_path)])
     assert done.value.code == 2 and "--stride applies to --task ppl only" in capsys.readouterr().err
 
 
@@ -126,7 +126,7 @@ def test_json_is_one_document_for_several_tasks(tmp_path, capsys):
     model = save_checkpoint(new_random_model(ModelConfig.from_preset("micro", "bam", train_length=128), 0), tmp_path / "m")
     with pytest.raises(SystemExit) as done:
         main(["ruler", str(model), "--task", "niah_single_1,niah_multikey_2", "--lengths", "512", "--samples", "1",
-              "--out", str(tmp_path / "r"), "--quiet", "--json"])
+              "--dir", str(tmp_path / "r"), "--quiet", "--json"])
     assert done.value.code == 0
     document = json.loads(capsys.readouterr().out)  # one document: json.loads would fail on two
     assert sorted(s["task"] for s in document["summaries"]) == ["niah_multikey_2", "niah_single_1"]
@@ -134,7 +134,7 @@ def test_json_is_one_document_for_several_tasks(tmp_path, capsys):
 
 def test_a_typo_in_a_later_task_is_refused_before_any_work(tmp_path, capsys):
     with pytest.raises(SystemExit) as done:
-        main(["ruler", "bam", "--task", "niah_single_1,niah_singel_2", "--lengths", "512", "--out", str(tmp_path), "--quiet"])
+        main(["ruler", "bam", "--task", "niah_single_1,niah_singel_2", "--lengths", "512", "--dir", str(tmp_path), "--quiet"])
     assert done.value.code == 2
     assert "niah_singel_2" in capsys.readouterr().err
     assert not list(tmp_path.glob("*.parquet"))
@@ -159,3 +159,44 @@ def test_doc_tokens_is_written_as_lengths_are(tmp_path, capsys):
             main(["generate", "ppl", "--lengths", "256", "--doc-tokens", bad, "--out", str(tmp_path / "x.jsonl")])
         err = capsys.readouterr().err
         assert done.value.code == 2 and said in err and len(err.strip().splitlines()) == 1
+
+
+def _every_command(group=None, path=()):
+    group = group or typer.main.get_command(app)
+    for name, command in group.commands.items():
+        if hasattr(command, "commands"):
+            yield from _every_command(command, (*path, name))
+        else:
+            yield " ".join((*path, name)), command
+
+
+def test_a_results_directory_is_dir_in_every_command_and_out_never_names_one():
+    """One name for one thing: the folder of rows is --dir where a run writes it and where
+    `results`, `plot` and `submit --status` read it; --out is what a command makes otherwise."""
+    taking_a_directory = set()
+    for name, command in _every_command():
+        for param in command.params:
+            if param.hidden or not param.help:
+                continue
+            if "--dir" in param.opts:
+                assert param.help.startswith("Results directory"), (name, param.help)
+                taking_a_directory.add(name)
+            if "--out" in param.opts:
+                assert "results directory" not in param.help.lower().split(";")[0], (name, param.help)
+    assert {*EVALUATION_COMMANDS, "results show", "results export", "results compact", "plot grid"} <= taking_a_directory
+
+
+def test_out_the_old_name_of_a_runs_dir_still_works_and_says_so(tmp_path, capsys):
+    from bamctl.results.store import ResultStore
+
+    run = ["passkey", "bam", "--lengths", "128", "--samples", "1", "--depths", "0.5", "--quiet"]
+    with pytest.raises(SystemExit) as done:
+        main([*run, "--out", str(tmp_path / "old")])
+    assert done.value.code == 0
+    assert "--out is now --dir" in capsys.readouterr().err
+    assert len(ResultStore(tmp_path / "old").read()) == 1
+    with pytest.raises(SystemExit) as done:
+        main([*run, "--out", str(tmp_path / "a"), "--dir", str(tmp_path / "b")])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and err.strip().count("\n") == 0 and "give --dir alone" in err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

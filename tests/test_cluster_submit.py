@@ -120,10 +120,10 @@ def test_a_finished_sweep_may_be_extended_in_its_directory(models, tmp_path):
 
 def test_shard_auto_takes_the_torchrun_rank(models, tmp_path, monkeypatch):
     command = ["passkey", models[1], *SWEEP[2:], "--quiet"]
-    assert run_cli(*command, "--shard", "1/2", "--out", tmp_path / "explicit") == 0
+    assert run_cli(*command, "--shard", "1/2", "--dir", tmp_path / "explicit") == 0
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    assert run_cli(*command, "--shard", "auto", "--out", tmp_path / "auto") == 0
+    assert run_cli(*command, "--shard", "auto", "--dir", tmp_path / "auto") == 0
     explicit, auto = ResultStore(tmp_path / "explicit").read(), ResultStore(tmp_path / "auto").read()
     assert len(auto) == ROWS // 4
     assert stable(auto).equals(stable(explicit))

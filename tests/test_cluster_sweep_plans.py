@@ -47,10 +47,10 @@ def edited_exact_protocol(tmp_path, monkeypatch):
 
 def test_the_manifest_holds_the_fingerprint_of_the_protocol_the_model_runs(model, tmp_path):
     out = tmp_path / "results"
-    description, _, _ = plan_sweep(["passkey", model, *SWEEP, "--out", str(out)])
+    description, _, _ = plan_sweep(["passkey", model, *SWEEP, "--dir", str(out)])
     (plans,) = [request["plans"][model] for request in description["requests"]]
     assert list(plans) == ["exact"]
-    assert run_cli("passkey", model, *SWEEP, "--quiet", "--out", out) == 0
+    assert run_cli("passkey", model, *SWEEP, "--quiet", "--dir", out) == 0
     from bamctl.backends import RunOptions, open_backend
     from bamctl.fingerprints import digest
 
@@ -60,7 +60,7 @@ def test_the_manifest_holds_the_fingerprint_of_the_protocol_the_model_runs(model
 
 def test_an_edit_of_the_protocol_a_model_runs_is_refused_on_the_node(model, tmp_path, capsys, edited_exact_protocol):
     out = tmp_path / "results"
-    command = ["passkey", model, *SWEEP, "--out", str(out)]
+    command = ["passkey", model, *SWEEP, "--dir", str(out)]
     description, planned_out, _ = plan_sweep(command)
     record = sweep.claim(planned_out, description)  # as `bamctl submit` records it
     edited_exact_protocol()  # the checkout changes between submit and run

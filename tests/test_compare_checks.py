@@ -29,13 +29,13 @@ def cli(capsys, *args):
 
 
 def test_a_mistyped_baseline_gets_a_suggestion_before_any_work(no_loading, tmp_path, capsys):
-    code, line = cli(capsys, "compare", "bam", "rope", "--baseline", "bma", "--lengths", "128", "--out", str(tmp_path / "r"), "--quiet")
+    code, line = cli(capsys, "compare", "bam", "rope", "--baseline", "bma", "--lengths", "128", "--dir", str(tmp_path / "r"), "--quiet")
     assert code == 2 and "--baseline bma" in line and "did you mean bam" in line
     assert not (tmp_path / "r").exists()
 
 
 def test_perplexity_over_two_vocabularies_is_refused_naming_them(no_loading, tmp_path, capsys):
-    code, line = cli(capsys, "compare", "bam", "lm-bam", "--task", "ppl", "--lengths", "256", "--out", str(tmp_path / "r"), "--quiet")
+    code, line = cli(capsys, "compare", "bam", "lm-bam", "--task", "ppl", "--lengths", "256", "--dir", str(tmp_path / "r"), "--quiet")
     assert code == 2 and "would open" not in line
     assert "bam scores 68 ids of gpt2" in line and "lm-bam scores 4,000 ids of gpt2" in line
     assert not (tmp_path / "r").exists()
@@ -43,5 +43,5 @@ def test_perplexity_over_two_vocabularies_is_refused_naming_them(no_loading, tmp
 
 @pytest.mark.parametrize("models, task", [(("bam", "lm-bam"), "passkey"), (("bam", "rope"), "ppl")])
 def test_one_vocabulary_or_a_task_without_perplexity_passes_the_check(no_loading, tmp_path, capsys, models, task):
-    code, line = cli(capsys, "compare", *models, "--task", task, "--lengths", "256", "--out", str(tmp_path / "r"), "--quiet")
+    code, line = cli(capsys, "compare", *models, "--task", task, "--lengths", "256", "--dir", str(tmp_path / "r"), "--quiet")
     assert code == 2 and "would open" in line

@@ -113,13 +113,13 @@ def test_the_quick_start_runs_as_written_on_one_sample_per_length(tmp_path, caps
     assert run[0] == "passkey" and compare[0] == "compare" and show[:2] == ["results", "show"]
     small = ["--samples", "1", "--depths", "1", "--quiet"]
 
-    table = _run(capsys, [*run, *small, "--out", str(out)])
+    table = _run(capsys, [*run, *small, "--dir", str(out)])
     assert "bam-ssmax" in table and "effective length" in table
     first = pd.read_parquet(out)
     assert set(first["model"]) == {"bam-ssmax"}
     assert sorted(first["length"].unique()) == [128, 256, 512, 1024, 2048]
 
-    table = _run(capsys, [*compare, *small, "--out", str(out)])
+    table = _run(capsys, [*compare, *small, "--dir", str(out)])
     assert all(name in table for name in ("rope", "alibi", "bam-ssmax"))
     rows = pd.read_parquet(out)
     assert set(rows["model"]) == {"rope", "alibi", "bam-ssmax"}

@@ -89,7 +89,7 @@ def test_bucket_perplexity_rows_cover_the_document(models, tmp_path):
 
 def test_compare_writes_table_plot_and_identical_sample_keys(models, tmp_path, capsys):
     out = tmp_path / "res"
-    code = run_cli("compare", models["bam-ssmax"], models["rope"], "--lengths", "128,256", "--samples", "1", "--out", str(out), "--quiet")
+    code = run_cli("compare", models["bam-ssmax"], models["rope"], "--lengths", "128,256", "--samples", "1", "--dir", str(out), "--quiet")
     assert code == 0
     printed = capsys.readouterr().out
     assert "bam-ssmax" in printed and "rope" in printed and "effective length" in printed
@@ -101,14 +101,17 @@ def test_compare_writes_table_plot_and_identical_sample_keys(models, tmp_path, c
 
 
 def test_rerun_skips_done_samples_and_force_recomputes(models, tmp_path, capsys):
-    args = ["passkey", models["rope"], "--lengths", "128", "--samples", "1", "--out", str(tmp_path), "--quiet"]
+    args = ["passkey", models["rope"], "--lengths", "128", "--samples", "1", "--dir", str(tmp_path), "--quiet"]
     assert run_cli(*args) == 0
     first = ResultStore(tmp_path).part_files()
     rows = len(ResultStore(tmp_path).read())
     assert len(first) == 1 and rows == 5  # the run's per-row parts were merged into one file
+    capsys.readouterr()
     assert run_cli(*args) == 0
     assert ResultStore(tmp_path).part_files() == first  # nothing new written
-    assert "skipped" in capsys.readouterr().err
+    assert capsys.readouterr().err == ""  # --quiet: rows reused as asked is no news
+    assert run_cli(*[a for a in args if a != "--quiet"]) == 0
+    assert "5 samples already in" in capsys.readouterr().err
     assert run_cli(*args, "--force") == 0
     assert len(ResultStore(tmp_path).part_files()) == 1 and ResultStore(tmp_path).part_files() != first
     assert len(ResultStore(tmp_path).read(dedupe=False)) == rows  # the rows it replaced are gone: each sample once
@@ -123,7 +126,7 @@ BATCH = 5  # the interrupted runs' --batch-size: a part file per 5 samples
 
 
 def _passkey_process(model, out):
-    cmd = [sys.executable, "-m", "bamctl", "passkey", model, *RUN, "--batch-size", str(BATCH), "--out", str(out), "--quiet"]
+    cmd = [sys.executable, "-m", "bamctl", "passkey", model, *RUN, "--batch-size", str(BATCH), "--dir", str(out), "--quiet"]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
@@ -141,7 +144,7 @@ def _wait_for_parts(out: Path, n: int, proc, timeout=120):
 @pytest.mark.parametrize("sig, code", [(signal.SIGKILL, -signal.SIGKILL), (signal.SIGINT, 130)])
 def test_interrupted_run_keeps_finished_rows_and_rerun_equals_uninterrupted(models, tmp_path, sig, code):
     reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
-    assert run_cli("passkey", models["rope"], *RUN, "--out", str(reference), "--quiet") == 0
+    assert run_cli("passkey", models["rope"], *RUN, "--dir", str(reference), "--quiet") == 0
     for _ in range(5):  # an idle machine may finish the run before the signal lands: then try again afresh
         proc = _passkey_process(models["rope"], interrupted)
         _wait_for_parts(interrupted, 3, proc)
@@ -173,9 +176,9 @@ def test_default_lengths_double_from_training_length():
 def test_three_shards_give_exactly_the_unsharded_table(models, tmp_path, task, extra):
     base = ["--lengths", "128,256", "--samples", "2", "--quiet", *extra]
     command = ["compare", models["rope"], "--task", task] if task == "passkey" else ["ppl", models["rope"]]
-    assert run_cli(*command, *base, "--out", str(tmp_path / "whole")) == 0
+    assert run_cli(*command, *base, "--dir", str(tmp_path / "whole")) == 0
     for i in range(3):
-        assert run_cli(*command, *base, "--out", str(tmp_path / "sharded"), "--shard", f"{i}/3") == 0
+        assert run_cli(*command, *base, "--dir", str(tmp_path / "sharded"), "--shard", f"{i}/3") == 0
     whole, sharded = stable(ResultStore(tmp_path / "whole").read()), stable(ResultStore(tmp_path / "sharded").read())
     assert len(sharded) == len(whole) > 3
     # A shard batches other windows together than the whole run: a window's summed NLL may then
@@ -188,7 +191,7 @@ def test_three_shards_give_exactly_the_unsharded_table(models, tmp_path, task, e
 
 @pytest.mark.parametrize("bad", ["3/3", "1", "a/b", "-1/2", "1/0"])
 def test_malformed_shard_is_refused(models, tmp_path, capsys, bad):
-    assert run_cli("passkey", models["rope"], "--lengths", "128", "--shard", bad, "--out", str(tmp_path)) == 2
+    assert run_cli("passkey", models["rope"], "--lengths", "128", "--shard", bad, "--dir", str(tmp_path)) == 2
     assert "--shard" in capsys.readouterr().err
 
 
@@ -260,7 +263,7 @@ def test_the_batches_a_run_announces_are_the_batches_it_runs(models, tmp_path, t
 
 
 def test_auto_batches_are_said_in_the_first_lines_and_bad_sizes_are_refused(models, tmp_path, capsys):
-    args = ["passkey", models["rope"], "--lengths", "128,256", "--samples", "2", "--out", str(tmp_path), "--quiet"]
+    args = ["passkey", models["rope"], "--lengths", "128,256", "--samples", "2", "--dir", str(tmp_path)]
     assert run_cli(*args) == 0
     err = capsys.readouterr().err
     assert "rope passkey: batches (--batch-size auto) of 10 at 128, 10 at 256 samples" in err
@@ -276,7 +279,7 @@ def test_a_batch_size_that_cannot_fit_is_refused_before_any_sample(models, tmp_p
     from bamctl import devices
 
     monkeypatch.setattr(devices, "available_bytes", lambda device: 1 << 30)
-    args = ["passkey", models["rope"], "--lengths", "64k", "--samples", "1", "--out", str(tmp_path), "--quiet"]
+    args = ["passkey", models["rope"], "--lengths", "64k", "--samples", "1", "--dir", str(tmp_path), "--quiet"]
     assert run_cli(*args, "--batch-size", "500") == 2
     assert "--batch-size 500:" in capsys.readouterr().err
     assert ResultStore(tmp_path).part_files() == []

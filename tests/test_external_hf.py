@@ -137,7 +137,7 @@ def test_a_window_run_at_the_limit_says_it_went_in_without_its_bos(tiny_llama, t
     corpus = tmp_path / "words.txt"
     corpus.write_text(" ".join(f"w{(7 * i) % WORDS}" for i in range(400)))
     code, _, err = _cli(capsys, "ppl", f"hf:{tiny_llama}", "--lengths", f"24,{MAX_POSITIONS}", "--corpus", str(corpus),
-                        "--device", "cpu", "--out", str(out), "--quiet")
+                        "--device", "cpu", "--dir", str(out), "--quiet")
     assert code == 0, err
     assert f"1 prompt fed without the BOS its other prompts get to fit its maximum of {MAX_POSITIONS} positions" in err
     code, shown, err = _cli(capsys, "results", "show", "--dir", str(out), "--dropped", "--json")
@@ -170,7 +170,7 @@ def _cli(capsys, *args):
 
 def test_beyond_max_refuse_stops_before_the_first_sample(tiny_llama, tmp_path, capsys):
     code, _, err = _cli(capsys, "ppl", f"hf:{tiny_llama}", "--lengths", "16,100", "--beyond-max", "refuse",
-                        "--device", "cpu", "--out", str(tmp_path), "--quiet")
+                        "--device", "cpu", "--dir", str(tmp_path), "--quiet")
     assert code == 2 and "beyond-max refuse" in err and len(err.strip().splitlines()) == 1
     assert not list(tmp_path.glob("*.parquet"))  # the 16-token windows did not run first
 
@@ -179,13 +179,13 @@ def test_memory_estimate_refuses_before_the_first_sample(tiny_llama, tmp_path, c
     import bamctl.devices as devices
 
     monkeypatch.setattr(devices, "available_bytes", lambda device: 1 << 10)
-    code, _, err = _cli(capsys, "ppl", f"hf:{tiny_llama}", "--lengths", "16,32", "--device", "cpu", "--out", str(tmp_path), "--quiet")
+    code, _, err = _cli(capsys, "ppl", f"hf:{tiny_llama}", "--lengths", "16,32", "--device", "cpu", "--dir", str(tmp_path), "--quiet")
     assert code == 2 and "GiB" in err and not list(tmp_path.glob("*.parquet"))
 
 
 def test_compare_says_when_models_see_other_prompts(tiny_llama, tmp_path, capsys):
     code, out, err = _cli(capsys, "compare", "bam", f"hf:{tiny_llama}", "--task", "ppl", "--lengths", "32",
-                          "--device", "cpu", "--out", str(tmp_path / "r"), "--quiet", "--json")
+                          "--device", "cpu", "--dir", str(tmp_path / "r"), "--quiet", "--json")
     assert code == 0, err
     assert "sees other ppl prompts" in err
     summaries = __import__("json").loads(out)["summaries"]
@@ -196,7 +196,7 @@ def test_quiet_silences_transformers_progress_bars(tiny_llama, tmp_path, capsys)
     from transformers.utils import logging
 
     try:
-        code, _, err = _cli(capsys, "ppl", f"hf:{tiny_llama}", "--lengths", "16", "--device", "cpu", "--out", str(tmp_path), "--quiet")
+        code, _, err = _cli(capsys, "ppl", f"hf:{tiny_llama}", "--lengths", "16", "--device", "cpu", "--dir", str(tmp_path), "--quiet")
         assert code == 0 and not logging.is_progress_bar_enabled()
         assert "Loading" not in err
     finally:
@@ -315,7 +315,7 @@ def test_hf_batches_in_a_run_write_the_rows_of_one_at_a_time(tiny_llama, tmp_pat
     def run(out, *extra):
         with pytest.raises(SystemExit) as exit_info:
             main(["ppl", f"hf:{tiny_llama}", "--lengths", "8,16", "--doc-tokens", "40", "--stride", "4",
-                  "--corpus", str(corpus), "--device", "cpu", "--out", str(out), "--quiet", *extra])
+                  "--corpus", str(corpus), "--device", "cpu", "--dir", str(out), *extra])
         assert exit_info.value.code == 0
         return ResultStore(out).read().sort_values(["length", "document_start", "position"]).reset_index(drop=True)
 
@@ -361,7 +361,7 @@ def test_a_cached_hub_id_runs_offline_and_two_revisions_never_share_rows(hub_hom
     out = tmp_path / "r"
 
     def ppl(model):
-        code, _, err = _cli(capsys, "ppl", f"hf:{model}", "--lengths", "16", "--device", "cpu", "--out", str(out), "--quiet")
+        code, _, err = _cli(capsys, "ppl", f"hf:{model}", "--lengths", "16", "--device", "cpu", "--dir", str(out))
         assert code == 0, err
         return err
 
@@ -381,7 +381,7 @@ def test_a_cached_hub_id_runs_offline_and_two_revisions_never_share_rows(hub_hom
 def test_a_hub_id_not_in_the_cache_offline_is_one_line_naming_the_cache(hub_home, tmp_path, capsys):
     home, _ = hub_home
     code, _, err = _cli(capsys, "passkey", "hf:nobody/nothing", "--lengths", "16", "--device", "cpu",
-                        "--out", str(tmp_path / "r"), "--quiet")
+                        "--dir", str(tmp_path / "r"), "--quiet")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert str(home / "hub" / "models--nobody--nothing") in err and "HF_HUB_OFFLINE" in err
     assert not (tmp_path / "r").exists() or not list((tmp_path / "r").glob("*.parquet"))
@@ -423,7 +423,7 @@ def test_compare_applies_an_option_to_the_models_that_take_it(tmp_path, capsys):
     the policy still refuses, naming it."""
     folder = save_tiny_llama(tmp_path / "bpe", vocab="bpe", max_positions=256)
     common = ["--task", "passkey", "--samples", "1", "--depths", "0.5", "--beyond-max", "refuse", "--device", "cpu",
-              "--out", str(tmp_path / "r"), "--quiet"]
+              "--dir", str(tmp_path / "r"), "--quiet"]
     code, _, err = _cli(capsys, "compare", f"hf:{folder}", "rope", "--lengths", "128", *common)
     assert code == 0, err
     assert "note: --beyond-max applies to the models that take it, not to rope" in err

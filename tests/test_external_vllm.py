@@ -204,7 +204,7 @@ def test_a_vllm_run_sends_each_request_in_one_call_and_rows_match_one_at_a_time(
         FakeLLM.calls.clear()
         with pytest.raises(SystemExit) as exit_info:
             main(["ppl", f"vllm:{folder}", "--lengths", "8,16", "--doc-tokens", "30", "--stride", "4",
-                  "--corpus", str(corpus), "--out", str(out), "--quiet", *extra])
+                  "--corpus", str(corpus), "--dir", str(out), *extra])
         assert exit_info.value.code == 0, capsys.readouterr().err
         rows = ResultStore(out).read().sort_values(["length", "document_start", "position"]).reset_index(drop=True)
         return rows, [len(call) for call in FakeLLM.calls]

@@ -33,7 +33,7 @@ def run(capsys, *args):
 
 
 def _ppl(capsys, model, out, corpus):
-    captured = run(capsys, "ppl", model, "--lengths", "256", "--corpus", str(corpus), "--out", str(out), "--quiet", "--json")
+    captured = run(capsys, "ppl", model, "--lengths", "256", "--corpus", str(corpus), "--dir", str(out), "--json")
     (summary,) = json.loads(captured.out)["summaries"]
     (cell,) = summary["cells"]
     return cell["ppl"], captured.err
@@ -102,14 +102,14 @@ def test_an_edited_task_spec_or_text_moves_the_fingerprint(tmp_path, monkeypatch
 
 def test_a_row_without_fingerprint_is_recomputed_not_trusted(model, tmp_path, capsys):
     out = tmp_path / "out"
-    run(capsys, "passkey", model, "--lengths", "128", "--samples", "1", "--out", str(out), "--quiet")
+    run(capsys, "passkey", model, "--lengths", "128", "--samples", "1", "--dir", str(out))
     store = ResultStore(out)
     rows = store.read().to_dict("records")
     for row in rows:  # as if written before fingerprints existed
         row["fingerprint"], row["score"] = None, 0.123
     shutil.rmtree(out)
     store.append(rows)
-    captured = run(capsys, "passkey", model, "--lengths", "128", "--samples", "1", "--out", str(out), "--quiet", "--json")
+    captured = run(capsys, "passkey", model, "--lengths", "128", "--samples", "1", "--dir", str(out), "--json")
     assert "skipped" not in captured.err
     (summary,) = json.loads(captured.out)["summaries"]
     assert all(cell["score"] != pytest.approx(0.123) for cell in summary["cells"])

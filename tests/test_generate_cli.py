@@ -188,7 +188,7 @@ def test_generate_writes_the_prompts_and_ids_a_run_feeds(micro_model, text_file,
     assert done.value.code == 0, capsys.readouterr().err
     written = out.read_text(encoding="utf-8").splitlines(keepends=True)
     with pytest.raises(SystemExit) as done:
-        main([command[0], micro_model, *command[1:], *options, "--out", str(tmp_path / "r"), "--quiet", "--json"])
+        main([command[0], micro_model, *command[1:], *options, "--dir", str(tmp_path / "r"), "--quiet", "--json"])
     assert done.value.code == 0, capsys.readouterr().err
     assert written and fed["lines"] == written  # byte for byte: text, ids, answers, needle positions
     assert fed["ids"] == [json.loads(line)["input_ids"] for line in written]  # what reached the model
@@ -241,7 +241,7 @@ def test_generate_with_a_chat_template_writes_what_an_hf_chat_model_is_fed(chat_
     assert done.value.code == 0, capsys.readouterr().err
     written = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     with pytest.raises(SystemExit) as done:
-        main(["ruler", f"hf:{chat_model}", "--task", "niah_single_1,niah_multivalue", *options, "--out", str(tmp_path / "r"), "--quiet", "--json"])
+        main(["ruler", f"hf:{chat_model}", "--task", "niah_single_1,niah_multivalue", *options, "--dir", str(tmp_path / "r"), "--quiet", "--json"])
     assert done.value.code == 0, capsys.readouterr().err
     assert len(written) == 2 and all(row["prompt"].startswith("<s>[user] ") for row in written)
     assert streamed == [row["input_ids"] for row in written]

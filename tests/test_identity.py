@@ -33,7 +33,7 @@ def test_nope_and_rope_of_one_seed_are_two_models(tmp_path, capsys):
     run(capsys, "new", "--pe", "rope", "--preset", "micro", "--seed", "1", "--train-length", "128", "--out", str(b))
     assert load_checkpoint(a).sha256 == load_checkpoint(b).sha256  # same weights file ...
     assert load_checkpoint(a).model_hash != load_checkpoint(b).model_hash  # ... two models
-    captured = run(capsys, "compare", str(a), str(b), *PASSKEY, "--out", str(out), "--quiet", "--json")
+    captured = run(capsys, "compare", str(a), str(b), *PASSKEY, "--dir", str(out), "--json")
     assert "skipped" not in captured.err
     (summary,) = _summaries(captured)
     assert summary["models"] == ["A", "B"]
@@ -84,10 +84,10 @@ def test_a_renamed_checkpoint_finds_its_rows_by_content(tmp_path, capsys):
     model = new_random_model(ModelConfig.from_preset("micro", "rope", train_length=128), 0)
     first = save_checkpoint(model, tmp_path / "first")
     out = tmp_path / "r"
-    run(capsys, "compare", str(first), *PASSKEY, "--out", str(out), "--quiet")
+    run(capsys, "compare", str(first), *PASSKEY, "--dir", str(out))
     second = tmp_path / "second"
     first.rename(second)
-    captured = run(capsys, "compare", str(second), *PASSKEY, "--out", str(out), "--quiet", "--json")
+    captured = run(capsys, "compare", str(second), *PASSKEY, "--dir", str(out), "--json")
     assert "2 samples already in" in captured.err
     (summary,) = _summaries(captured)
     assert summary["models"] == ["second"]
@@ -116,9 +116,9 @@ def test_rows_of_the_old_hash_definition_are_recomputed(tmp_path, capsys):
     model = new_random_model(ModelConfig.from_preset("micro", "rope", train_length=128), 0)
     path = save_checkpoint(model, tmp_path / "m")
     out = tmp_path / "r"
-    run(capsys, "compare", str(path), *PASSKEY, "--out", str(out), "--quiet")
+    run(capsys, "compare", str(path), *PASSKEY, "--dir", str(out))
     _rewrite_as_version(out, 5, score=0.123)  # before request digests (version 6)
-    captured = run(capsys, "compare", str(path), *PASSKEY, "--out", str(out), "--quiet", "--json")
+    captured = run(capsys, "compare", str(path), *PASSKEY, "--dir", str(out), "--json")
     assert "skipped" not in captured.err
     (summary,) = _summaries(captured)
     assert all(cell["score"] != pytest.approx(0.123) for cell in summary["cells"])
@@ -145,8 +145,8 @@ def test_a_bfloat16_rerun_after_float32_is_computed_and_summarised_apart(tmp_pat
     model = new_random_model(ModelConfig.from_preset("micro", "rope", train_length=128), 0)
     path = save_checkpoint(model, tmp_path / "m")
     out = tmp_path / "r"
-    run(capsys, "compare", str(path), *PASSKEY, "--out", str(out), "--quiet", "--dtype", "float32")
-    captured = run(capsys, "compare", str(path), *PASSKEY, "--out", str(out), "--quiet", "--dtype", "bfloat16", "--json")
+    run(capsys, "compare", str(path), *PASSKEY, "--dir", str(out), "--dtype", "float32")
+    captured = run(capsys, "compare", str(path), *PASSKEY, "--dir", str(out), "--dtype", "bfloat16", "--json")
     assert "skipped" not in captured.err
     rows = ResultStore(out).read()
     assert sorted(rows["dtype"]) == ["bfloat16"] * 2 + ["float32"] * 2

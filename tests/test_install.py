@@ -64,7 +64,7 @@ def test_installed_wheel_lists_every_shipped_model(installed):
     ["ppl", "lm-bam", "--lengths", "256"],
 ])
 def test_installed_wheel_runs_every_task(installed, args, tmp_path):
-    result = run(installed, *args, "--out", str(tmp_path / "out"), "--quiet", "--json")
+    result = run(installed, *args, "--dir", str(tmp_path / "out"), "--quiet", "--json")
     assert result.returncode == 0, result.stderr
     summaries = json.loads(result.stdout)["summaries"]
     assert len(summaries) == 1 and summaries[0]["cells"]

@@ -45,7 +45,7 @@ def one_line(err: str) -> str:
     (["--lengths", "0"], "length"),
 ])
 def test_nonsense_is_one_line_and_exit_2_before_any_work(model_dir, tmp_path, capsys, args, named):
-    code, _, err = cli(capsys, "passkey", model_dir, "--out", str(tmp_path), "--quiet", *args)
+    code, _, err = cli(capsys, "passkey", model_dir, "--dir", str(tmp_path), "--quiet", *args)
     assert code == 2 and named in one_line(err)
     assert not list(tmp_path.glob("*.parquet"))
 
@@ -64,7 +64,7 @@ def no_model_opened(monkeypatch):
 def test_a_second_task_too_short_for_a_length_stops_the_run_before_any_model_loads(model_dir, tmp_path, capsys, no_model_opened):
     # niah_single_1 fits 256 tokens, niah_multikey_1 does not: once the first task's samples were stored first.
     code, _, err = cli(capsys, "ruler", model_dir, "--task", "niah_single_1,niah_multikey_1", "--lengths", "256,512",
-                       "--samples", "1", "--out", str(tmp_path / "r"), "--quiet")
+                       "--samples", "1", "--dir", str(tmp_path / "r"), "--quiet")
     line = one_line(err)
     assert code == 2 and "length 256 is too short for niah_multikey_1" in line and "start --lengths at 512" in line
     assert not list(tmp_path.rglob("*.parquet"))
@@ -73,7 +73,7 @@ def test_a_second_task_too_short_for_a_length_stops_the_run_before_any_model_loa
 def test_default_lengths_start_where_the_task_builds_and_say_so(model_dir, tmp_path, capsys):
     # 1x of a 128-token model is too short for RULER's template: the defaults begin at 256, and say so.
     code, _, err = cli(capsys, "ruler", model_dir, "--task", "niah_single_1", "--samples", "1",
-                       "--out", str(tmp_path / "r"), "--quiet")
+                       "--dir", str(tmp_path / "r"), "--quiet")
     assert code == 0, err
     assert "niah_single_1: the default lengths start at 256" in err
     from bamctl.results.store import ResultStore
@@ -84,19 +84,19 @@ def test_default_lengths_start_where_the_task_builds_and_say_so(model_dir, tmp_p
 
 def test_asked_lengths_too_short_for_a_task_are_refused_with_the_lengths_that_fit(model_dir, tmp_path, capsys, no_model_opened):
     code, _, err = cli(capsys, "ruler", model_dir, "--task", "niah_single_1", "--lengths", "128,256",
-                       "--out", str(tmp_path / "r"), "--quiet")
+                       "--dir", str(tmp_path / "r"), "--quiet")
     assert code == 2 and "length 128 is too short for niah_single_1" in err and "start --lengths at 256" in err
     assert len([line for line in err.strip().splitlines() if line.startswith("error")]) == 1
     assert not list(tmp_path.rglob("*.parquet"))
 
 
 def test_a_zero_stride_is_refused_not_run_as_the_window(model_dir, tmp_path, capsys):
-    code, _, err = cli(capsys, "ppl", model_dir, "--lengths", "256", "--stride", "0", "--out", str(tmp_path), "--quiet")
+    code, _, err = cli(capsys, "ppl", model_dir, "--lengths", "256", "--stride", "0", "--dir", str(tmp_path), "--quiet")
     assert code == 2 and "--stride" in one_line(err)
 
 
 def test_a_stride_longer_than_a_window_is_refused_before_any_work(model_dir, tmp_path, capsys):
-    code, _, err = cli(capsys, "ppl", model_dir, "--lengths", "128,256", "--stride", "200", "--out", str(tmp_path), "--quiet")
+    code, _, err = cli(capsys, "ppl", model_dir, "--lengths", "128,256", "--stride", "200", "--dir", str(tmp_path), "--quiet")
     assert code == 2 and "stride" in one_line(err) and not list(tmp_path.glob("*.parquet"))
 
 
@@ -106,7 +106,7 @@ def test_compare_checks_every_model_before_loading_any(model_dir, tmp_path, caps
 
     real = backends.BackendEntry.open
     monkeypatch.setattr(backends.BackendEntry, "open", lambda self, *a: opened.append(a) or real(self, *a))
-    code, _, err = cli(capsys, "compare", model_dir, "no-such-model", "--lengths", "128", "--out", str(tmp_path), "--quiet")
+    code, _, err = cli(capsys, "compare", model_dir, "no-such-model", "--lengths", "128", "--dir", str(tmp_path), "--quiet")
     assert code == 2 and "no-such-model" in one_line(err) and opened == []
 
 
@@ -127,7 +127,7 @@ def test_compare_holds_one_model_at_a_time(model_dir, tmp_path, capsys, monkeypa
         return backend
 
     monkeypatch.setattr(backends.BackendEntry, "open", tracking)
-    code, _, err = cli(capsys, "compare", model_dir, model_dir + "/", "--lengths", "128", "--samples", "1", "--out", str(tmp_path / "r"), "--quiet")
+    code, _, err = cli(capsys, "compare", model_dir, model_dir + "/", "--lengths", "128", "--samples", "1", "--dir", str(tmp_path / "r"), "--quiet")
     assert code == 0, err
     assert len(alive) == 2  # both models were opened, one after the other
 
@@ -137,7 +137,7 @@ def test_a_renamed_checkpoint_finds_its_rows_under_its_new_name(model_dir, tmp_p
     import shutil
 
     out = str(tmp_path / "r")
-    args = ["--lengths", "128", "--samples", "1", "--out", out, "--quiet", "--json"]
+    args = ["--lengths", "128", "--samples", "1", "--dir", out, "--json"]
     code, first, err = cli(capsys, "compare", model_dir, *args)
     assert code == 0, err
     renamed = shutil.copytree(model_dir, tmp_path / "renamed")  # same weights, another folder name
@@ -149,9 +149,11 @@ def test_a_renamed_checkpoint_finds_its_rows_under_its_new_name(model_dir, tmp_p
 
 
 def test_without_lengths_the_plan_is_said_before_the_run(model_dir, tmp_path, capsys):
-    code, _, err = cli(capsys, "passkey", model_dir, "--shard", "0/1000", "--out", str(tmp_path), "--quiet")
+    code, _, err = cli(capsys, "passkey", model_dir, "--shard", "0/1000", "--dir", str(tmp_path))
     assert code == 0
     assert "planning 7 lengths, 128 to 8k" in err and "140 samples" in err
+    code, _, err = cli(capsys, "passkey", model_dir, "--shard", "0/1000", "--dir", str(tmp_path), "--quiet")
+    assert code == 0 and "planning" not in err  # --quiet: the plan as the defaults make it is no news
 
 
 def test_new_refuses_to_overwrite_a_checkpoint_without_force(tmp_path, capsys):
@@ -205,7 +207,7 @@ def test_a_results_directory_is_a_plain_parquet_dataset(model_dir, tmp_path, cap
     import pyarrow.dataset as ds
 
     out = tmp_path / "results"
-    code, _, err = cli(capsys, "compare", model_dir, "--lengths", "128,256", "--samples", "1", "--out", str(out), "--quiet")
+    code, _, err = cli(capsys, "compare", model_dir, "--lengths", "128,256", "--samples", "1", "--dir", str(out), "--quiet")
     assert code == 0, err
     assert (tmp_path / "results-passkey.png").read_bytes()[:4] == b"\x89PNG"  # the plot is beside it
     assert {p.suffix for p in out.iterdir() if not p.name.startswith((".", "_"))} == {".parquet"}
@@ -217,7 +219,7 @@ def test_a_results_directory_is_a_plain_parquet_dataset(model_dir, tmp_path, cap
 
 
 def test_a_plot_inside_the_results_directory_is_refused(model_dir, tmp_path, capsys):
-    code, _, err = cli(capsys, "compare", model_dir, "--lengths", "128", "--out", str(tmp_path), "--plot", str(tmp_path / "p.png"), "--quiet")
+    code, _, err = cli(capsys, "compare", model_dir, "--lengths", "128", "--dir", str(tmp_path), "--plot", str(tmp_path / "p.png"), "--quiet")
     assert code == 2 and "inside the results directory" in one_line(err)
 
 
@@ -234,10 +236,10 @@ def test_the_main_jobs_layout_leaves_results_a_dataset_of_exactly_its_rows(model
     from bamctl.results.store import ResultStore
 
     monkeypatch.chdir(tmp_path)
-    code, _, err = cli(capsys, "compare", model_dir, "--lengths", "128", "--samples", "1", "--out", "results/main",
+    code, _, err = cli(capsys, "compare", model_dir, "--lengths", "128", "--samples", "1", "--dir", "results/main",
                        "--plot", "plots/main-passkey.png", "--quiet")
     assert code == 0, err
-    code, _, err = cli(capsys, "compare", model_dir, "--lengths", "128,256", "--samples", "1", "--out", "results/main", "--quiet")
+    code, _, err = cli(capsys, "compare", model_dir, "--lengths", "128,256", "--samples", "1", "--dir", "results/main", "--quiet")
     assert code == 0, err
     assert (tmp_path / "plots" / "main-passkey.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "results-main-passkey.png").read_bytes()[:4] == b"\x89PNG"  # the default: beside results/
@@ -256,7 +258,7 @@ def test_the_main_jobs_layout_leaves_results_a_dataset_of_exactly_its_rows(model
 
 def test_a_plot_inside_the_folder_holding_the_results_is_refused(model_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    code, _, err = cli(capsys, "compare", model_dir, "--lengths", "128", "--out", "results/main",
+    code, _, err = cli(capsys, "compare", model_dir, "--lengths", "128", "--dir", "results/main",
                        "--plot", "results/main-passkey.png", "--quiet")
     assert code == 2 and "results, which holds the results directory results/main" in one_line(err)
     assert not (tmp_path / "results").exists()  # refused before any work
@@ -270,7 +272,7 @@ def test_the_main_job_writes_its_plots_outside_its_results():
 
     repo = Path(__file__).resolve().parents[1]
     script = (repo / "scripts" / "main.sh").read_text()
-    pairs = re.findall(r"--out (\S+) --plot (\S+)", script)
+    pairs = re.findall(r"--dir (\S+) --plot (\S+)", script)
     assert len(pairs) == 2
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(repo)
@@ -279,13 +281,13 @@ def test_the_main_job_writes_its_plots_outside_its_results():
 
 
 def test_json_of_a_compare_is_one_document(model_dir, tmp_path, capsys):
-    code, out, _ = cli(capsys, "compare", model_dir, "--lengths", "128", "--samples", "1", "--out", str(tmp_path / "r"), "--quiet", "--json")
+    code, out, _ = cli(capsys, "compare", model_dir, "--lengths", "128", "--samples", "1", "--dir", str(tmp_path / "r"), "--quiet", "--json")
     assert code == 0 and json.loads(out)["summaries"][0]["fingerprint"]
 
 
 @pytest.mark.parametrize("command, flagship, options", [("passkey", "bam-ssmax", ["--depths", "1"]), ("ppl", "lm-bam", [])])
 def test_a_run_without_a_model_evaluates_the_flagship_and_names_it(tmp_path, capsys, command, flagship, options):
-    code, _, err = cli(capsys, command, "--lengths", "256", "--samples", "1", *options, "--out", str(tmp_path / "r"), "--quiet")
+    code, _, err = cli(capsys, command, "--lengths", "256", "--samples", "1", *options, "--dir", str(tmp_path / "r"), "--quiet")
     assert code == 0, err
     assert f"no model named: evaluating the shipped reference {flagship}" in err
     from bamctl.results.store import ResultStore

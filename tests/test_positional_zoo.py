@@ -88,7 +88,7 @@ def test_a_scaled_rope_model_is_another_model_in_the_rows(tmp_path, capsys):
     from bamctl.results.store import ResultStore
 
     with pytest.raises(SystemExit) as done:
-        main(["compare", "rope", "rope@yarn:4", "--lengths", "256", "--samples", "1", "--out", str(tmp_path / "r"), "--quiet", "--json"])
+        main(["compare", "rope", "rope@yarn:4", "--lengths", "256", "--samples", "1", "--dir", str(tmp_path / "r"), "--quiet", "--json"])
     assert done.value.code == 0
     (summary,) = json.loads(capsys.readouterr().out)["summaries"]
     assert summary["models"] == ["rope", "rope@yarn:4"]  # one table: the same prompts

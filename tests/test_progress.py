@@ -102,7 +102,7 @@ def test_without_a_terminal_each_finished_cell_prints_one_line(tmp_path, capsys)
     model = save_checkpoint(new_random_model(ModelConfig.from_preset("micro", "bam", train_length=128), 0), tmp_path / "m")
     with pytest.raises(SystemExit) as done:
         main(["passkey", str(model), "--lengths", "128,256", "--samples", "1", "--depths", "2", "--seed", "0,1",
-              "--out", str(tmp_path / "r")])
+              "--dir", str(tmp_path / "r")])
     err = capsys.readouterr().err  # captured: not a terminal
     assert done.value.code == 0, err
     cells = [line for line in err.splitlines() if line.startswith("passkey m ")]
@@ -111,7 +111,7 @@ def test_without_a_terminal_each_finished_cell_prints_one_line(tmp_path, capsys)
     assert all("2 samples in" in line and "of the run done" in line for line in cells)
     with pytest.raises(SystemExit):
         main(["passkey", str(model), "--lengths", "128,256", "--samples", "1", "--depths", "2", "--seed", "0,1",
-              "--out", str(tmp_path / "quiet"), "--quiet"])
+              "--dir", str(tmp_path / "quiet"), "--quiet"])
     assert not [line for line in capsys.readouterr().err.splitlines() if line.startswith("passkey m ")]
 
 
@@ -149,7 +149,7 @@ def test_a_run_interrupted_from_the_command_line_keeps_its_line(tmp_path, capsys
     monkeypatch.setattr(Evaluation, "_answer", interrupted)
     with pytest.raises(SystemExit) as done:
         main(["passkey", str(model), "--lengths", "128,256,512", "--samples", "2", "--batch-size", "5",
-              "--out", str(tmp_path / "r")])
+              "--dir", str(tmp_path / "r")])
     assert done.value.code == 130
     err = capsys.readouterr().err
     assert "256: interrupted, 5 samples computed" in err and "and 5 not" in err

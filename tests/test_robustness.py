@@ -24,7 +24,7 @@ def cli(capsys, *args):
 
 def test_length_that_cannot_fit_is_refused_before_any_work(model_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(devices, "available_bytes", lambda device: 200 * 2**20)  # a 200 MiB machine
-    code, err = cli(capsys, "passkey", model_dir, "--lengths", "512k", "--out", str(tmp_path))
+    code, err = cli(capsys, "passkey", model_dir, "--lengths", "512k", "--dir", str(tmp_path))
     assert code == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "GiB" in lines[0] and "tokens fit" in lines[0]
@@ -57,16 +57,16 @@ def test_estimate_grows_linearly_with_context():
     ],
 )
 def test_malformed_options_are_one_line(model_dir, tmp_path, capsys, args, fragment):
-    code, err = cli(capsys, "passkey", model_dir, "--out", str(tmp_path), *args)
+    code, err = cli(capsys, "passkey", model_dir, "--dir", str(tmp_path), *args)
     assert code == 2, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in err
 
 
 def test_unknown_model_and_task_suggest_close_matches(model_dir, tmp_path, capsys):
-    code, err = cli(capsys, "compare", model_dir, "--task", "pasky", "--out", str(tmp_path))
+    code, err = cli(capsys, "compare", model_dir, "--task", "pasky", "--dir", str(tmp_path))
     assert code == 2 and "did you mean" in err and "passkey" in err
-    code, err = cli(capsys, "passkey", "hf-model-that-is-not-here", "--out", str(tmp_path))
+    code, err = cli(capsys, "passkey", "hf-model-that-is-not-here", "--dir", str(tmp_path))
     assert code == 2 and "unknown model" in err
 
 
@@ -80,14 +80,14 @@ def test_corrupt_checkpoint_is_refused(model_dir, tmp_path, capsys):
     data = bytearray(weights.read_bytes())
     data[-5] ^= 0xFF
     weights.write_bytes(bytes(data))
-    code, err = cli(capsys, "passkey", str(broken), "--out", str(tmp_path / "r"))
+    code, err = cli(capsys, "passkey", str(broken), "--dir", str(tmp_path / "r"))
     assert code == 2 and "corrupt" in err
 
 
 def test_unwritable_out_is_refused_up_front(model_dir, tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    code, err = cli(capsys, "passkey", model_dir, "--out", str(blocker / "results"))
+    code, err = cli(capsys, "passkey", model_dir, "--dir", str(blocker / "results"))
     assert code == 2 and "cannot write results" in err
 
 
@@ -97,7 +97,7 @@ def test_two_processes_racing_on_the_same_samples_lose_and_double_nothing(model_
 
     def start():
         cmd = [sys.executable, "-m", "bamctl", "passkey", model_dir, "--lengths", "128,256", "--samples", "2",
-               "--seed", "0", "--out", str(tmp_path), "--quiet"]
+               "--seed", "0", "--dir", str(tmp_path), "--quiet"]
         return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
     first, second = start(), start()  # the same keys: both may compute a sample before seeing the other's row
@@ -112,7 +112,7 @@ def test_two_processes_racing_on_the_same_samples_lose_and_double_nothing(model_
 
 
 def test_foreign_and_truncated_parquet_files_are_reported_and_skipped(model_dir, tmp_path, capsys):
-    assert cli(capsys, "passkey", model_dir, "--lengths", "128", "--samples", "1", "--out", str(tmp_path), "--quiet")[0] == 0
+    assert cli(capsys, "passkey", model_dir, "--lengths", "128", "--samples", "1", "--dir", str(tmp_path), "--quiet")[0] == 0
     good = ResultStore(tmp_path).part_files()[0]
     (tmp_path / "part-0-truncated.parquet").write_bytes(good.read_bytes()[: len(good.read_bytes()) // 2])
     import pandas as pd

@@ -32,7 +32,7 @@ from bamctl.tokenizer import get_tokenizer
 from results_fakes import fake_row
 from test_fingerprints import run
 
-PASSKEY = ["--lengths", "128", "--samples", "2", "--depths", "0.5", "--quiet", "--json"]
+PASSKEY = ["--lengths", "128", "--samples", "2", "--depths", "0.5", "--json"]
 
 
 @pytest.fixture(scope="module")
@@ -59,16 +59,16 @@ def _scores(captured) -> list[float]:
 
 def test_rows_of_another_compute_version_are_computed_again_unless_reused(micro, tmp_path, capsys):
     out = tmp_path / "r"
-    first = run(capsys, "passkey", micro, *PASSKEY, "--out", str(out))
+    first = run(capsys, "passkey", micro, *PASSKEY, "--dir", str(out))
     fresh = _scores(first)
     _rewrite_rows(out, compute_version="0ther0ther0ther0", bamctl_version="0.0.9", score=0.123)
 
-    again = run(capsys, "passkey", micro, *PASSKEY, "--out", str(out))
+    again = run(capsys, "passkey", micro, *PASSKEY, "--dir", str(out))
     assert "by another compute version" in again.err and "computed again" in again.err and "skipped" not in again.err
     assert _scores(again) == fresh  # never the stored 0.123
 
     _rewrite_rows(out, compute_version="0ther0ther0ther0", score=0.123)
-    reused = run(capsys, "passkey", micro, *PASSKEY, "--reuse", "--out", str(out))
+    reused = run(capsys, "passkey", micro, *PASSKEY, "--reuse", "--dir", str(out))
     assert "2 samples already in" in reused.err and "another compute version (--reuse)" in reused.err
     assert _scores(reused) == [0.123]
     (summary,) = json.loads(reused.out)["summaries"]
@@ -77,9 +77,9 @@ def test_rows_of_another_compute_version_are_computed_again_unless_reused(micro,
 
 def test_a_row_of_the_current_schema_without_a_digest_is_computed_again(micro, tmp_path, capsys):
     out = tmp_path / "r"
-    run(capsys, "passkey", micro, *PASSKEY, "--out", str(out))
+    run(capsys, "passkey", micro, *PASSKEY, "--dir", str(out))
     _rewrite_rows(out, request_digest=None, score=0.123)
-    again = run(capsys, "passkey", micro, *PASSKEY, "--out", str(out))
+    again = run(capsys, "passkey", micro, *PASSKEY, "--dir", str(out))
     assert "skipped" not in again.err and 0.123 not in _scores(again)
 
 
@@ -245,7 +245,7 @@ def test_generate_ppl_writes_other_documents_for_other_seeds(tmp_path):
 def test_two_references_to_one_checkpoint_are_two_columns_of_the_same_rows(micro, tmp_path, capsys):
     copy = tmp_path / "again"
     shutil.copytree(micro, copy)
-    captured = run(capsys, "compare", micro, str(copy), *PASSKEY, "--out", str(tmp_path / "r"))
+    captured = run(capsys, "compare", micro, str(copy), *PASSKEY, "--dir", str(tmp_path / "r"))
     assert "is the same model as" in captured.err
     (summary,) = json.loads(captured.out)["summaries"]
     assert summary["models"] == ["micro", "again"]
@@ -268,8 +268,8 @@ def test_an_hf_run_is_never_reused_for_vllm(fake_vllm, tmp_path, capsys, monkeyp
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: None)  # the stand-in vLLM says it ran on a GPU
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: 0)
     out = tmp_path / "r"
-    run(capsys, "ppl", f"hf:{folder}", "--lengths", "16", "--device", "cpu", "--out", str(out), "--quiet", "--json")
-    captured = run(capsys, "ppl", f"vllm:{folder}", "--lengths", "16", "--out", str(out), "--quiet", "--json")
+    run(capsys, "ppl", f"hf:{folder}", "--lengths", "16", "--device", "cpu", "--dir", str(out), "--quiet", "--json")
+    captured = run(capsys, "ppl", f"vllm:{folder}", "--lengths", "16", "--dir", str(out), "--json")
     assert "skipped" not in captured.err
     rows = ResultStore(out).read()
     assert sorted(rows["backend"]) == ["hf", "vllm"] and rows["model_hash"].nunique() == 1
@@ -293,7 +293,7 @@ def llama_of_64(tmp_path):
 def test_a_prompt_cut_to_fit_an_hf_models_maximum_is_recorded_and_told(llama_of_64, tmp_path, capsys):
     out = tmp_path / "r"
     captured = run(capsys, "passkey", f"hf:{llama_of_64}", "--protocol", "exact", "--lengths", "64", "--samples", "1",
-                   "--depths", "0.5", "--device", "cpu", "--out", str(out), "--quiet", "--json")
+                   "--depths", "0.5", "--device", "cpu", "--dir", str(out), "--quiet", "--json")
     (row,) = ResultStore(out).read().to_dict("records")
     backend = open_backend(f"hf:{llama_of_64}", RunOptions(device="cpu"))
     sample = next(plan_samples("passkey", [64], 1, [0], backend.tokenizer, [0.5], protocol="exact").samples())
@@ -306,14 +306,14 @@ def test_a_prompt_cut_to_fit_an_hf_models_maximum_is_recorded_and_told(llama_of_
 
 def test_a_document_at_the_maximum_loses_its_bos_and_says_so(llama_of_64, tmp_path, capsys):
     out = tmp_path / "r"
-    run(capsys, "ppl", f"hf:{llama_of_64}", "--lengths", "64", "--device", "cpu", "--out", str(out), "--quiet", "--json")
+    run(capsys, "ppl", f"hf:{llama_of_64}", "--lengths", "64", "--device", "cpu", "--dir", str(out), "--quiet", "--json")
     (row,) = ResultStore(out).read().to_dict("records")
     assert row["dropped_tokens"] == 0 and not row["bos"]  # the BOS left out, no text token
 
 
 def test_a_prompt_under_the_maximum_is_fed_whole(llama_of_64, tmp_path, capsys):
     out = tmp_path / "r"
-    captured = run(capsys, "ppl", f"hf:{llama_of_64}", "--lengths", "32", "--device", "cpu", "--out", str(out), "--quiet", "--json")
+    captured = run(capsys, "ppl", f"hf:{llama_of_64}", "--lengths", "32", "--device", "cpu", "--dir", str(out), "--quiet", "--json")
     assert all(row["dropped_tokens"] == 0 and row["bos"] for row in ResultStore(out).read().to_dict("records"))
     assert "left out" not in captured.err
 
@@ -387,11 +387,11 @@ def test_force_and_a_recompute_leave_each_sample_once_for_a_plain_reader(micro, 
 
     out = tmp_path / "r"
     other = ["--lengths", "128", "--samples", "2", "--depths", "0.25", "--quiet", "--json"]
-    run(capsys, "passkey", micro, *other, "--out", str(out))
-    run(capsys, "passkey", micro, *PASSKEY, "--out", str(out))
+    run(capsys, "passkey", micro, *other, "--dir", str(out))
+    run(capsys, "passkey", micro, *PASSKEY, "--dir", str(out))
     before = pd.read_parquet(out)
     assert len(before) == 4
-    run(capsys, "passkey", micro, *PASSKEY, "--out", str(out), "--force")
+    run(capsys, "passkey", micro, *PASSKEY, "--dir", str(out), "--force")
     after = pd.read_parquet(out)
     assert len(after) == 4 and sorted(after["depth"]) == [0.25, 0.25, 0.5, 0.5]
     replaced = after[after["depth"] == 0.5]["created_at"]
@@ -400,7 +400,7 @@ def test_force_and_a_recompute_leave_each_sample_once_for_a_plain_reader(micro, 
     assert kept == before[before["depth"] == 0.25].sort_values("sample")["created_at"].tolist()
 
     _rewrite_rows(out, compute_version="0ther0ther0ther0")
-    again = run(capsys, "passkey", micro, *PASSKEY, "--out", str(out))
+    again = run(capsys, "passkey", micro, *PASSKEY, "--dir", str(out))
     assert "computed again" in again.err
     rows = pd.read_parquet(out)
     assert len(rows) == 4 and set(rows[rows["depth"] == 0.5]["compute_version"]) != {"0ther0ther0ther0"}

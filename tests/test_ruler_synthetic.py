@@ -431,7 +431,7 @@ def test_ruler_command_runs_the_three_tasks(tmp_path, capsys):
     model = save_checkpoint(new_random_model(ModelConfig.from_preset("micro", "bam", train_length=128), 0), tmp_path / "m")
     with pytest.raises(SystemExit) as done:
         main(["ruler", str(model), "--task", "vt,cwe,fwe", "--lengths", "1k", "--samples", "1", "--sizing", "ruler",
-              "--out", str(tmp_path / "r"), "--quiet", "--json"])
+              "--dir", str(tmp_path / "r"), "--quiet", "--json"])
     assert done.value.code == 0
     document = json.loads(capsys.readouterr().out)
     assert sorted(s["task"] for s in document["summaries"]) == ["cwe", "fwe", "vt"]

@@ -44,10 +44,10 @@ def test_only_a_task_the_kind_was_not_trained_for_warns(models):
 
 def test_perplexity_of_a_passkey_only_model_warns_once_before_the_table(models, tmp_path, capsys):
     with pytest.raises(SystemExit) as done:
-        main(["ppl", models["passkey"], "--lengths", "128", "--out", str(tmp_path), "--quiet"])
+        main(["ppl", models["passkey"], "--lengths", "128", "--dir", str(tmp_path), "--quiet"])
     captured = capsys.readouterr()
     assert done.value.code == 0, captured.err
     assert captured.err.count("never as a language model") == 1
     with pytest.raises(SystemExit):
-        main(["ppl", models["text"], "--lengths", "128", "--out", str(tmp_path), "--quiet"])
+        main(["ppl", models["text"], "--lengths", "128", "--dir", str(tmp_path), "--quiet"])
     assert "warning" not in capsys.readouterr().err

@@ -153,7 +153,7 @@ def test_a_compare_records_what_ran_and_what_was_cut_at_the_limit(folder, tmp_pa
     out = tmp_path / "results"
     with pytest.raises(SystemExit) as done:
         main(["compare", f"hf:{folder}", f"vllm:{folder}", "--task", "passkey", "--lengths", f"256,{LIMIT}",
-              "--samples", "2", "--depths", "0.5", "--out", str(out)])
+              "--samples", "2", "--depths", "0.5", "--dir", str(out)])
     printed = capsys.readouterr()
     assert done.value.code == 0, printed.err[-3000:]
     rows = pd.read_parquet(out)

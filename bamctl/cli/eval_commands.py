@@ -42,7 +42,7 @@ def run_models(
 
     report = {"names": model_names(models), "json": ev.json, "threshold": threshold, "plot": plot and str(plot),
               "baseline": baseline}
-    outcome = run(models, asked, run_options({**asdict(ev), **asdict(prompt)}), out=ev.out,
+    outcome = run(models, asked, run_options({**asdict(ev), **asdict(prompt)}), out=ev.dir,
                   batch_size=parse_batch_size(ev.batch_size),
                   force=ev.force, reuse=ev.reuse, shard=ev.shard, quiet=ev.quiet, report=report, console=stderr)
     if outcome.submitted:  # `bamctl submit` prints the whole sweep's table: no partial table or plot here
@@ -124,7 +124,7 @@ def ppl(model: opt.ModelArgument = None, *, samples, prompt, evaluation) -> None
 def compare(
     models: Annotated[list[str], typer.Argument(help="Models side by side: catalog names, checkpoint directories or PREFIX:PATH.")],
     task: Annotated[str, typer.Option("--task", "-t", help="passkey, a RULER task (niah_single_1, ...) or ppl.")] = "passkey",
-    plot: Annotated[Optional[Path], typer.Option(help="PNG of models x lengths, each cell coloured by its score with the number written in it (default: beside the folder holding the results, never inside it, so Parquet readers meet only data: results-passkey.png for --out results, results-main-passkey.png for --out results/main; `bamctl plot curves` draws lines).")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="PNG of models x lengths, each cell coloured by its score with the number written in it (default: beside the folder holding the results, never inside it, so Parquet readers meet only data: results-passkey.png for --dir results, results-main-passkey.png for --dir results/main; `bamctl plot curves` draws lines).")] = None,
     threshold: opt.Threshold = 0.9,
     baseline: Annotated[Optional[str], typer.Option(help="The model every other is tested against at each length, on the samples both ran: a paired sign-flip test over the independent draws (passkey keys, RULER draws, documents; every flip enumerated up to 13 draws; the exact McNemar test when each draw is one 0/1 prompt), Holm over lengths. Default: the first model.")] = None,
     *,
@@ -154,7 +154,7 @@ def compare(
         evaluation,
         prompt,
         threshold=threshold,
-        plot=plot_path(evaluation.out, plot, task),
+        plot=plot_path(evaluation.dir, plot, task),
         baseline=baseline or names[0],
     )
 

@@ -34,7 +34,7 @@ PROMPT_PANEL = "Prompts (generate writes what a run feeds)"
 PERPLEXITY_PANEL = "Perplexity"
 RULER_PANEL = "RULER"
 
-DEFAULT_OUT = Path("results")
+DEFAULT_DIR = Path("results")
 
 
 class Dtype(str, Enum):
@@ -158,8 +158,10 @@ EVALUATION: list[Param] = [
         help="bam: the GGD prior's formula: released (-(|d-mu|+eps)^beta e^alpha, their training and release) or "
         "scaled-distance (-(|(d-mu) e^alpha|+eps)^beta, their evaluation code of 2025-05-30 to 2025-10-16). "
         "Default: the one their evaluation used for the checkpoint.")),
-    Param("out", Path, DEFAULT_OUT, typer.Option(
-        "--out", "-o", rich_help_panel=OUTPUT_PANEL, help="Results directory (Parquet part files, one row per sample).")),
+    Param("dir", Path, DEFAULT_DIR, typer.Option(
+        "--dir", "-d", rich_help_panel=OUTPUT_PANEL,
+        help="Results directory: Parquet part files, one row per sample, reused on a rerun; the `bamctl results` and "
+        "`bamctl plot` commands read it by the same flag.")),
     Param("force", bool, False, typer.Option(
         rich_help_panel=OUTPUT_PANEL, help="Recompute samples already in the results directory instead of skipping them.")),
     Param("reuse", bool, False, typer.Option(
@@ -168,9 +170,12 @@ EVALUATION: list[Param] = [
         "computed for the very same request; tables then say they hold them. Default: such rows are computed again.")),
     Param("shard", Optional[str], None, typer.Option(
         rich_help_panel=OUTPUT_PANEL,
-        help="I/N: evaluate only every N-th sample starting at I (0-based), all shards writing one --out; auto: I and N "
+        help="I/N: evaluate only every N-th sample starting at I (0-based), all shards writing one --dir; auto: I and N "
         "from a Slurm array, Slurm tasks or torchrun (one command line for every process; see `bamctl submit`).")),
-    Param("quiet", bool, False, typer.Option("--quiet", "-q", rich_help_panel=OUTPUT_PANEL, help="No progress bar.")),
+    Param("quiet", bool, False, typer.Option(
+        "--quiet", "-q", rich_help_panel=OUTPUT_PANEL,
+        help="No progress bar and no lines on what runs as planned (lengths, batches, rows reused); notes that concern "
+        "the numbers (tokens or BOS left out, rows computed again or by other code, warnings) still print.")),
     Param("json", bool, False, typer.Option(
         "--json", rich_help_panel=OUTPUT_PANEL, help="Print the summary as one JSON document on stdout (for scripts).")),
 ]
@@ -238,6 +243,26 @@ ModelArgument = Annotated[str | None, typer.Argument(
     show_default=False)]
 
 
+# Options renamed, under their old names: still taken, never shown, folded into the new one with
+# one line on stderr. The run commands' --out became --dir, the name `results` commands read it by.
+RENAMED: dict[str, tuple[str, Param]] = {
+    "evaluation": ("dir", Param("out", Optional[Path], None, typer.Option("--out", "-o", hidden=True))),
+}
+
+
+def _fold_renamed(group: str, values: dict, old_value) -> dict:
+    """``values`` with the old name's ``old_value`` given to the new name (refused where both differ)."""
+    new, old = RENAMED[group]
+    if old_value is None:
+        return values
+    flag, new_flag = f"--{old.name}", "--" + new.replace("_", "-")
+    if values[new] not in (old_value, next(p.default for p in GROUPS[group][0] if p.name == new)):
+        raise BamctlError(f"{flag} is the old name of {new_flag}: give {new_flag} alone")
+    typer.echo(f"{flag} is now {new_flag} (the results directory, as `bamctl results` names it); {flag} still works",
+               err=True)
+    return {**values, new: old_value}
+
+
 def _group_type(name: str, params: list[Param]) -> type:
     return make_dataclass(name, [(p.name, Any) for p in params], frozen=True)
 
@@ -275,18 +300,21 @@ def with_options(*groups: str, panels: tuple[str, ...] | None = None) -> Callabl
     def decorate(command: Callable) -> Callable:
         signature = inspect.signature(command, eval_str=True)
         own = [p for p in signature.parameters.values() if p.name not in groups]
+        renamed = [RENAMED[group][1] for group in groups if group in RENAMED]
         added = [
             inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, default=p.default,
                               annotation=Annotated[p.type, _shown_for(p.option, panels)])
-            for group in groups
-            for p in GROUPS[group][0]
+            for p in [*(p for group in groups for p in GROUPS[group][0]), *renamed]
         ]
 
         @functools.wraps(command)
         def wrapper(**kwargs):
             for group in groups:
                 params, kind = GROUPS[group]
-                kwargs[group] = kind(**{p.name: _enum_value(kwargs.pop(p.name)) for p in params})
+                values = {p.name: _enum_value(kwargs.pop(p.name)) for p in params}
+                if group in RENAMED:
+                    values = _fold_renamed(group, values, kwargs.pop(RENAMED[group][1].name))
+                kwargs[group] = kind(**values)
             return command(**kwargs)
 
         wrapper.__signature__ = signature.replace(parameters=[*own, *added])

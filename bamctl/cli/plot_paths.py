@@ -1,7 +1,7 @@
 """Where a plot of a results directory goes: never where a Parquet reader of the results meets it.
 
 A results directory is a plain Parquet dataset, and so is a folder above it that holds
-nothing but results: ``results/`` for ``--out results/main`` (``pandas.read_parquet("results")``
+nothing but results: ``results/`` for ``--dir results/main`` (``pandas.read_parquet("results")``
 reads each run below it). A PNG in any of them breaks such a read (ArrowInvalid) or, once
 removed by hand, invites one that mixes runs unnoticed. So a plot goes beside the topmost
 such folder, never inside it; a folder that holds other things too (a project, a scratch
@@ -17,7 +17,7 @@ from bamctl.errors import BamctlError
 
 def results_root(results: Path) -> Path:
     """The outermost folder, ``results`` or above it inside the working directory, that holds
-    nothing but results directories (``results/`` for ``--out results/main``; a folder yet to
+    nothing but results directories (``results/`` for ``--dir results/main``; a folder yet to
     be made counts). Folders outside the working directory are the user's own layout: only
     ``results`` itself is then kept clear."""
     here, root = Path.cwd().resolve(), results.resolve()
@@ -41,7 +41,7 @@ def _holds_only_results(folder: Path, known: Path) -> bool:
 
 def plot_path(results: Path, plot: Path | None, name: str) -> Path:
     """``plot``, or by default ``ROOT-SUB-NAME.png`` beside the results' root (``results-main-passkey.png``
-    for ``--out results/main``); a path inside that root is refused with one line."""
+    for ``--dir results/main``); a path inside that root is refused with one line."""
     root = results_root(results)
     if plot is None:
         parts = Path(results.resolve()).relative_to(root.parent).parts

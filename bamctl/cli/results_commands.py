@@ -42,7 +42,7 @@ class ExportFormat(str, Enum):
 
 
 DirOption = Annotated[
-    Path, typer.Option("--dir", "-d", help="Results directory to read (what `bamctl compare --out` wrote).")
+    Path, typer.Option("--dir", "-d", help="Results directory to read (what a run's --dir wrote, `results` by default).")
 ]
 TaskOption = Annotated[
     list[str] | None, typer.Option("--task", help="Only rows of this task (passkey, niah_single_1, ppl, ...); repeat for several.")
@@ -69,7 +69,7 @@ def _load(directory: Path, task: list[str] | None, model: list[str] | None, wher
 
     store = ResultStore(directory)
     if not store.part_files():
-        raise BamctlError(f"no results in {directory}; evaluate first (bamctl compare ... --out {directory}) or pass --dir")
+        raise BamctlError(f"no results in {directory}; evaluate first (bamctl compare ... --dir {directory}) or pass another --dir")
     frame = store.read(task=task or None, model=model or None, where=where, strict=True)
     if frame.empty:
         raise BamctlError(f"no stored rows in {directory} match the filters")

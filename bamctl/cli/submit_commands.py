@@ -198,7 +198,7 @@ def show_status(out: Path) -> None:
 
     records = sweep.records(out)
     if not records:
-        raise BamctlError(f"{out} holds no sweep (no {out / sweep.SWEEPS_DIR}); give the --out of a sharded run")
+        raise BamctlError(f"{out} holds no sweep (no {out / sweep.SWEEPS_DIR}); give the --dir of a sharded run")
     for record in records:
         for count in record.split_counts() or [0]:
             finished, jobs = record.finished_shards(count), record.recorded_jobs(count)
@@ -256,7 +256,7 @@ def submit(
 
     The results directory must be on a file system every node sees. Rerunning the same command resubmits only the shards that have not finished.
 
-    Example: bamctl submit --shards 8 --partition gpu --gpus-per-shard 1 -- compare rope alibi bam-ssmax --task passkey --lengths 1k..64k --out results/sweep
+    Example: bamctl submit --shards 8 --partition gpu --gpus-per-shard 1 -- compare rope alibi bam-ssmax --task passkey --lengths 1k..64k --dir results/sweep
     """
     from bamctl.cluster.submit import JobSettings
 
@@ -264,7 +264,7 @@ def submit(
         show_status(status)
         return
     if not command:
-        raise BamctlError("bamctl submit needs the evaluation command after --, e.g. bamctl submit -- compare rope alibi --out r (or --status OUT)")
+        raise BamctlError("bamctl submit needs the evaluation command after --, e.g. bamctl submit -- compare rope alibi --dir r (or --status DIR)")
     settings = JobSettings(executor=executor.value, logs=logs, minutes=time_limit, partition=partition, gpus=gpus, cpus=cpus,
                            mem=mem, account=account, qos=qos, constraint=constraint, slurm=_slurm_parameters(slurm or []))
     raise typer.Exit(run_sweep(command, shards, settings, keep_jobs=keep_jobs, dry_run=dry_run))

@@ -194,7 +194,7 @@ def check_claim(out: Path, description: dict) -> SweepRecord:
             raise BamctlError(
                 f"{out} holds rows of an unfinished other sweep under the same keys ({other.manifest}); "
                 f"differences: {'; '.join(differences(theirs, description)) or 'none'}. Run it with the same "
-                f"options, use another --out, or delete {other.manifest} if that sweep is abandoned"
+                f"options, use another --dir, or delete {other.manifest} if that sweep is abandoned"
             )
     return record
 

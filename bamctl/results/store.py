@@ -86,7 +86,7 @@ class ResultStore:
     def ensure_writable(self) -> None:
         """Create the directory and prove a file can be written there; BamctlError if not.
 
-        Call it before a long evaluation so a bad `--out` fails in the first second.
+        Call it before a long evaluation so a bad `--dir` fails in the first second.
         """
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -324,7 +324,7 @@ class ResultStore:
 
     def _write_error(self, err: OSError) -> BamctlError:
         reason = err.strerror or type(err).__name__
-        return BamctlError(f"cannot write results to {self.directory}: {reason} (choose another directory with --out)")
+        return BamctlError(f"cannot write results to {self.directory}: {reason} (choose another directory with --dir)")
 
 
 class _BadFile(Exception):

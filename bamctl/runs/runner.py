@@ -156,6 +156,10 @@ def run_models(
     def say(line: str) -> None:
         console.print(line, soft_wrap=True)
 
+    def tell(line: str) -> None:  # what the run does, as planned: left out by --quiet (notes on the numbers are not)
+        if not quiet:
+            say(line)
+
     shard_of = shard_option(shard, os.environ, say=say)
     if shard_of != (0, 1) and any(not isinstance(m, str) for m in models):
         raise BamctlError("a model in memory cannot be sharded: its shards would run in other processes; "
@@ -183,7 +187,7 @@ def run_models(
     if any(plan.spec.scoring in SCORED_OVER_TOKENS for plan in plans):
         checks.refuse_mixed_vocabularies(names, peeks)
     if asked.lengths is None:
-        say(checks.planned_lengths_line(requests, plans, peeks))
+        tell(checks.planned_lengths_line(requests, plans, peeks))
     shard_run = sweep.enter(out, sweep.describe(labels, requests, model_plans(requests, peeks), run.asked()), shard_of,
                             report=report or {})
     store = ResultStore(out)
@@ -239,7 +243,8 @@ class _ModelRun:
         """The resume keys the model's requests cover (all shards)."""
         for evaluation in self.evaluations:
             evaluation.preflight(self.batch_size)
-            self.say(batch_line(evaluation, self.name, self.batch_size))
+            if not self.quiet:
+                self.say(batch_line(evaluation, self.name, self.batch_size))
             self._note_other_prompts(evaluation)
             for note in evaluation.plan.notes:
                 if note not in self.notes:
@@ -277,7 +282,7 @@ class _ModelRun:
             raise
         tracker.finish()
         progress.update(bar, completed=progress.tasks[bar].total)
-        for line in run_notes(stats, self.name, self.out, evaluation.backend):
+        for line in run_notes(stats, self.name, self.out, evaluation.backend, quiet=self.quiet):
             self.say(line)
 
     def _note_other_prompts(self, evaluation) -> None:
@@ -322,12 +327,13 @@ def batch_line(evaluation, name: str, batch_size: int | None) -> str:
     return f"{name} {evaluation.request.task}: batches (--batch-size {asked}) of {per_length} samples"
 
 
-def run_notes(stats, name: str, out: Path, backend) -> list[str]:
-    """What a user should know of a model's run: rows reused, rows computed again, tokens dropped."""
+def run_notes(stats, name: str, out: Path, backend, *, quiet: bool = False) -> list[str]:
+    """What a user should know of a model's run: rows reused, rows computed again, tokens dropped.
+    ``quiet``: without the line on rows reused as asked (the others concern the numbers)."""
     from bamctl.results.render import plural
 
     lines = []
-    if stats.skipped:
+    if stats.skipped and not (quiet and not stats.reused_other_code):
         reused = f", {stats.reused_other_code} of them computed by another compute version (--reuse)" if stats.reused_other_code else ""
         lines.append(f"{name}: {plural(stats.skipped, 'sample')} already in {out}, skipped{reused} (--force recomputes)")
     if stats.other_code:
