@@ -23,7 +23,8 @@ The code is the code this process runs, not what is on disk when the version is 
 bytes it reads, and keeps them; a version hashes those bytes. A module the version covers but
 this process has not imported yet is read from disk then, and its import must find the same
 bytes, else it stops with one line: a ``git pull`` or an edit beside a running sweep can no
-longer label rows with a version that names other code.
+longer label rows with a version that names other code. C++ sources are kept the same way
+(``native_source``): the bytes a version hashes are the bytes the kernel is compiled from.
 
 This module imports nothing of bamctl's but errors: every layer may use it.
 """
@@ -54,6 +55,7 @@ NATIVE_SOURCES = "csrc"  # a module's folder holding C++ it compiles (bamctl/eng
 PACKAGE = "bamctl"
 _RAN: dict[str, bytes] = {}  # module -> the source bytes this process compiled it from
 _PROMISED: dict[str, bytes] = {}  # module -> the bytes a version hashed before the module was imported
+_NATIVE: dict[Path, bytes] = {}  # C++ file -> its bytes when this process first read it (version or build)
 
 
 class _RecordingLoader(importlib.machinery.SourceFileLoader):
@@ -198,10 +200,23 @@ def native_sources(name: str) -> list[Path]:
     return sorted(folder.glob("*.cpp")) + sorted(folder.glob("*.h")) if folder.is_dir() else []
 
 
-@lru_cache(maxsize=None)
+def native_source(path: Path) -> bytes:
+    """The bytes of C++ file ``path`` as this process computes with them: read once, kept, so
+    the compute version and the kernel built from the file see the same source whatever
+    happens to the file in between."""
+    path = Path(path).resolve()
+    if path not in _NATIVE:
+        _NATIVE[path] = path.read_bytes()
+    return _NATIVE[path]
+
+
 def source_digest(path: str) -> str:
-    """The fingerprint of a C or C++ file without its comments, white space collapsed."""
-    text = Path(path).read_text(encoding="utf-8")
+    """The fingerprint of a C or C++ file as this process keeps it (``native_source``)."""
+    return cpp_digest(native_source(Path(path)).decode("utf-8"))
+
+
+def cpp_digest(text: str) -> str:
+    """The fingerprint of C or C++ text without its comments, white space collapsed."""
     text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
     text = re.sub(r"//[^\n]*", " ", text)
     return hashlib.sha256(" ".join(text.split()).encode()).hexdigest()[:LENGTH]

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 from bamctl.backends import RunOptions, open_backend
 from bamctl.checkpoint import new_random_model, save_checkpoint
 from bamctl.cli.app import app
-from bamctl.code_version import code_closure, compute_version, module_digest, source_digest
+from bamctl.code_version import code_closure, compute_version, cpp_digest, module_digest
 from bamctl.evaluation import Evaluation, TaskRequest
 from bamctl.model import ModelConfig
 from bamctl.results.schema import rows_to_table
@@ -112,15 +112,9 @@ def test_the_compute_version_moves_with_what_runs_not_with_docstrings_or_comment
             return x * 3
         ''') != base
 
-    cpp = tmp_path / "kernel.cpp"
-    cpp.write_text("// why\nint f(int x) { return x * 2; } /* block */\n")
-    before = source_digest(str(cpp))
-    cpp.write_text("/* reworded */\nint f(int x)\n{\n    return x * 2;  // because\n}\n")
-    source_digest.cache_clear()
-    assert source_digest(str(cpp)) == before
-    cpp.write_text("int f(int x) { return x * 4; }\n")
-    source_digest.cache_clear()
-    assert source_digest(str(cpp)) != before
+    before = cpp_digest("// why\nint f(int x) { return x * 2; } /* block */\n")
+    assert cpp_digest("/* reworded */\nint f(int x)\n{\n    return x * 2;  // because\n}\n") == before
+    assert cpp_digest("int f(int x) { return x * 4; }\n") != before
 
 
 def test_each_back_end_s_compute_version_reaches_its_engine_and_libraries(monkeypatch):
@@ -377,6 +371,32 @@ def test_a_module_edited_between_its_version_and_its_import_stops_the_run(tmp_pa
             print(err)
     """)
     assert "native.py changed on disk after this process fingerprinted the code it runs" in message
+
+
+def test_the_kernel_is_compiled_from_the_cpp_its_compute_version_hashed(tmp_path):
+    """Finding 1 for C++: the version is taken when a run starts, the kernel compiled when attention
+    first runs; a source edited in between must not be what is compiled under the old version."""
+    import hashlib
+
+    root = _package_copy(tmp_path)
+    cpp = root / "bamctl" / "engine" / "csrc" / "bam_attention.cpp"
+    original = cpp.read_bytes()
+    version = 'from bamctl.code_version import compute_version; print(compute_version(["bamctl.backends.native"]))'
+    old = _in_copy(root, version)
+    during = _in_copy(root, f"""
+        import os
+        os.environ["TORCH_EXTENSIONS_DIR"] = {str(tmp_path / "builds")!r}
+        import bamctl
+        from pathlib import Path
+        from bamctl.code_version import compute_version
+        from bamctl.engine import native
+        version = compute_version(["bamctl.backends.native"])
+        Path({str(cpp)!r}).write_bytes({original!r} + b"\\nint edited_after_the_version = 1;\\n")
+        config = native.BuildConfig.current()
+        print(version, config.source_sha256, native.build_source(config).read_bytes() == {original!r})
+    """)
+    assert during.split() == [old, hashlib.sha256(original).hexdigest(), "True"]
+    assert _in_copy(root, version) != old  # a fresh process hashes the edited file: another version
 
 
 def test_force_and_a_recompute_leave_each_sample_once_for_a_plain_reader(micro, tmp_path, capsys):

@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 from bamctl.attention_math import AttentionInputs, dense_attention, ssmax_factor
+from bamctl.code_version import native_source
 from bamctl.engine.attention import blockwise_attention, prior_line
 from bamctl.engine.fused import fused_attention, needs_grad
 
@@ -71,7 +72,7 @@ class BuildConfig:
     @classmethod
     def current(cls) -> "BuildConfig":
         return cls(
-            source_sha256=hashlib.sha256(SOURCE.read_bytes()).hexdigest(),
+            source_sha256=hashlib.sha256(native_source(SOURCE)).hexdigest(),
             torch_version=torch.__version__,
             python_abi=f"{sys.implementation.cache_tag}{getattr(sys, 'abiflags', '')}",
             cflags=tuple(_flags()),
@@ -107,15 +108,30 @@ def _library_suffix() -> str:
     return LIB_EXT
 
 
+def build_source(config: BuildConfig) -> Path:
+    """The source the build compiles: the bytes this process keeps (``native_source``, those its
+    compute version hashed), written into the configuration's folder, not the file in the
+    checkout, which may have changed since."""
+    source = native_source(SOURCE)
+    if hashlib.sha256(source).hexdigest() != config.source_sha256:
+        raise RuntimeError(f"{SOURCE.name} is not the source of build configuration {config.name}")
+    folder = config.folder()
+    folder.mkdir(parents=True, exist_ok=True)
+    copy = folder / SOURCE.name
+    if not copy.is_file() or copy.read_bytes() != source:
+        partial = copy.with_name(f"{copy.name}.{os.getpid()}")
+        partial.write_bytes(source)
+        os.replace(partial, copy)
+    return copy
+
+
 def _compile(config: BuildConfig):
     """Build this configuration's library in its own folder and import it (torch's lock keeps
     processes that build the same configuration at once from building it twice)."""
     from torch.utils.cpp_extension import load
 
-    folder = config.folder()
-    folder.mkdir(parents=True, exist_ok=True)
-    return load(name=config.name, sources=[str(SOURCE)], extra_cflags=list(config.cflags),
-                extra_ldflags=list(config.ldflags), build_directory=str(folder), verbose=False)
+    return load(name=config.name, sources=[str(build_source(config))], extra_cflags=list(config.cflags),
+                extra_ldflags=list(config.ldflags), build_directory=str(config.folder()), verbose=False)
 
 
 def _import_built(config: BuildConfig):
