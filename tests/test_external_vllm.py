@@ -70,7 +70,8 @@ class FakeLLM:
 
     def generate(self, prompts, params, use_tqdm=True):
         FakeLLM.calls.append([list(prompt["prompt_token_ids"]) for prompt in prompts])
-        return [self._one(list(prompt["prompt_token_ids"]), params) for prompt in prompts]
+        each = params if isinstance(params, list) else [params] * len(prompts)  # vLLM takes one or one per prompt
+        return [self._one(list(prompt["prompt_token_ids"]), own) for prompt, own in zip(prompts, each, strict=True)]
 
     def _one(self, ids, params):
         assert len(ids) + 1 <= self.kwargs["max_model_len"]  # vLLM refuses a prompt with no room for one output token

@@ -14,6 +14,7 @@ import importlib.util
 
 import pytest
 
+from test_stop_strings import PROMPTS, _ends_at_the_first_stop
 from test_vllm_engine import ANSWER_TOL, LIMIT, NO_VLLM
 from tiny_llama import save_tiny_llama
 
@@ -36,6 +37,8 @@ def test_the_plugin_on_vllm_answers_as_lm_evals_hf_backend(folder):
         mine = lm.loglikelihood(requests("loglikelihood", pairs), disable_tqdm=True)
         args = [(f"Question: {q['question']}\nAnswer:", {"until": ["\n"], "max_gen_toks": 12}) for q in questions()[:5]]
         generated = lm.generate_until(requests("generate_until", args), disable_tqdm=True)
+        # vLLM ends a generation at its stop strings as bamctl's engines do (tests/test_stop_strings.py)
+        assert _ends_at_the_first_stop(lm.served, PROMPTS, [("e",), ("a",), ("o",), ("zzzz-never",)]) >= 2
     finally:
         lm.close()
     reference = hflm(folder)

@@ -559,8 +559,9 @@ class AuthorsBackend(EngineBackend):
     def score_continuations(self, requests):
         return super().score_continuations([(self._with_bos(prompt, "teacher_forced"), target) for prompt, target in requests])
 
-    def generate_many(self, prompts, max_new_tokens):
-        return super().generate_many([self._with_bos(prompt, "generate") for prompt in prompts], max_new_tokens)
+    def generate_many(self, prompts, max_new_tokens, stop_strings=None):
+        return super().generate_many([self._with_bos(prompt, "generate") for prompt in prompts], max_new_tokens,
+                                     stop_strings)
 
     def token_nlls(self, requests):
         fed = [(self._with_bos(ids, "nll"), score_from) for ids, score_from in requests]

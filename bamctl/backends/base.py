@@ -3,7 +3,8 @@
 A back-end answers three request kinds, and tasks never see more of a model than that:
 
 - ``score_continuation(prompt_ids, target_ids)``: teacher-forced argmax and log-probs;
-- ``generate(prompt_ids, max_new_tokens)``: greedy continuation;
+- ``generate(prompt_ids, max_new_tokens)``: greedy continuation (in a batch, each prompt may
+  also end at stop strings: ``generate_many(..., stop_strings=...)``);
 - ``token_nll(ids, score_from)``: per-token negative log-likelihood.
 
 Each kind also comes as a batch (``score_continuations``, ``generate_many``, ``token_nlls``):
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 from abc import ABC, abstractmethod
-from typing import Any, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 from bamctl.code_version import compute_version
 from bamctl.errors import BamctlError
@@ -127,8 +128,12 @@ class Backend(ABC):
         """``score_continuation`` of each (prompt ids, target ids) pair."""
         return [self.score_continuation(prompt, target) for prompt, target in requests]
 
-    def generate_many(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
-        """``generate`` of each prompt, with one budget."""
+    def generate_many(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                      stop_strings: Sequence[Sequence[str]] | None = None) -> list[list[int]]:
+        """``generate`` of each prompt, with one budget. ``stop_strings``: per prompt, texts its
+        generation may end at, once its decoded tokens hold one (``holds_stop``): the tokens up to
+        there are the start of what the whole budget gives, so a caller that cuts the text at the
+        first stop string gets the same text with fewer steps. Here: the whole budget."""
         return [self.generate(prompt, max_new_tokens) for prompt in prompts]
 
     def token_nlls(self, requests: Sequence[tuple[Sequence[int], int]]) -> list:
@@ -333,3 +338,27 @@ class VLLMOptions:
         _check_bos(self.bos)
         if self.beyond_max not in BEYOND_MAX:
             raise BamctlError(f"--beyond-max must be one of {', '.join(BEYOND_MAX)}, not {self.beyond_max!r}")
+
+
+def holds_stop(decode: Callable[[Sequence[int]], str], strings: Sequence[str], tokens: Sequence[int]) -> bool:
+    """Whether the text of ``tokens`` holds one of ``strings``. Asked after every generated token,
+    so the last tokens are decoded first (a stop string of n bytes lies within its last n + 1
+    tokens, one more for a tokenizer that drops a leading space), and a hit there is confirmed
+    on the whole text: a generation never ends where its text holds no stop string."""
+    if not strings or not tokens:
+        return False
+    window = max(len(s.encode("utf-8")) for s in strings) + 1
+    if not any(s in decode(tokens[-window:]) for s in strings):
+        return False
+    return any(s in decode(tokens) for s in strings)
+
+
+def stop_tests(decode: Callable[[Sequence[int]], str], stop_strings: Sequence[Sequence[str]] | None,
+               count: int) -> list[Callable[[Sequence[int]], bool] | None]:
+    """Per prompt, the test that its tokens reached a stop string (None: no stop strings)."""
+    if stop_strings is None:
+        return [None] * count
+    if len(stop_strings) != count:
+        raise ValueError(f"{len(stop_strings)} lists of stop strings for {count} prompts")
+    return [None if not strings else (lambda tokens, s=tuple(strings): holds_stop(decode, s, tokens))
+            for strings in stop_strings]

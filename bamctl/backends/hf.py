@@ -34,7 +34,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from bamctl.backends.base import ContinuationScore, HFOptions, ModelInfo, auto_batch_size
+from bamctl.backends.base import ContinuationScore, HFOptions, ModelInfo, auto_batch_size, stop_tests
 from bamctl.backends.hf_common import (
     LengthPolicy,
     RequestShaper,
@@ -268,16 +268,18 @@ class HFBackend(ShapedBackend):
             )
 
     @torch.inference_mode()
-    def generate_many(self, prompts, max_new_tokens: int) -> list[list[int]]:
+    def generate_many(self, prompts, max_new_tokens: int, stop_strings=None) -> list[list[int]]:
         """Greedy decoding of a batch, left-padded: every row's last prompt token sits in the last
         column, so each step appends one column for all. The attention mask hides the padding and
         position ids count only real tokens, so each row sees what it would see alone. Each row
-        stops after the model's EOS (included, as the native engine does) or ``max_new_tokens``."""
+        stops after the model's EOS (included, as the native engine does), a stop string
+        (``stop_strings``) or ``max_new_tokens``."""
         fed = [self.lengths.fit_prefix(self.shaper.prefix, list(prompt), max_new_tokens) for prompt in prompts]
+        stopped = stop_tests(self.tokenizer.decode, stop_strings, len(prompts))
         if max_new_tokens < 1:
             return [[] for _ in prompts]
         if not self.chunked:  # no cache to decode from: each prompt alone, the whole sequence each step
-            return [self._generate_uncached(ids, max_new_tokens) for ids in fed]
+            return [self._generate_uncached(ids, max_new_tokens, stop) for ids, stop in zip(fed, stopped)]
         device = self.model.device
         longest = max(len(ids) for ids in fed)
         tokens = torch.zeros(len(fed), longest, dtype=torch.long)
@@ -302,7 +304,8 @@ class HFBackend(ShapedBackend):
             for b, token in enumerate(next_ids.tolist()):
                 if not done[b]:
                     out[b].append(int(token))
-                    done[b] = token in self.stop_ids or len(out[b]) == max_new_tokens
+                    done[b] = (token in self.stop_ids or len(out[b]) == max_new_tokens
+                               or (stopped[b] is not None and stopped[b](out[b])))
             if all(done):
                 return out
             mask = torch.cat([mask, mask.new_ones(len(fed), 1)], dim=1)
@@ -310,12 +313,12 @@ class HFBackend(ShapedBackend):
             logits, cache = self._forward(next_ids[:, None], cache, [0], attention_mask=mask, position_ids=position)
             next_ids = logits[:, -1].argmax(-1)
 
-    def _generate_uncached(self, ids: list[int], max_new_tokens: int) -> list[int]:
+    def _generate_uncached(self, ids: list[int], max_new_tokens: int, stopped=None) -> list[int]:
         out: list[int] = []
         while True:
             next_id = int(self._logits_at([ids + out], [[len(ids) + len(out) - 1]])[0][-1].argmax())
             out.append(next_id)
-            if next_id in self.stop_ids or len(out) == max_new_tokens:
+            if next_id in self.stop_ids or len(out) == max_new_tokens or (stopped is not None and stopped(out)):
                 return out
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:

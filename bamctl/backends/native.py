@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bamctl.backends.base import ALL_TOKENS, Backend, ContinuationScore, EngineOptions, ModelInfo, ModelPeek, auto_batch_size
+from bamctl.backends.base import ALL_TOKENS, Backend, ContinuationScore, EngineOptions, ModelInfo, ModelPeek, auto_batch_size, stop_tests
 from bamctl.errors import BamctlError
 from bamctl.fingerprints import digest, scaled_hash
 from bamctl.tokenizer import Tokenizer
@@ -62,8 +62,9 @@ class EngineBackend(Backend):
         return [ContinuationScore(predicted_ids=predicted, logprobs=logprobs)
                 for predicted, logprobs in self.engine.score_continuations(requests)]
 
-    def generate_many(self, prompts, max_new_tokens):
-        return self.engine.generate_many(prompts, max_new_tokens, stop_ids=tuple(sorted(self.stop_ids)))
+    def generate_many(self, prompts, max_new_tokens, stop_strings=None):
+        return self.engine.generate_many(prompts, max_new_tokens, stop_ids=tuple(sorted(self.stop_ids)),
+                                         stopped=stop_tests(self.tokenizer.decode, stop_strings, len(prompts)))
 
     def token_nlls(self, requests):
         return self.engine.token_nlls(requests)

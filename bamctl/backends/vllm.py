@@ -218,10 +218,15 @@ class VLLMBackend(ShapedBackend):
         self._llm, self._capacity = llm, capacity
         return llm
 
-    def _run(self, batch: list[list[int]], n_generate: int, **params) -> list:
-        """One ``generate`` call for every prompt of ``batch``; vLLM's outputs, in the prompts' order."""
+    def _run(self, batch: list[list[int]], n_generate: int, per_prompt: list[dict] | None = None, **params) -> list:
+        """One ``generate`` call for every prompt of ``batch``; vLLM's outputs, in the prompts' order.
+        ``per_prompt``: sampling parameters of each prompt beyond ``params`` (its stop strings)."""
         llm = self._engine(max(len(ids) for ids in batch) + n_generate)
-        sampling = self.vllm.SamplingParams(temperature=0.0, max_tokens=max(n_generate, 1), detokenize=False, **params)
+        common = dict(temperature=0.0, max_tokens=max(n_generate, 1), detokenize=False, **params)
+        if per_prompt and any(per_prompt):
+            sampling = [self.vllm.SamplingParams(**{**common, **own}) for own in per_prompt]
+        else:
+            sampling = self.vllm.SamplingParams(**common)
         prompts = [{"prompt_token_ids": list(ids)} for ids in batch]  # vllm.inputs.TokensPrompt is this TypedDict
         return llm.generate(prompts, sampling, use_tqdm=False)
 
@@ -253,11 +258,15 @@ class VLLMBackend(ShapedBackend):
         # what is fed (the prefix, the prompt, the answer) and the one token vLLM samples after it
         self.reserve(len(self.shaper.prefix) + n_prompt + n_answer + 1)
 
-    def generate_many(self, prompts, max_new_tokens: int) -> list[list[int]]:
+    def generate_many(self, prompts, max_new_tokens: int, stop_strings=None) -> list[list[int]]:
+        """vLLM's greedy generations; with ``stop_strings``, vLLM ends each where its text holds one
+        (detokenising as it generates, as it must for that)."""
         fed = [self.lengths.fit_prefix(self.shaper.prefix, list(prompt), max_new_tokens) for prompt in prompts]
         if max_new_tokens < 1 or not fed:
             return [[] for _ in prompts]
-        outputs = self._run(fed, max_new_tokens, stop_token_ids=sorted(self.stop_ids))
+        stops = [{}] * len(fed) if stop_strings is None else [
+            {"stop": list(strings), "detokenize": True} if strings else {} for strings in stop_strings]
+        outputs = self._run(fed, max_new_tokens, per_prompt=stops, stop_token_ids=sorted(self.stop_ids))
         return [[int(i) for i in out.outputs[0].token_ids] for out in outputs]
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:

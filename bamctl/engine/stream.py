@@ -300,10 +300,13 @@ class StreamingEngine:
         return self.score_continuations([(prompt_ids, target_ids)])[0]
 
     @torch.inference_mode()
-    def generate_many(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_ids: Sequence[int] = ()) -> list[list[int]]:
+    def generate_many(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_ids: Sequence[int] = (),
+                      stopped: Sequence | None = None) -> list[list[int]]:
         """Greedy decoding of each prompt. Decoding steps one position for the whole batch, so
         prompts are grouped by length (no padding: every row of a group is at the same
-        position), and each group is prefilled and decoded as one batch."""
+        position), and each group is prefilled and decoded as one batch. ``stopped``: per
+        prompt, None or a test of its tokens so far that ends it (a stop string reached)."""
+        stopped = list(stopped) if stopped is not None else [None] * len(prompts)
         if max_new_tokens < 1:
             return [[] for _ in prompts]
         groups: dict[int, list[int]] = {}
@@ -311,13 +314,15 @@ class StreamingEngine:
             groups.setdefault(len(prompt), []).append(index)
         out: list[list[int]] = [[] for _ in prompts]
         for indices in groups.values():
-            for index, tokens in zip(indices, self._generate_equal([prompts[i] for i in indices], max_new_tokens, stop_ids)):
+            for index, tokens in zip(indices, self._generate_equal([prompts[i] for i in indices], max_new_tokens, stop_ids,
+                                                                   [stopped[i] for i in indices])):
                 out[index] = tokens
         return out
 
-    def _generate_equal(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_ids: Sequence[int]) -> list[list[int]]:
+    def _generate_equal(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_ids: Sequence[int],
+                        stopped: Sequence) -> list[list[int]]:
         """Greedy decoding of prompts of one length, side by side; a row stops after a stop id
-        (included) or ``max_new_tokens``, and the batch when every row has."""
+        (included), its ``stopped`` test or ``max_new_tokens``, and the batch when every row has."""
         n = len(prompts[0])
         last: list[torch.Tensor] = []
         _, state = self._stream(
@@ -332,7 +337,8 @@ class StreamingEngine:
             for row, token in enumerate(self._tokenizer_ids(next_ids).tolist()):
                 if not done[row]:
                     out[row].append(int(token))
-                    done[row] = token in stop_ids or len(out[row]) == max_new_tokens
+                    done[row] = (token in stop_ids or len(out[row]) == max_new_tokens
+                                 or (stopped[row] is not None and stopped[row](out[row])))
             if all(done):
                 return out
             with self._autocast():
