@@ -145,13 +145,41 @@ class BamctlLM(TemplateLM):
     def tokenizer_name(self) -> str:
         return self.tokenizer.name
 
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        """The template lm-eval records with its results: the tokenizer's own (hf:, vllm:)."""
+        return getattr(self.tokenizer.templates, "chat_template", None) if self._has_chat_template() else None
+
     def apply_chat_template(self, chat_history, add_generation_prompt: bool = True) -> str:
-        """Not offered yet: said in one line (lm-eval's default raises a bare NotImplementedError)."""
-        raise BamctlError(f"--model {NAME} does not apply chat templates yet; run without --apply_chat_template")
+        """lm-eval's ``--apply_chat_template``: the conversation as the model's tokenizer's chat
+        template writes it, as HFLM renders it (a template that refuses a system turn gets the
+        conversation without it). A model whose tokenizer has none is refused in one line."""
+        import jinja2
+
+        if not self._has_chat_template():
+            raise BamctlError(f"tokenizer {self.tokenizer.name} has no chat template; run without --apply_chat_template")
+
+        def render(history):
+            return self.tokenizer.templates.apply_chat_template(
+                history, tokenize=False, add_generation_prompt=add_generation_prompt,
+                continue_final_message=not add_generation_prompt)
+
+        try:
+            return render(chat_history)
+        except jinja2.exceptions.TemplateError:
+            return render([turn for turn in chat_history if turn["role"] != "system"])
+
+    def _has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "has_chat_template", False))
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
-        """The text's tokens alone: the back-end puts the model's BOS in front of what it is fed."""
-        return list(self.tokenizer.encode(string))
+        """The text's tokens alone: the back-end puts the model's BOS in front of what it is fed.
+        A text that writes the BOS itself (a chat template's) loses it here, so one BOS is fed, as
+        HFLM feeds it (it adds none to a string that starts with its BOS)."""
+        ids = list(self.tokenizer.encode(string))
+        bos = getattr(self.tokenizer, "bos_id", None)
+        if ids and bos is not None and ids[0] == bos and self._bos("generate"):
+            return ids[1:]
+        return ids
 
     def tok_decode(self, tokens: Sequence[int]) -> str:
         return self.tokenizer.decode(list(tokens))

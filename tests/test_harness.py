@@ -165,8 +165,56 @@ def test_sampling_is_refused_in_one_line(folder):
 
     with pytest.raises(BamctlError, match="greedily"):
         ours(folder).generate_until(requests("generate_until", [("Hi", {"do_sample": True, "temperature": 0.7})]))
-    with pytest.raises(BamctlError, match="chat templates"):  # lm-eval's --apply_chat_template
-        ours(folder).apply_chat_template([{"role": "user", "content": "Hi"}])
+
+
+# A template that writes the BOS itself (the tokenizer's plain call adds one too, as Llama's does)
+# and refuses a system turn, as some models' templates do.
+CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}"
+                 "{{ raise_exception('no system turn') }}{% endif %}[{{ m['role'] }}] {{ m['content'] }}\n"
+                 "{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def chat_folder(tmp_path_factory) -> Path:
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    chat = tmp_path_factory.mktemp("tiny-bpe-chat") / "model"
+    shutil.copytree(save_tiny_llama(tmp_path_factory.mktemp("tiny-bpe-0"), vocab="bpe", max_positions=MAX_POSITIONS), chat)
+    tokenizer = AutoTokenizer.from_pretrained(str(chat), local_files_only=True)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(str(chat))
+    return chat
+
+
+def test_chat_templates_render_and_answer_as_lm_evals_hf_backend(chat_folder):
+    """lm-eval's --apply_chat_template: the same text as HFLM renders (the system turn dropped where
+    the template refuses it), one BOS fed where the text writes its own, the same answers."""
+    theirs, mine = hflm(chat_folder), ours(chat_folder)
+    histories = [[{"role": "user", "content": q["question"]}] for q in questions()[:4]]
+    histories.append([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Why is the sky blue?"}])
+    rendered = [mine.apply_chat_template(h) for h in histories]
+    assert rendered == [theirs.apply_chat_template(h) for h in histories]
+    assert rendered[0].startswith("<s>[user] ") and "system" not in rendered[-1]
+    assert mine.tok_encode(rendered[0]) == theirs.tok_encode(rendered[0])[1:]  # the back-end puts the one BOS in front
+    args = [(text, {"until": ["\n"], "max_gen_toks": 10}) for text in rendered]
+    assert mine.generate_until(requests("generate_until", args), disable_tqdm=True) == \
+        theirs.generate_until(requests("generate_until", args), disable_tqdm=True)
+    pairs = [(text, " " + q["choices"][0]) for text, q in zip(rendered, questions())]
+    got = mine.loglikelihood(requests("loglikelihood", pairs), disable_tqdm=True)
+    want = theirs.loglikelihood(requests("loglikelihood", pairs), disable_tqdm=True)
+    assert max(abs(a - b) for (a, _), (b, _) in zip(got, want)) < TOLERANCE
+    assert mine.chat_template(True) == CHAT_TEMPLATE
+
+
+def test_a_model_without_a_chat_template_refuses_it_in_one_line(folder):
+    from bamctl.errors import BamctlError
+
+    for lm in (ours(folder), BamctlLM(model="lm-bam", device="cpu")):
+        with pytest.raises(BamctlError, match="^tokenizer .* has no chat template; run without --apply_chat_template$"):
+            lm.apply_chat_template([{"role": "user", "content": "Hi"}])
+        assert lm.chat_template(True) is None
 
 
 def test_bamctl_models_score_as_their_dense_forward():
