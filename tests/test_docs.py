@@ -145,10 +145,10 @@ def test_readmes_python_example_runs_as_written_on_one_sample_per_length(tmp_pat
     import bamctl
 
     evaluate, compare = bamctl.evaluate, bamctl.compare
-    out = tmp_path / "results"
+    results = tmp_path / "results"
 
     def small(task: str) -> dict:
-        return {"samples": 1, "depths": 1, "out": out, "quiet": True} if task == "passkey" else {"out": out, "quiet": True}
+        return {"samples": 1, "depths": 1, "dir": results, "quiet": True} if task == "passkey" else {"dir": results, "quiet": True}
 
     monkeypatch.setattr(bamctl, "evaluate", lambda models, task="passkey", **kw: evaluate(models, task, **small(task), **kw))
     monkeypatch.setattr(bamctl, "compare", lambda models, task="passkey", **kw: compare(models, task, **small(task), **kw))
@@ -158,7 +158,7 @@ def test_readmes_python_example_runs_as_written_on_one_sample_per_length(tmp_pat
     exec(compile(_readme_python(), "README.md", "exec"), namespace)
     printed = capsys.readouterr().out
     assert all(name in printed for name in ("rope", "alibi", "bam-ssmax", "effective length"))
-    rows = pd.read_parquet(out)
+    rows = pd.read_parquet(results)
     assert set(rows["model"]) == {"rope", "alibi", "bam-ssmax", "step-100"}
     assert sorted(rows[rows["model"] == "step-100"]["length"].unique()) == [512, 1024, 2048, 4096]
     assert sorted(rows[rows["model"] == "bam-ssmax"]["length"].unique()) == [128, 256, 512, 1024, 2048]
