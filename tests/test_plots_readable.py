@@ -8,7 +8,7 @@ import math
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-from bamctl.results.plots import curves_figure, grid_figure
+from bamctl.results.plots import curves_figure, grid_figure, heatmap_figure
 
 from results_fakes import fake_row, frame_of, passkey_grid
 
@@ -62,3 +62,40 @@ def test_the_priors_plot_shows_every_head_that_moves():
                 continue
             pixels = ax.transData.transform(np.column_stack([line.get_xdata(), y]))[:, 1]
             assert np.ptp(pixels) > 0.1 * height, (ax.get_title(), line.get_label())
+
+
+LONG_NAMES = {  # two checkpoints that share a folder name are told apart by their whole paths
+    "tiny-rope": "/home/researcher/experiments/2026-11-rope-baseline/checkpoints/step-500",
+    "tiny-bam": "/home/researcher/experiments/2026-11-bam-ggd-prior/checkpoints/step-500",
+}
+
+
+def long_named(rows):
+    return frame_of(rows).assign(model=lambda f: f["model"].map(LONG_NAMES))
+
+
+def test_long_model_names_wrap_and_every_panel_keeps_its_room(recwarn):
+    """Found by running `compare a/checkpoints/step-500 b/checkpoints/step-500`: the labels
+    are whole paths, the fixed legend and tick room overflowed and constrained layout gave up
+    (a UserWarning, panels of zero width in the PNG) or cut titles at the page's edge."""
+    rows = long_named(passkey_grid(lengths=(512, 1024)))
+    for fig in (curves_figure(rows), grid_figure(rows, baseline=LONG_NAMES["tiny-rope"]), heatmap_figure(rows)):
+        drawn(fig)
+        renderer = fig.canvas.get_renderer()
+        page = fig.get_window_extent(renderer)
+        panels = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+        named = ""
+        for ax in panels:
+            box = ax.get_window_extent(renderer)
+            assert box.width > 0.3 * page.width / len(panels) and box.height > 0.3 * page.height
+            texts = ax.get_yticklabels() + [ax.title] + (ax.get_legend().get_texts() if ax.get_legend() else [])
+            for text in texts:
+                lines = text.get_text().splitlines()
+                assert max(map(len, lines), default=0) <= 60, lines
+                extent = text.get_window_extent(renderer)
+                assert page.x0 <= extent.x0 and extent.x1 <= page.x1, text.get_text()  # nothing cut at the edge
+            ticks = [t.get_window_extent(renderer) for t in ax.get_yticklabels() if t.get_text()]
+            assert not any(a.overlaps(b) for i, a in enumerate(ticks) for b in ticks[i + 1:])  # wrapped rows fit
+            named += " ".join(t.get_text().replace("\n", "") for t in texts)
+        assert all(name in named for name in LONG_NAMES.values())  # wrapped, each path still whole
+    assert not [w for w in recwarn if issubclass(w.category, UserWarning)], [str(w.message) for w in recwarn]

@@ -423,3 +423,4 @@ def test_the_reach_caption_adds_up_and_counts_one_key_as_one_key():
     one = {"tiny-bam": _per_key([0]), "tiny-rope": _per_key([1])}
     text = caption(summarize(_keyed(one, lengths=lengths[:2], seeds=(0,)), baseline="tiny-rope")[0])
     assert "with 1 key per cell" in text and "1 keys" not in text
+    assert "makes it 2 × 1 = 2, a p of 1 once capped;" in text  # a p-value above 1 is said to be one

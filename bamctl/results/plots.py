@@ -6,6 +6,7 @@ switch, no display needed, safe in threads and on headless machines.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,6 +23,34 @@ from bamctl.results.summary import GROUP_COLUMNS, is_perplexity, model_labels, s
 PANEL_INCHES = (6.0, 4.0)
 ANNOTATE_MAX_CELLS = 160  # write values into heatmap cells only while they stay legible
 RATIO_TICKS = (-2, -1, 0, 1, 2)  # log2 of the perplexity grid's ratios: ×0.25 .. ×4, its colour range
+LABEL_CHARS = 32  # a model's label wraps past this many characters a line
+INCHES_PER_CHAR = {"small": 0.07, "medium": 0.085}  # DejaVu Sans' mean advance at 8.3 and 10 pt, padded
+
+
+def wrap_label(text: str, width: int = LABEL_CHARS) -> str:
+    """``text`` in lines of at most ``width`` characters, each broken after a "/" or a space where
+    one falls. Two checkpoints sharing a folder name are labelled by their whole paths; unwrapped,
+    such a label takes the panel's room and constrained layout collapses it."""
+    lines, line = [], ""
+    for piece in re.split(r"(?<=[/ ])", text):
+        if line and len(line) + len(piece) > width:
+            lines.append(line.rstrip())
+            line = ""
+        line += piece
+        while len(line) > width:  # a run with no break in it: cut it where it overflows
+            lines.append(line[:width])
+            line = line[width:]
+    return "\n".join(lines + [line.rstrip()] if line.strip() else lines)
+
+
+def label_inches(labels: Sequence[str], fontsize: str) -> float:
+    """The width of the widest line among ``labels`` at ``fontsize``, estimated from its characters."""
+    return INCHES_PER_CHAR[fontsize] * max((len(line) for label in labels for line in label.splitlines()), default=0)
+
+
+def train_label(model: str, train: int) -> str:
+    """A model as plots name it: its label and training length, wrapped to LABEL_CHARS a line."""
+    return wrap_label(f"{model} (train {format_length(train)})")
 
 
 def plot_curves(
@@ -38,16 +67,17 @@ def curves_figure(frame: pd.DataFrame, *, models: Sequence[str] | None = None, t
     if frame.empty:
         raise BamctlError("no result rows to plot")
     summaries = summarize(frame, threshold=threshold, models=models)
-    legend_inches = 2.6  # beside each panel: the legend never covers a curve
+    labels = [[train_label(m, int(s.table[("train_length", m)].iloc[0])) for m in s.models] for s in summaries]
+    legend_inches = 0.8 + label_inches(sum(labels, []), "small")  # beside each panel: it never covers a curve
     fig = Figure(figsize=((PANEL_INCHES[0] + legend_inches) * len(summaries), PANEL_INCHES[1]), layout="constrained")
     axes = fig.subplots(1, len(summaries), squeeze=False)[0]
-    for ax, s in zip(axes, summaries):
+    for ax, s, names in zip(axes, summaries, labels):
         value = "score" if s.metric == "accuracy" else "ppl"
-        for i, model in enumerate(s.models):
+        for i, (model, name) in enumerate(zip(s.models, names)):
             colour = f"C{i % 10}"
             series = s.table[value][model].dropna()
             train = int(s.table[("train_length", model)].iloc[0])
-            ax.plot(series.index, series.to_numpy(), marker="o", color=colour, label=f"{model} (train {format_length(train)})")
+            ax.plot(series.index, series.to_numpy(), marker="o", color=colour, label=name)
             if s.metric == "accuracy":
                 lo, hi = s.table["lo"][model].loc[series.index], s.table["hi"][model].loc[series.index]
                 ax.fill_between(series.index, lo.to_numpy(), hi.to_numpy(), color=colour, alpha=0.15, linewidth=0)
@@ -72,6 +102,8 @@ def curves_figure(frame: pd.DataFrame, *, models: Sequence[str] | None = None, t
     return fig
 
 
+HEATMAP_PANEL_INCHES = 4.5
+HEATMAP_TITLE_CHARS = int(HEATMAP_PANEL_INCHES / INCHES_PER_CHAR["medium"])
 MAX_GRID_DEPTHS = 21  # more distinct depths than this are random placements (RULER's), drawn binned
 DEPTH_BINS = 10
 
@@ -114,6 +146,11 @@ def plot_heatmap(frame: pd.DataFrame, path: str | Path, *, models: Sequence[str]
     """Mean ``metric`` (score by default) per (depth, length), one panel per model (one row of panels
     per task): the needle-in-a-haystack picture. The depth is the one asked for, else where the needle
     landed, binned when the task drew it (see depth_rows); rows without a needle (perplexity) are left out."""
+    return save_figure(heatmap_figure(frame, models=models, metric=metric), path)
+
+
+def heatmap_figure(frame: pd.DataFrame, *, models: Sequence[str] | None = None, metric: str = "score") -> Figure:
+    """The figure of ``plot_heatmap``."""
     frame = heatmap_metric(frame, metric)
     frame = frame.assign(depth=frame["depth"].fillna(frame["needle_depth"]))
     rows = frame[frame["depth"].notna()]
@@ -126,7 +163,7 @@ def plot_heatmap(frame: pd.DataFrame, path: str | Path, *, models: Sequence[str]
     values = rows[metric].dropna()
     bounded = values.empty or (values.min() >= 0 and values.max() <= 1)  # scores: a fixed 0..1 scale
     scale = dict(cmap="RdYlGn", vmin=0.0, vmax=1.0) if bounded else dict(cmap="viridis", vmin=values.min(), vmax=values.max())
-    fig = Figure(figsize=(4.5 * len(order) + 1, 4.0 * len(groups)), layout="constrained")
+    fig = Figure(figsize=(HEATMAP_PANEL_INCHES * len(order) + 1, 4.0 * len(groups)), layout="constrained")
     axes = fig.subplots(len(groups), len(order), squeeze=False)
     image = None
     for r, ((task, protocol, setting, *_), group) in enumerate(groups):
@@ -144,7 +181,7 @@ def plot_heatmap(frame: pd.DataFrame, path: str | Path, *, models: Sequence[str]
             ax.set_yticks(range(0, len(labels), step), labels[::step])
             ax.set_xlabel("context length (tokens)")
             ax.set_ylabel("needle depth (%)")
-            ax.set_title(f"{model} — {title}", fontsize="medium")
+            ax.set_title(wrap_label(f"{model} — {title}", HEATMAP_TITLE_CHARS), fontsize="medium")
             if not cells.empty:
                 train = int(cells["train_length"].max())
                 beyond = int(np.searchsorted(lengths, train, side="right"))  # columns past the training length
@@ -153,7 +190,7 @@ def plot_heatmap(frame: pd.DataFrame, path: str | Path, *, models: Sequence[str]
             if grid.size <= ANNOTATE_MAX_CELLS:
                 _annotate(ax, grid, bounded)
     fig.colorbar(image, ax=axes.ravel().tolist(), label=f"mean {metric}", shrink=0.8)
-    return save_figure(fig, path)
+    return fig
 
 
 def _annotate(ax, grid: np.ndarray, bounded: bool) -> None:
@@ -184,11 +221,18 @@ def grid_figure(
     if frame.empty:
         raise BamctlError("no result rows to plot")
     summaries = summarize(frame, threshold=threshold, models=models, baseline=baseline)
-    width = max(4.0, 0.85 * max(len(s.lengths) for s in summaries) + 2.0)
-    height = sum(0.45 * len(s.models) + 1.3 for s in summaries)
+    labels = [[train_label(m, int(s.table[("train_length", m)].iloc[0])) for m in s.models] for s in summaries]
+    keys = [f"\n▲/▼ vs {s.baseline}, Holm p\u00a0<\u00a00.05" if s.baseline else "" for s in summaries]
+    longest_title = max(len(line) for s, key in zip(summaries, keys) for line in (s.title + key).splitlines())
+    panel_inches = max(2.5, 0.85 * max(len(s.lengths) for s in summaries), INCHES_PER_CHAR["medium"] * min(longest_title, 40))
+    width = panel_inches + 1.2 + label_inches(sum(labels, []), "medium")  # + the colour bar, + the model labels
+    title_chars = int(panel_inches / INCHES_PER_CHAR["medium"])  # a title is centred over its panel: no wider
+    titles = [wrap_label(s.title, title_chars) + wrap_label(key, title_chars) for s, key in zip(summaries, keys)]
+    row_inches = max(0.45, 0.18 * max(label.count("\n") + 1 for label in sum(labels, [])))
+    height = sum(row_inches * len(s.models) + 1.1 + 0.18 * (t.count("\n") + 1) for s, t in zip(summaries, titles))
     fig = Figure(figsize=(width, height), layout="constrained")
     axes = fig.subplots(len(summaries), 1, squeeze=False, height_ratios=[len(s.models) + 2 for s in summaries])[:, 0]
-    for ax, s in zip(axes, summaries):
+    for ax, s, names, title in zip(axes, summaries, labels, titles):
         value = "score" if s.metric == "accuracy" else "ppl"
         grid = s.table[value].T.reindex(s.models).to_numpy(dtype=float)  # (models, lengths)
         if s.metric == "accuracy":
@@ -209,9 +253,9 @@ def grid_figure(
                 text = f"{_perplexity_label(number)}{mark}\n×{_ratio_label(ratio[row, column])}"
             ax.text(column, row, text, ha="center", va="center", fontsize=8 if s.metric == "accuracy" else 7)
         ax.set_xticks(range(len(s.lengths)), [format_length(x) for x in s.lengths])
-        ax.set_yticks(range(len(s.models)), [f"{m} (train {format_length(int(s.table[('train_length', m)].iloc[0]))})" for m in s.models])
+        ax.set_yticks(range(len(s.models)), names)
         ax.set_xlabel("context length (tokens)")
-        ax.set_title(s.title + (f"  (▲/▼ vs {s.baseline}, Holm p < 0.05)" if s.baseline else ""), fontsize="medium")
+        ax.set_title(title, fontsize="medium")
         bar = fig.colorbar(image, ax=ax, label=colour_bar_label, shrink=0.9)
         if s.metric != "accuracy":  # the colour is log2 of the ratio each cell writes: label it as ratios
             bar.set_ticks(RATIO_TICKS, labels=[f"×{2.0 ** t:g}" for t in RATIO_TICKS])

@@ -115,7 +115,7 @@ def reach_lines(summary: Summary) -> list[str]:
         lines.append(
             f"with {draws} per cell no difference of {', '.join(models)} from {summary.baseline} can reach "
             f"p < {ALPHA:g}: the smallest p is {smallest}, and Holm over {lengths} length{'s' if lengths > 1 else ''} "
-            f"makes it {lengths} × {p_min:.3g} = {product:.3g}; that takes ≥ {needed} {unit} per cell "
+            f"makes it {lengths} × {p_min:.3g} = {product:.3g}{', a p of 1 once capped' if product > 1 else ''}; that takes ≥ {needed} {unit} per cell "
             f"(the smallest k with {lengths} × 2/2^k < {ALPHA:g})"
         )
     return lines
