@@ -45,3 +45,21 @@ def test_perplexity_over_two_vocabularies_is_refused_naming_them(no_loading, tmp
 def test_one_vocabulary_or_a_task_without_perplexity_passes_the_check(no_loading, tmp_path, capsys, models, task):
     code, line = cli(capsys, "compare", *models, "--task", task, "--lengths", "256", "--dir", str(tmp_path / "r"), "--quiet")
     assert code == 2 and "would open" in line
+
+
+def test_a_model_named_twice_is_refused_before_any_work(no_loading, tmp_path, capsys):
+    """``compare rope rope`` had run and then crashed in the summary table (two columns of one name)."""
+    code, line = cli(capsys, "compare", "rope", "bam", "rope", "--lengths", "128", "--dir", str(tmp_path / "r"), "--quiet")
+    assert code == 2 and "would open" not in line
+    assert "rope is named twice" in line
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_api_refuses_a_name_given_twice(no_loading, tmp_path):
+    import bamctl
+
+    with pytest.raises(BamctlError, match="a is named twice"):
+        bamctl.evaluate(["rope", "bam"], names=["a", "a"], lengths="128", dir=tmp_path / "r", quiet=True)
+    with pytest.raises(BamctlError, match="rope is named twice"):
+        bamctl.evaluate(["rope", "rope"], lengths="128", dir=tmp_path / "r", quiet=True)
+    assert not (tmp_path / "r").exists()

@@ -91,6 +91,18 @@ def model_names(models: list) -> list[str]:
     return [m if isinstance(m, str) and names.count(n) > 1 else n for n, m in zip(names, models)]
 
 
+def checked_names(names: list[str], models: list) -> list[str]:
+    """``names``, one per model and each once: a table, a plot and the rows' ``model`` column
+    key on the name, so one given twice would merge two columns (two names for one model are
+    two columns of the same rows: the runner says so)."""
+    if len(names) != len(models):
+        raise BamctlError(f"{len(names)} names given for {len(models)} models")
+    twice = next((name for i, name in enumerate(names) if name in names[:i]), None)
+    if twice is not None:
+        raise BamctlError(f"{twice} is named twice: name each model once (a table has one column per name)")
+    return names
+
+
 AUTO_BATCH = "auto"
 
 
@@ -168,6 +180,7 @@ def run_models(
         from bamctl.devices import resolve_device
 
         resolve_device(run.device)
+    names = checked_names(names or model_names(models), models)
     taken = _options_per_model(models, run, say)
     peeks = [peek_backend(model, options) for model, options in zip(models, taken)]
     requests = asked.for_models([p.train_length for p in peeks])
@@ -181,9 +194,6 @@ def run_models(
     labels = [model_label(model) for model in models]
     for request in requests:
         checks.refuse_beyond_max(request, labels, peeks, run)
-    names = names or model_names(models)
-    if len(names) != len(models):
-        raise BamctlError(f"{len(names)} names given for {len(models)} models")
     if any(plan.spec.scoring in SCORED_OVER_TOKENS for plan in plans):
         checks.refuse_mixed_vocabularies(names, peeks)
     if asked.lengths is None:
