@@ -7,18 +7,36 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+from bamctl.errors import BamctlError
 
-def atomic_write(target: Path, write: Callable[[str], object], mode: int = 0o644) -> None:
+
+def atomic_write(target: Path, write: Callable[[str], object], mode: int = 0o644, *, make_parents: bool = False) -> None:
     """Call ``write(temp_path)`` on a temporary file beside ``target``, then rename it over
     ``target`` (atomic on POSIX). A failure or interruption leaves ``target`` as it was
-    and removes the temporary file."""
+    and removes the temporary file. A place that cannot be written (no such folder, no
+    permission, a full disk) is one BamctlError naming ``target``; ``make_parents`` creates
+    its folders first."""
     target = Path(target)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        if make_parents:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    except OSError as err:
+        raise cannot_write(target, err) from err
     os.close(fd)
     try:
         write(tmp)
         os.chmod(tmp, mode)  # mkstemp makes 0600; checkpoints and outputs are meant to be shared
         os.replace(tmp, target)
+    except OSError as err:
+        if err.filename not in (None, tmp, str(target)):
+            raise  # another file's error, raised inside write(): not ours to rename
+        raise cannot_write(target, err) from err
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def cannot_write(target: Path, err: OSError) -> BamctlError:
+    """The one line for a file that cannot be written."""
+    return BamctlError(f"cannot write {target}: {err.strerror or err}")

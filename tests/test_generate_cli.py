@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -95,6 +96,23 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, message):
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], lines
     assert not out.exists() and not list(tmp_path.glob("*.partial"))
+
+
+@pytest.mark.parametrize("where", ["a file as its folder", "a folder nothing can be made in"])
+def test_an_out_that_cannot_be_written_is_one_line_and_exit_2(tmp_path, capsys, where):
+    """Both had been an "internal error" (FileExistsError, FileNotFoundError), exit 1."""
+    from bamctl.cli import main
+
+    if where == "a file as its folder":
+        (tmp_path / "notes.txt").write_text("x")
+        out = tmp_path / "notes.txt" / "p.jsonl"
+    else:
+        out = Path("/proc/p.jsonl")  # procfs: no file can be created there, by root either
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "passkey", "--lengths", "128", "--samples", "1", "--out", str(out)])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"error: cannot write {out}: ") and "internal error" not in lines[0]
 
 
 def test_bad_input_in_a_real_process(tmp_path):

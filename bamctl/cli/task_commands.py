@@ -64,8 +64,7 @@ def generate(
     else:
         from bamctl.files import atomic_write
 
-        out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(out, write_file)  # a complete file or none, also on Ctrl-C
+        atomic_write(out, write_file, make_parents=True)  # a complete file or none, also on Ctrl-C
     from bamctl.results.render import plural
 
     stderr.print(f"wrote {plural(count, task + ' sample')} ({plural(len(requests[0].lengths), 'length')}) to {out}")
