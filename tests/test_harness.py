@@ -322,6 +322,37 @@ def test_model_args_errors_from_lm_evals_command_line_are_one_line(tmp_path):
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize(("args", "said"), [
+    ([], "lm-eval: No tasks specified"),
+    (["--tasks", "no_such_task"], "lm-eval: Tasks not found: no_such_task"),
+])
+def test_lm_evals_refusals_of_its_input_are_one_line(tmp_path, args, said):
+    """lm-eval raises ValueError on these; they had been bamctl's "internal error", exit 1."""
+    done = _bamctl("lm-eval", "--model_args", "model=lm-bam", *args, home=tmp_path)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 2 and len(errors) == 1, done.stderr[-2000:]
+    assert errors[0].startswith(f"error: {said}") and "bamctl lm-eval ls tasks" in errors[0]
+    assert "internal error" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_only_a_value_error_raised_in_lm_evals_own_code_is_taken_for_its_refusal():
+    """A ValueError out of bamctl's code (the plugin, called by lm-eval) is a bug: it stays an
+    internal error with its traceback a variable away; lm-eval's own is its refusal of input."""
+    from bamctl.cli.harness_commands import raised_by_lm_eval
+    from lm_eval.api.registry import get_model
+
+    with pytest.raises(ValueError) as in_lm_eval:
+        get_model("no-such-model")
+    assert raised_by_lm_eval(in_lm_eval.value)
+
+    def plugin_bug():
+        raise ValueError("a shape went wrong")
+
+    with pytest.raises(ValueError) as ours:
+        plugin_bug()
+    assert not raised_by_lm_eval(ours.value)
+
+
 def _bamctl(*args: str, home: Path) -> subprocess.CompletedProcess:
     """bamctl in a process of its own, as a user runs it (lm-eval sets up its logging per process);
     the datasets library offline, with its cache under ``home``."""

@@ -52,5 +52,28 @@ def lm_eval(ctx: typer.Context) -> None:
     sys.argv = lm_eval_argv(list(ctx.args))
     try:
         cli_evaluate()
+    except ValueError as err:
+        if not raised_by_lm_eval(err):
+            raise
+        # lm-eval's refusal of its own input ("Tasks not found: x"): one line, as bamctl's are
+        raise BamctlError(f"lm-eval: {err}{TASKS_HINT if 'task' in str(err).lower() else ''}") from err
     finally:
         sys.argv = argv
+
+
+TASKS_HINT = " (`bamctl lm-eval ls tasks` lists them; --include_path adds a folder of task YAMLs)"
+
+
+def raised_by_lm_eval(err: BaseException) -> bool:
+    """Whether ``err`` was raised in lm-eval's own code, not in bamctl's plugin it called."""
+    import os
+
+    import lm_eval
+
+    frame = err.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    if frame is None:
+        return False
+    package = os.path.dirname(os.path.abspath(lm_eval.__file__)) + os.sep
+    return os.path.abspath(frame.tb_frame.f_code.co_filename).startswith(package)
