@@ -83,6 +83,16 @@ def is_checkpoint_dir(path: Path) -> bool:
 SAVE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+def checkpoint_folder(out: Path) -> Path:
+    """``out``, created with its parents; one BamctlError where it cannot be."""
+    out = Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise BamctlError(f"cannot create checkpoint directory {out}: {err.strerror}") from None
+    return out
+
+
 def save_checkpoint(
     model: Transformer, out: Path, *, recipe: dict | None = None, provenance: dict | None = None, dtype: str = "float32"
 ) -> Path:
@@ -90,11 +100,7 @@ def save_checkpoint(
 
     ``dtype``: floating-point weights are stored in it (``float16`` halves the file); loading
     casts them back to the model's float32."""
-    out = Path(out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise BamctlError(f"cannot create checkpoint directory {out}: {err.strerror}") from None
+    out = checkpoint_folder(out)
     store, tied = SAVE_DTYPES[dtype], tied_names(model.config)
     tensors = {
         name: t.detach().to("cpu").to(store if t.is_floating_point() else t.dtype).contiguous()

@@ -282,3 +282,15 @@ def test_an_unknown_cpu_allocator_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--cpu-allocator must be one of keep, system" in err
     assert not (tmp_path / "x").exists()
+
+
+def test_an_out_that_cannot_be_a_folder_is_one_line(tmp_path, capsys):
+    """A file in --out's path had been an internal error (NotADirectoryError), after the data was built."""
+    from bamctl.cli import main
+
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--recipe", "bam", "--device", "cpu", "--out", str(tmp_path / "notes.txt" / "bam"), "--steps", "1"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1, err
+    assert f"cannot create checkpoint directory {tmp_path / 'notes.txt' / 'bam'}: Not a directory" in err

@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from bamctl.checkpoint import CONFIG_FILE, new_random_model, save_checkpoint
+from bamctl.checkpoint import CONFIG_FILE, checkpoint_folder, new_random_model, save_checkpoint
 from bamctl.errors import BamctlError
 from bamctl.files import atomic_write
 from bamctl.model import Transformer
@@ -348,11 +348,10 @@ def train(
     stops the run like Ctrl-C does, after the state is saved.
     """
     target = Path(out)
-    out = work_folder(target, restart)
+    out = checkpoint_folder(work_folder(target, restart))  # before the data is built: a bad --out fails first
     setup = prepare(recipe, device=device, data_dir=data_dir)
     optimizer = make_optimizer(setup.model, recipe)
     progress = _resume(out / STATE_FILE, setup, optimizer, recipe.fingerprint())
-    out.mkdir(parents=True, exist_ok=True)
     steps = recipe.train.steps
     tokens_per_step = recipe.train.batch_size * recipe.train.grad_accum * recipe.model.train_length
     with _cpu_threads(setup.device, recipe.train.cpu_threads), _stop_requests() as stop:
