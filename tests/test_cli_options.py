@@ -161,6 +161,23 @@ def test_doc_tokens_is_written_as_lengths_are(tmp_path, capsys):
         assert done.value.code == 2 and said in err and len(err.strip().splitlines()) == 1
 
 
+def test_a_document_shorter_than_a_window_is_refused_before_any_work(tmp_path, capsys):
+    """``ppl rope --lengths 128,256 --doc-tokens 10`` had run, showing 10-token windows' perplexity
+    as that of 128 and 256 (the same number twice); the API says it with its keyword."""
+    import bamctl
+    from bamctl.cli import main
+    from bamctl.errors import BamctlError
+
+    with pytest.raises(SystemExit) as done:
+        main(["ppl", "rope", "--lengths", "128,256", "--doc-tokens", "200", "--dir", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "--doc-tokens 200 is shorter than the 256-token window" in err
+    assert not (tmp_path / "r").exists()
+    with pytest.raises(BamctlError, match="doc_tokens 200 is shorter than the 256-token window"):
+        bamctl.evaluate("rope", task="ppl", lengths="128,256", doc_tokens=200, dir=tmp_path / "r", quiet=True)
+
+
 def _every_command(group=None, path=()):
     group = group or typer.main.get_command(app)
     for name, command in group.commands.items():

@@ -208,6 +208,11 @@ def ppl_options(spec, lengths: list[int], options: dict) -> dict:
     """Defaults that depend on the request: a sliding run's document is its longest window."""
     if spec.protocol == "sliding":
         doc_tokens = options.get("doc_tokens") or max(lengths)
+        if doc_tokens < max(lengths):
+            # a window holds at most its document: every length past it would repeat its numbers
+            raise BamctlError(f"--doc-tokens {doc_tokens:,} is shorter than the {max(lengths):,}-token window of "
+                              f"--lengths: a window never holds more than its document; give --doc-tokens at least "
+                              f"{max(lengths):,} (its default) or shorter lengths")
         stride = options.get("stride")
         for window in lengths:
             sliding_windows(doc_tokens, window, window if stride is None else stride)  # raises on a bad stride
