@@ -63,6 +63,8 @@ def test_models_lists_the_catalog(bamctl, tmp_path):
         (["new", "--out", "X", "--seed", "abc"], "Invalid value"),
         (["inspect", "no/such/model"], "unknown model"),
         (["frobnicate"], "No such command"),
+        # the choice's own words, without the validation library's "Value error, " before them
+        (["passkey", "rope", "--lengths", "128", "--dtype", "f32"], "Invalid value for '--dtype': 'f32' is not one of 'auto', "),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(bamctl, tmp_path, args, message):

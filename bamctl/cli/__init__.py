@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> None:
         if debug:
             raise
         hint = f" (see 'bamctl {err.ctx.command_path.split(' ', 1)[1]} --help')" if err.ctx and " " in err.ctx.command_path else " (see 'bamctl --help')"
-        _fail(err.format_message().replace("[", r"\[") + hint, EXIT_USAGE)
+        message = err.format_message().replace("Value error, ", "")  # typer's choices speak through pydantic
+        _fail(message.replace("[", r"\[") + hint, EXIT_USAGE)
     except click_errors.ClickException as err:
         if debug:
             raise
