@@ -37,6 +37,26 @@ def atomic_write(target: Path, write: Callable[[str], object], mode: int = 0o644
             os.unlink(tmp)
 
 
-def cannot_write(target: Path, err: OSError) -> BamctlError:
-    """The one line for a file that cannot be written."""
-    return BamctlError(f"cannot write {target}: {err.strerror or err}")
+def cannot_write(target: Path, err: OSError, what: str = "") -> BamctlError:
+    """The one line for a file that cannot be written (``what``: "plot to " names its kind)."""
+    return BamctlError(f"cannot write {what}{target}: {err.strerror or err}")
+
+
+def check_writable(target: Path, what: str = "") -> None:
+    """Refuse now a file that a command would only come to write after its work (a plot after
+    a sweep): its nearest existing folder must take a file. Probed by creating and removing
+    one there, since permission bits do not tell (root, read-only mounts, /proc); nothing is
+    left behind and no folder is made."""
+    target = Path(target)
+    try:
+        if target.is_dir():
+            raise IsADirectoryError(21, "Is a directory")
+        folder = target.parent
+        while not folder.exists():
+            folder = folder.parent
+        if not folder.is_dir():
+            raise NotADirectoryError(20, f"{folder} is not a folder")
+        with tempfile.TemporaryFile(dir=folder, prefix=f".{target.name}."):
+            pass
+    except OSError as err:
+        raise cannot_write(target, err, what) from err

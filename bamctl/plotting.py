@@ -10,7 +10,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from bamctl.errors import BamctlError
+from bamctl.files import cannot_write
 
 
 def save_figure(fig: Figure, path: str | Path) -> Path:
@@ -20,5 +20,5 @@ def save_figure(fig: Figure, path: str | Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=120)
     except OSError as err:
-        raise BamctlError(f"cannot write plot to {path}: {err.strerror or err}") from err
+        raise cannot_write(path, err, "plot to ") from err
     return path

@@ -48,3 +48,27 @@ def test_the_working_directory_is_never_the_root(work):
     store(work / "results")
     assert results_root(Path("results")) == work / "results"
     assert plot_path(Path("results"), None, "passkey") == work / "results-passkey.png"
+
+
+@pytest.mark.parametrize("where", ["under a file", "procfs", "an existing folder"])
+def test_a_plot_that_cannot_be_written_is_refused_before_the_run(work, capsys, where):
+    """compare draws its PNG after the sweep: an unwritable --plot had been found only then,
+    the sweep's minutes spent before "cannot write plot to …"."""
+    from bamctl.cli import main
+
+    (work / "notes.txt").write_text("x")
+    (work / "plots").mkdir()
+    plot = {"under a file": work / "notes.txt" / "grid.png", "procfs": Path("/proc/grid.png"),
+            "an existing folder": work / "plots"}[where]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["compare", "rope", "alibi", "--lengths", "128", "--samples", "1", "--dir", "results", "--plot", str(plot)])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"error: cannot write plot to {plot}: "), lines
+    assert not (work / "results").exists()  # nothing ran
+    assert sorted(p.name for p in work.iterdir()) == ["notes.txt", "plots"] and not any((work / "plots").iterdir())
+
+
+def test_the_writability_probe_leaves_nothing_behind(work):
+    assert plot_path(Path("results/main"), Path("deep/new/grid.png"), "grid") == Path("deep/new/grid.png")
+    assert sorted(p.name for p in work.iterdir()) == []  # no folder made, no probe file left

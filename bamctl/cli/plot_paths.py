@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bamctl.errors import BamctlError
+from bamctl.files import check_writable
 
 
 def results_root(results: Path) -> Path:
@@ -41,15 +42,17 @@ def _holds_only_results(folder: Path, known: Path) -> bool:
 
 def plot_path(results: Path, plot: Path | None, name: str) -> Path:
     """``plot``, or by default ``ROOT-SUB-NAME.png`` beside the results' root (``results-main-passkey.png``
-    for ``--dir results/main``); a path inside that root is refused with one line."""
+    for ``--dir results/main``); a path inside that root, or one that cannot be written, is refused
+    with one line, before the work whose figure it is (compare draws after its sweep)."""
     root = results_root(results)
     if plot is None:
         parts = Path(results.resolve()).relative_to(root.parent).parts
-        return root.parent / f"{'-'.join(parts)}-{name}.png"
-    if plot.resolve().is_relative_to(root):
+        plot = root.parent / f"{'-'.join(parts)}-{name}.png"
+    elif plot.resolve().is_relative_to(root):
         where = "the results directory" if root == results.resolve() else f"{root}, which holds the results directory"
         raise BamctlError(
             f"--plot {plot} is inside {where} {results}: Parquet readers of it would meet the image; "
             f"put it beside it, e.g. plots/{plot.name}"
         )
+    check_writable(plot, "plot to ")
     return plot
