@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -50,12 +51,12 @@ def check_writable(target: Path, what: str = "") -> None:
     target = Path(target)
     try:
         if target.is_dir():
-            raise IsADirectoryError(21, "Is a directory")
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
         folder = target.parent
         while not folder.exists():
             folder = folder.parent
         if not folder.is_dir():
-            raise NotADirectoryError(20, f"{folder} is not a folder")
+            raise NotADirectoryError(errno.ENOTDIR, f"{folder} is not a folder")
         with tempfile.TemporaryFile(dir=folder, prefix=f".{target.name}."):
             pass
     except OSError as err:
