@@ -191,49 +191,70 @@ FLAGS = ("force", "reuse", "quiet", "chat_template")  # True or False
 
 def _checked(given: dict) -> dict:
     """The keywords as the command line would take them, each refused by its name before any work
-    (a BamctlError): numbers that must be integers are integers, counts are positive."""
+    (a BamctlError): numbers that must be integers are integers, counts are positive. Any integer
+    type is an integer (numpy's ``np.int64`` of ``list(np.array([128, 256]))`` too, a bool not:
+    ``numbers.Integral``), and is handed on as a plain ``int``, so no code below meets numpy's."""
+    from numbers import Integral, Real
+
     from bamctl.errors import BamctlError
 
     def whole(value) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool)
+        return isinstance(value, Integral) and not isinstance(value, bool)
+
+    def number(value) -> bool:
+        return isinstance(value, Real) and not isinstance(value, bool)
 
     def numbers(value, kind: str) -> list:
-        items = value if isinstance(value, (list, tuple)) else [value]
-        if isinstance(value, (list, tuple)) and not value:
+        several = isinstance(value, (list, tuple, range)) or getattr(value, "ndim", None) == 1  # a numpy array too
+        items = list(value) if several else [value]
+        if several and not items:
             raise BamctlError(f"{kind} is an empty list")
-        return list(items)
+        return items
 
+    given = dict(given)
     samples = given["samples"]
     if samples is not None and not (whole(samples) and samples >= 1):
         raise BamctlError(f"samples takes a positive integer (samples per length and depth), not {samples!r}")
+    given["samples"] = None if samples is None else int(samples)
     lengths = given["lengths"]
     if lengths is not None and not isinstance(lengths, str):
         bad = [n for n in numbers(lengths, "lengths") if not (whole(n) and n >= 1)]
         if bad:
             raise BamctlError(f"lengths takes token counts (positive integers) or text such as '1k..64k', not {bad[0]!r}")
+        given["lengths"] = [int(n) for n in numbers(lengths, "lengths")]
     seeds = given["seeds"]
     if not isinstance(seeds, str):
         bad = [n for n in numbers(seeds, "seeds") if not whole(n)]
         if bad:
             raise BamctlError(f"seeds takes integers (0, [0, 1]) or text such as '0,1', not {bad[0]!r}")
+        given["seeds"] = [int(n) for n in numbers(seeds, "seeds")]
     depths = given["depths"]
-    if isinstance(depths, float):  # one depth, a fraction of the filler
-        given = {**given, "depths": [depths]}
-    elif depths is not None and not isinstance(depths, (str, int)) or isinstance(depths, bool):
-        bad = [d for d in numbers(depths, "depths") if isinstance(d, bool) or not isinstance(d, (int, float))]
+    if whole(depths):  # a count of depths
+        given["depths"] = int(depths)
+    elif number(depths):  # one depth, a fraction of the filler
+        given["depths"] = [float(depths)]
+    elif depths is not None and not isinstance(depths, str):
+        bad = [d for d in numbers(depths, "depths") if not number(d)]
         if bad:
             raise BamctlError(f"depths takes a count (5), a fraction (0.5), a list of fractions or text such as "
                               f"'0,0.5,1', not {bad[0]!r}")
+        given["depths"] = [float(d) for d in numbers(depths, "depths")]
     for name in INTEGERS:
         value = given[name]
         if value is not None and not (whole(value) and value >= 1):
             raise BamctlError(f"{name} takes a positive integer, not {value!r}")
+        given[name] = None if value is None else int(value)
+    batch_size = given["batch_size"]
+    if not isinstance(batch_size, str) and not (whole(batch_size) and batch_size >= 1):  # 2.5 is not 2
+        raise BamctlError(f"batch_size must be 'auto' or a positive number of samples, not {batch_size!r}")
+    given["batch_size"] = batch_size if isinstance(batch_size, str) else int(batch_size)
     for name in FLAGS:
         if not isinstance(given[name], bool):
             raise BamctlError(f"{name} takes True or False, not {given[name]!r}")
     factor = given["rope_factor"]
-    if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float))):
+    if factor is not None and not number(factor):
         raise BamctlError(f"rope_factor takes a number, not {factor!r}")
+    given["rope_factor"] = None if factor is None else float(factor)
     return given
 
 
