@@ -190,13 +190,17 @@ class BamctlLM(TemplateLM):
     # -- the three request kinds -----------------------------------------------------------------
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         """lm-eval's split of each (context, continuation); an empty context is the model's BOS
-        where it takes one (lm-eval's HF back-end: its prefix token)."""
-        if not self._bos("teacher_forced"):
-            return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
+        where it takes one, else lm-eval's prefix token (``TemplateLM.loglikelihood``). A context of
+        spaces alone is empty once its spaces move to the continuation, and is conditioned as the
+        empty one (lm-eval's split leaves a model fed without a BOS nothing to predict from)."""
+        bos = self._bos("teacher_forced")
         encoded = []
         for context, continuation in (request.args for request in requests):
-            pair = self._encode_pair(context, continuation) if context else ([], self.tok_encode(continuation))
-            encoded.append(((context, continuation), *pair))
+            context_ids, continuation_ids = (self._encode_pair(context, continuation) if context
+                                             else ([], self.tok_encode(continuation)))
+            if not context_ids and not bos:
+                context_ids = [self.prefix_token_id]
+            encoded.append(((context, continuation), context_ids, continuation_ids))
         return self._loglikelihood_tokens(encoded, disable_tqdm=disable_tqdm)
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **_) -> list[tuple[float, bool]]:
@@ -246,6 +250,8 @@ class BamctlLM(TemplateLM):
                 raise BamctlError(f"{NAME} generates greedily; this task asks to sample ({gen_kwargs})")
             budget = int(kwargs["max_gen_toks"])
             ids = self.tok_encode(context)
+            if not ids and not self._bos("generate"):  # nothing to generate from: the prefix token, as for scoring
+                ids = [self.prefix_token_id]
             if self.limit is not None:  # lm-eval's HF rule: room for the budget, the context cut from the left
                 room = self.limit - budget - self._bos("generate")
                 if room < 1:

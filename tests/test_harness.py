@@ -406,3 +406,26 @@ def test_models_in_memory_answer_as_their_folders(folder):
     named = BamctlLM(model="lm-bam", device="cpu", dtype="float32")
     assert [v for v, _ in native.loglikelihood(requests("loglikelihood", pairs), disable_tqdm=True)] == pytest.approx(
         [v for v, _ in named.loglikelihood(requests("loglikelihood", pairs), disable_tqdm=True)], abs=1e-5)
+
+
+def test_a_context_of_spaces_alone_is_conditioned_as_the_empty_one(folder):
+    """lm-eval moves a context's trailing spaces to the continuation, so ``(" ", "The end.")`` leaves
+    no context tokens; on a model fed without a BOS (``lm-bam``, ``hf:`` with ``bos=never``) that had
+    been "internal error: KeyError: -1". It is now conditioned as lm-eval conditions an empty context
+    (its prefix token): the number of ``("", " The end.")``, HFLM's too; a generation from an empty
+    context starts from the same token."""
+    lm = BamctlLM(model="lm-bam", device="cpu", dtype="float32")
+    spaces = [(" ", "The end."), ("   ", "It rained.")]
+    moved = [("", " The end."), ("", "   It rained.")]
+    got = lm.loglikelihood(requests("loglikelihood", spaces), disable_tqdm=True)
+    assert got == lm.loglikelihood(requests("loglikelihood", moved), disable_tqdm=True)
+    assert all(math.isfinite(value) and value < 0 for value, _ in got)
+    (text,) = lm.generate_until(requests("generate_until", [("", {"until": ["\n\n"], "max_gen_toks": 6})]), disable_tqdm=True)
+    (after_prefix,) = lm.served.generate_many([[lm.prefix_token_id]], 6)
+    assert text == lm.tok_decode([t for t in after_prefix if t not in lm.served.stop_ids]).split("\n\n")[0]
+
+    never = ours(folder, bos="never")
+    mine = never.loglikelihood(requests("loglikelihood", spaces), disable_tqdm=True)
+    theirs = hflm(folder, add_bos_token=False).loglikelihood(requests("loglikelihood", moved), disable_tqdm=True)
+    assert [greedy for _, greedy in mine] == [greedy for _, greedy in theirs]
+    assert max(abs(a - b) for (a, _), (b, _) in zip(mine, theirs)) < TOLERANCE
