@@ -25,6 +25,8 @@ use of the name.
 
 from __future__ import annotations
 
+import sys
+from numbers import Real
 from typing import Any, Callable, Sequence
 
 import lm_eval.models  # noqa: F401  lm-eval fills its registry with its own back-ends only while it is empty
@@ -34,7 +36,7 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, po
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
-from bamctl.backends import RunOptions, open_backend, peek_backend
+from bamctl.backends import RunOptions, open_backend, options_not_taken, peek_backend
 from bamctl.backends.base import ContinuationScore
 from bamctl.errors import BamctlError, did_you_mean, flags_as_keywords
 
@@ -45,17 +47,55 @@ ENGINE_ARGS = ("device", "dtype", "chunk_size", "attention", "tokenizer", "beyon
                "prior_form", "rope_scaling", "rope_factor", "tensor_parallel")
 
 
+def _count(value: Any) -> int:
+    """A positive whole number as lm-eval hands it over: ``512``, or ``1e3`` and ``512.0``, which its
+    parser makes floats; ValueError for anything else (a bool, a fraction, text)."""
+    if isinstance(value, bool) or not isinstance(value, Real) or value != int(value) or value < 1:
+        raise ValueError(value)
+    return int(value)
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise ValueError(value)
+    return float(value)
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(value)
+    return value
+
+
+# What each model_arg takes, checked (and made the type bamctl's options hold) before any model loads:
+# lm-eval's parser turns each value into a bool, an int, a float or text by its look.
+ARG_TYPES: dict[str, tuple[Callable[[Any], Any], str]] = {
+    "chunk_size": (_count, "a positive integer"),
+    "tensor_parallel": (_count, "a positive integer"),
+    "max_gen_toks": (_count, "a positive integer"),
+    "max_batch_size": (_count, "a positive integer"),
+    "rope_factor": (_number, "a number"),
+    **{name: (_text, "text") for name in ("device", "dtype", "attention", "tokenizer", "beyond_max", "bos", "prior_form",
+                                               "rope_scaling")},
+}
+
+
+def _checked_arg(name: str, value: Any) -> Any:
+    check, what = ARG_TYPES[name]
+    try:
+        return check(value)
+    except (ValueError, OverflowError):  # OverflowError: int(inf)
+        raise BamctlError(f"model_args: {name} takes {what}, not {value!r}") from None
+
+
 def _batch_setting(batch_size) -> int | None:
     """lm-eval's ``--batch_size``: a number, or ``auto`` (``auto:N`` too): None, bamctl's own rule."""
     if batch_size is None or str(batch_size).startswith("auto"):
         return None
     try:
-        size = int(batch_size)
-    except ValueError:
+        return _count(int(batch_size) if isinstance(batch_size, str) and batch_size.strip().isdigit() else batch_size)
+    except (ValueError, OverflowError):
         raise BamctlError(f"batch_size must be a positive number or auto, not {batch_size!r}") from None
-    if size < 1:
-        raise BamctlError(f"batch_size must be a positive number or auto, not {batch_size!r}")
-    return size
 
 
 @register_model(NAME)
@@ -86,11 +126,11 @@ class BamctlLM(TemplateLM):
         tokenizer_object = None
         if not isinstance(model, str) and not isinstance(engine.get("tokenizer"), (str, type(None))):
             tokenizer_object = engine.pop("tokenizer")  # a transformers tokenizer beside a module in memory
-        if engine.get("rope_factor") is not None:
-            engine["rope_factor"] = float(engine["rope_factor"])
+        engine = {key: value if value is None or key not in ARG_TYPES else _checked_arg(key, value)
+                  for key, value in engine.items()}
         self.batch_size = _batch_setting(batch_size)
-        self.max_batch_size = int(max_batch_size) if max_batch_size else None
-        self.max_gen_toks = int(max_gen_toks)
+        self.max_batch_size = _checked_arg("max_batch_size", max_batch_size) if max_batch_size else None
+        self.max_gen_toks = _checked_arg("max_gen_toks", max_gen_toks)
         options = RunOptions(**{key: value for key, value in engine.items() if value is not None})
         try:
             if not isinstance(model, str):
@@ -113,15 +153,24 @@ class BamctlLM(TemplateLM):
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> "BamctlLM":
         """``--model_args`` beside lm-eval's own ``--batch_size``, ``--max_batch_size`` and
-        ``--device``: model_args win. lm-eval's ``--device`` defaults to ``cuda:0``, so a CUDA
-        device on a machine without one means bamctl's ``auto`` (the CPU there)."""
+        ``--device``: model_args win. lm-eval's command line always passes a device (``cuda:0``
+        unless told), so its device goes only to a back-end that takes one: ``vllm:`` runs where
+        vLLM's build does, and says so when that is not the device lm-eval named. A CUDA device on
+        a machine without one means bamctl's ``auto`` (the CPU there)."""
         extra = {key: value for key, value in (additional_config or {}).items() if value is not None and key not in arg_dict}
-        if str(extra.get("device", "")).startswith("cuda"):
+        device = extra.pop("device", None)
+        if str(device or "").startswith("cuda"):
             import torch
 
             if not torch.cuda.is_available():
-                extra["device"] = "auto"
-        return cls(**arg_dict, **extra)
+                device = "auto"
+        reference = arg_dict.get("model", arg_dict.get("pretrained"))
+        kept = device is not None and _takes_device(reference)
+        lm = cls(**arg_dict, **extra, **({"device": device} if kept else {}))
+        if device is not None and not kept and device != "auto" and device.split(":")[0] != lm.device.split(":")[0]:
+            print(f"note: {reference} runs on {lm.device}, where its back-end runs; lm-eval's --device {device} "
+                  "does not apply to it", file=sys.stderr)
+        return lm
 
     # -- what lm-eval reads of a model ----------------------------------------------------------
     @property
@@ -302,6 +351,16 @@ class BamctlLM(TemplateLM):
     def close(self) -> None:
         """Stop what the back-end holds beyond Python objects (vLLM's engine processes)."""
         self.served.close()
+
+
+def _takes_device(reference) -> bool:
+    """Whether the back-end ``reference`` names takes a device (vLLM picks its own)."""
+    if reference is None:
+        return True  # refused, in one line, when the model is built
+    try:
+        return "device" not in options_not_taken(reference, RunOptions(device="auto"))
+    except BamctlError:
+        return True  # a bad reference: its error comes, in model_args' words, when the model is built
 
 
 def _answer(score: ContinuationScore, continuation: Sequence[int]) -> tuple[float, bool]:

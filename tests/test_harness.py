@@ -429,3 +429,24 @@ def test_a_context_of_spaces_alone_is_conditioned_as_the_empty_one(folder):
     theirs = hflm(folder, add_bos_token=False).loglikelihood(requests("loglikelihood", moved), disable_tqdm=True)
     assert [greedy for _, greedy in mine] == [greedy for _, greedy in theirs]
     assert max(abs(a - b) for (a, _), (b, _) in zip(mine, theirs)) < TOLERANCE
+
+
+@pytest.mark.parametrize(("model_args", "refused"), [
+    ("chunk_size=1e3", None),  # lm-eval's parser makes 1e3 and 512.0 floats: whole numbers, taken as such
+    ("chunk_size=512.0,max_gen_toks=16.0", None),
+    ("chunk_size=512.5", "model_args: chunk_size takes a positive integer, not 512.5"),
+    ("max_gen_toks=lots", "model_args: max_gen_toks takes a positive integer, not 'lots'"),
+    ("dtype=16", "model_args: dtype takes text, not 16"),
+])
+def test_model_args_are_checked_by_type_from_lm_evals_command_line(tmp_path, model_args, refused):
+    """lm-eval parses ``--model_args`` values by their look (ints, floats, bools, text): ``chunk_size=1e3``
+    had passed the checks and failed after the model loaded ("internal error: TypeError"), and
+    ``max_gen_toks=lots`` had been a bare ValueError."""
+    done = _bamctl("lm-eval", "--model_args", f"model=lm-bam,{model_args}", "--tasks", "arc_mini",
+                   "--include_path", str(TASKS), "--limit", "1", home=tmp_path)
+    if refused is None:
+        assert done.returncode == 0, done.stderr[-3000:]
+        return
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 2 and errors == [f"error: {refused}"], done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and "internal error" not in done.stderr

@@ -11,6 +11,7 @@ order). One engine start (30-100 s on 2 cores), in a module of its own so that t
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import pytest
 
@@ -47,3 +48,26 @@ def test_the_plugin_on_vllm_answers_as_lm_evals_hf_backend(folder):
     assert [greedy for _, greedy in mine] == [greedy for _, greedy in theirs]
     assert max(abs(a - b) for (a, _), (b, _) in zip(mine, theirs)) < ANSWER_TOL
     assert generated == reference.generate_until(requests("generate_until", args), disable_tqdm=True)
+
+
+def test_lm_evals_command_line_runs_a_vllm_model(folder, tmp_path):
+    """``bamctl lm-eval --model_args model=vllm:PATH`` from lm-eval's own command line: lm-eval passes a
+    device to every model (``cuda:0`` unless told; here ``--device cpu``), which vLLM, picking its own,
+    had refused ("device does not apply to vllm: models", exit 2). It now goes only to back-ends that
+    take a device; each sample's log-likelihood lm-eval logs is HFLM's on the same request."""
+    pytest.importorskip("lm_eval", reason="lm-eval not installed (the dev extra)")
+    from test_harness import TASKS, _bamctl, hflm, requests
+
+    out = tmp_path / "out"
+    done = _bamctl("lm-eval", "--model_args", f"model=vllm:{folder},dtype=float32", "--tasks", "arc_mini",
+                   "--include_path", str(TASKS), "--batch_size", "auto", "--device", "cpu", "--limit", "8",
+                   "--log_samples", "--output_path", str(out), home=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr.count("vllm: starting vLLM") == 1
+    samples = [json.loads(line) for path in out.rglob("samples_arc_mini_*.jsonl") for line in path.read_text().splitlines()]
+    # each request's (context, continuation), as lm-eval logs them: {"gen_args_0": {"arg_0": ..., "arg_1": ...}, ...}
+    asked = [(args["arg_0"], args["arg_1"]) for sample in samples for args in sample["arguments"].values()]
+    logged = [float(resp[0][0]) for sample in samples for resp in sample["resps"]]
+    assert len(samples) == 8 and len(asked) == len(logged) == 32
+    theirs = [value for value, _ in hflm(folder).loglikelihood(requests("loglikelihood", asked), disable_tqdm=True)]
+    assert max(abs(a - b) for a, b in zip(logged, theirs)) < ANSWER_TOL
