@@ -25,7 +25,9 @@ use of the name.
 
 from __future__ import annotations
 
+import functools
 import sys
+from contextlib import contextmanager
 from numbers import Real
 from typing import Any, Callable, Sequence
 
@@ -98,6 +100,30 @@ def _batch_setting(batch_size) -> int | None:
         raise BamctlError(f"batch_size must be a positive number or auto, not {batch_size!r}") from None
 
 
+def _mode(module) -> tuple | None:
+    """A module's train/eval mode and, for a bamctl Transformer, its RoPE scaling (None: no module)."""
+    return None if module is None else (module.training, getattr(module, "rope_scaling", None))
+
+
+def _set_mode(module, mode: tuple | None) -> None:
+    if module is None:
+        return
+    training, rope_scaling = mode
+    module.train(training)
+    if rope_scaling is not None or getattr(module, "rope_scaling", None) is not None:  # a bamctl Transformer's
+        module.rope_scaling = rope_scaling
+
+
+def _in_serving_mode(method: Callable) -> Callable:
+    """One of lm-eval's request kinds, run with a model in memory in its back-end's mode (``_serving``)."""
+    @functools.wraps(method)
+    def served(self, *args, **kwargs):
+        with self._serving():
+            return method(self, *args, **kwargs)
+
+    return served
+
+
 @register_model(NAME)
 class BamctlLM(TemplateLM):
     """A bamctl model answering lm-eval's requests.
@@ -132,6 +158,8 @@ class BamctlLM(TemplateLM):
         self.max_batch_size = _checked_arg("max_batch_size", max_batch_size) if max_batch_size else None
         self.max_gen_toks = _checked_arg("max_gen_toks", max_gen_toks)
         options = RunOptions(**{key: value for key, value in engine.items() if value is not None})
+        self._module = None if isinstance(model, str) else model  # a model in memory, left in its caller's mode
+        found = _mode(self._module)
         try:
             if not isinstance(model, str):
                 from bamctl.backends.in_memory import in_memory
@@ -141,6 +169,9 @@ class BamctlLM(TemplateLM):
             self.served = open_backend(model, options)
         except BamctlError as err:
             raise BamctlError(flags_as_keywords(str(err))) from None  # in model_args' words
+        finally:
+            self._served_mode = _mode(self._module)  # eval, and the engine's RoPE scaling
+            _set_mode(self._module, found)
         self.tokenizer = self.served.tokenizer
         self._prepared = False
 
@@ -237,6 +268,7 @@ class BamctlLM(TemplateLM):
         return self.served.bos_for(scoring)
 
     # -- the three request kinds -----------------------------------------------------------------
+    @_in_serving_mode
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         """lm-eval's split of each (context, continuation); an empty context is the model's BOS
         where it takes one, else lm-eval's prefix token (``TemplateLM.loglikelihood``). A context of
@@ -268,6 +300,7 @@ class BamctlLM(TemplateLM):
             answers.append(answer)
         return answers
 
+    @_in_serving_mode
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         """Each string's log-likelihood, every token scored once: in one pass where the model has no
         maximum length, else in lm-eval's rolling windows, each as long as the model takes (after
@@ -290,6 +323,7 @@ class BamctlLM(TemplateLM):
             self.cache_hook.add_partial("loglikelihood_rolling", request.args, total)
         return totals
 
+    @_in_serving_mode
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Greedy generations, each cut at the first of its stop strings (lm-eval's rules)."""
         asked = []
@@ -323,6 +357,19 @@ class BamctlLM(TemplateLM):
         for request, text in zip(requests, texts):
             self.cache_hook.add_partial("generate_until", request.args, text)
         return texts
+
+    @contextmanager
+    def _serving(self):
+        """A model in memory is in the mode its back-end set (eval; a Transformer with the engine's
+        RoPE scaling) while lm-eval's requests run, and in its caller's between them, as
+        ``bamctl.evaluate`` leaves it: a training loop that runs lm-eval every N steps goes on
+        training with its dropout on."""
+        caller = _mode(self._module)
+        _set_mode(self._module, self._served_mode)
+        try:
+            yield
+        finally:
+            _set_mode(self._module, caller)
 
     # -- batches -------------------------------------------------------------------------------
     def _in_batches(self, items: list, size_of: Callable, ask: Callable, what: str, disable_tqdm: bool) -> list:

@@ -450,3 +450,32 @@ def test_model_args_are_checked_by_type_from_lm_evals_command_line(tmp_path, mod
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert done.returncode == 2 and errors == [f"error: {refused}"], done.stderr[-2000:]
     assert "Traceback" not in done.stderr and "internal error" not in done.stderr
+
+
+def test_a_model_in_memory_is_given_back_in_its_callers_mode(folder):
+    """A training loop that runs lm-eval every N steps hands the plugin a module in train mode: it had
+    come back in eval mode (dropout off for the rest of training), where ``bamctl.evaluate`` restores
+    it. Now each request kind runs it in eval mode (a forward hook sees every call) and gives it back
+    as found, for a transformers module with its tokenizer and for a bamctl Transformer."""
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    from bamctl.catalog import resolve_model
+
+    module = LlamaForCausalLM.from_pretrained(str(folder), local_files_only=True, torch_dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    transformer = resolve_model("lm-bam").model
+    for model, extra in ((module, {"tokenizer": tokenizer}), (transformer, {})):
+        model.train()
+        seen = []
+        hooks = [sub.register_forward_pre_hook(lambda m, _: seen.append(m.training)) for sub in model.modules()]
+        lm = BamctlLM(model=model, device="cpu", dtype="float32", **extra)
+        assert model.training
+        lm.loglikelihood(requests("loglikelihood", choice_pairs()[:3]), disable_tqdm=True)
+        assert model.training
+        lm.loglikelihood_rolling(requests("loglikelihood_rolling", [("The end of the day.",)]), disable_tqdm=True)
+        lm.generate_until(requests("generate_until", [("Once", {"until": ["\n"], "max_gen_toks": 3})]), disable_tqdm=True)
+        assert model.training
+        for hook in hooks:
+            hook.remove()
+        assert seen and not any(seen)  # every forward of the requests in eval mode
+        model.eval()
