@@ -40,7 +40,11 @@ def test_the_native_engine_ends_each_row_at_its_first_stop_string():
     assert _ends_at_the_first_stop(backend, PROMPTS, STOPS) >= 2
 
 
-def test_the_hf_back_end_ends_each_row_at_its_first_stop_string(tmp_path):
+def test_the_hf_back_end_ends_each_row_at_its_first_stop_string(tmp_path, monkeypatch):
+    """Both of ``hf:``'s generation loops: decoding from its KV cache, and the loop for models whose
+    forward takes no cache (the whole sequence each step), forced here on the same Llama: a spy
+    counts its calls (the test had opened the back-end without a chunk size, which still decodes
+    from the cache: 0 calls)."""
     pytest.importorskip("transformers", reason="transformers not installed (pip install 'bamctl[hf]')")
     from tiny_llama import save_tiny_llama
 
@@ -49,7 +53,13 @@ def test_the_hf_back_end_ends_each_row_at_its_first_stop_string(tmp_path):
     stops = [("e",), ("a",), ("o",), ("zzzz-never",)]
     assert _ends_at_the_first_stop(backend, PROMPTS, stops) >= 2
     uncached = open_backend(f"hf:{folder}", RunOptions(device="cpu", dtype="float32"))
+    uncached.chunked = False  # what a forward without a cache argument makes it
+    calls = []
+    generate_uncached = type(uncached)._generate_uncached
+    monkeypatch.setattr(type(uncached), "_generate_uncached",
+                        lambda self, *args: calls.append(args[0]) or generate_uncached(self, *args))
     assert _ends_at_the_first_stop(uncached, PROMPTS, stops) >= 2
+    assert len(calls) == 2 * len(PROMPTS)  # each prompt, with and without its stop strings
 
 
 def test_a_stop_string_is_found_in_the_last_tokens_and_confirmed_on_the_whole_text():
