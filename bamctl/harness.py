@@ -100,6 +100,30 @@ def _batch_setting(batch_size) -> int | None:
         raise BamctlError(f"batch_size must be a positive number or auto, not {batch_size!r}") from None
 
 
+# Generation settings (after lm-eval's normalize_gen_kwargs) and what bamctl does with each. It decodes
+# greedily up to max_gen_toks and ends at the stop strings (``until``): those it applies. Sampling's and
+# beam search's settings greedy decoding never reads (transformers' generate leaves them out too when
+# do_sample is false, so HFLM's text is the same). A setting at the value that leaves greedy decoding
+# as it is (transformers' default) changes nothing; any other value, or any other setting, would change
+# the text, and is refused by name rather than left out.
+APPLIED_GEN_KWARGS = frozenset({"until", "max_gen_toks", "do_sample", "temperature"})
+UNREAD_BY_GREEDY = frozenset({"top_p", "top_k", "typical_p", "min_p", "epsilon_cutoff", "eta_cutoff",
+                              "length_penalty", "early_stopping"})
+GREEDY_VALUES = {"num_beams": 1, "num_beam_groups": 1, "num_return_sequences": 1, "repetition_penalty": 1.0,
+                 "no_repeat_ngram_size": 0, "min_new_tokens": 0, "min_length": 0, "diversity_penalty": 0.0}
+
+
+def _refuse_settings_not_applied(kwargs: dict) -> None:
+    for key, value in kwargs.items():
+        if key in APPLIED_GEN_KWARGS or key in UNREAD_BY_GREEDY:
+            continue
+        if key in GREEDY_VALUES and value in (None, GREEDY_VALUES[key]):
+            continue
+        raise BamctlError(f"{NAME} decodes greedily up to max_gen_toks and ends at the stop strings; the generation "
+                          f"setting {key}={value!r} would change the text and is not applied: leave it out of the "
+                          "task's generation_kwargs and --gen_kwargs")
+
+
 def _mode(module) -> tuple | None:
     """A module's train/eval mode and, for a bamctl Transformer, its RoPE scaling (None: no module)."""
     return None if module is None else (module.training, getattr(module, "rope_scaling", None))
@@ -331,6 +355,7 @@ class BamctlLM(TemplateLM):
             kwargs = normalize_gen_kwargs(dict(gen_kwargs), self.max_gen_toks)
             if kwargs.get("do_sample") or float(kwargs.get("temperature") or 0.0) > 0.0:
                 raise BamctlError(f"{NAME} generates greedily; this task asks to sample ({gen_kwargs})")
+            _refuse_settings_not_applied(kwargs)
             budget = int(kwargs["max_gen_toks"])
             ids = self.tok_encode(context)
             if not ids and not self._bos("generate"):  # nothing to generate from: the prefix token, as for scoring

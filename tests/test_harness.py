@@ -479,3 +479,60 @@ def test_a_model_in_memory_is_given_back_in_its_callers_mode(folder):
             hook.remove()
         assert seen and not any(seen)  # every forward of the requests in eval mode
         model.eval()
+
+
+GEN_MINI = """task: gen_mini
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: generate_until
+doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
+doc_to_target: "{{{{choices[answer]}}}}"
+generation_kwargs:
+  until: ["\\n"]
+  max_gen_toks: 8
+  do_sample: false
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+"""
+
+
+def test_generation_settings_are_applied_as_hflm_applies_them_or_refused_by_name(folder):
+    """A task's generation_kwargs (and --gen_kwargs): settings that greedy decoding never reads give
+    HFLM's text; one that changes HFLM's text (repetition_penalty, num_beams, min_new_tokens ...)
+    had been dropped without a word, and is now refused in one line naming it. (min_new_tokens,
+    refused too, changes HFLM's text only where the model would end at its EOS sooner.)"""
+    from bamctl.errors import BamctlError
+
+    prompts = [f"Question: {q['question']}\nAnswer:" for q in questions()[:3]]
+    base = {"until": ["\n"], "max_gen_toks": 10, "do_sample": False}
+    unread = {**base, "top_k": 5, "top_p": 0.5, "num_beams": 1, "repetition_penalty": 1.0}
+    args = [(p, unread) for p in prompts]
+    reference, mine = hflm(folder), ours(folder)
+    assert mine.generate_until(requests("generate_until", args), disable_tqdm=True) == \
+        reference.generate_until(requests("generate_until", args), disable_tqdm=True)
+    for setting in ({"repetition_penalty": 1.5}, {"num_beams": 3}, {"no_repeat_ngram_size": 1}):
+        changed = [(p, {**base, **setting}) for p in prompts]
+        # the setting changes HFLM's text ...
+        assert reference.generate_until(requests("generate_until", changed), disable_tqdm=True) != \
+            reference.generate_until(requests("generate_until", [(p, base) for p in prompts]), disable_tqdm=True)
+        key = next(iter(setting))  # ... and is refused by name here
+        with pytest.raises(BamctlError, match=f"^bamctl decodes greedily .* setting {key}=.* is not applied"):
+            mine.generate_until(requests("generate_until", changed), disable_tqdm=True)
+
+
+def test_gen_kwargs_from_lm_evals_command_line_are_refused_by_name(tmp_path):
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "gen_mini.yaml").write_text(GEN_MINI.format(data=ARC_MINI))
+    done = _bamctl("lm-eval", "--model_args", "model=lm-bam", "--tasks", "gen_mini", "--include_path", str(tmp_path / "tasks"),
+                   "--limit", "2", "--gen_kwargs", "repetition_penalty=1.3", home=tmp_path)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 2 and len(errors) == 1 and "repetition_penalty=1.3" in errors[0], done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    done = _bamctl("lm-eval", "--model_args", "model=lm-bam", "--tasks", "gen_mini", "--include_path", str(tmp_path / "tasks"),
+                   "--limit", "2", "--gen_kwargs", "top_k=5", home=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
