@@ -97,6 +97,7 @@ def evaluate(
     rope_scaling: str | None = None,
     rope_factor: float | None = None,
     tensor_parallel: int | None = None,
+    trust_remote_code: bool = False,
     **unknown,
 ):
     """Evaluate ``models`` on ``task``; the rows of exactly this request, as a pandas DataFrame
@@ -186,7 +187,7 @@ def _checked_run(models, task, given: dict, baseline: str | None):
 
 
 INTEGERS = ("chunk_size", "stride", "bucket", "doc_tokens", "tensor_parallel")  # positive integers or None
-FLAGS = ("force", "reuse", "quiet", "chat_template")  # True or False
+FLAGS = ("force", "reuse", "quiet", "chat_template", "trust_remote_code")  # True or False
 
 
 def _checked(given: dict) -> dict:

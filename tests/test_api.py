@@ -226,7 +226,9 @@ def test_a_model_in_memory_cannot_be_sharded(tmp_path):
 
 
 def test_what_is_not_a_model_is_refused_by_name(tmp_path):
-    with pytest.raises(BamctlError, match="cannot evaluate a dict"):
+    with pytest.raises(BamctlError, match="cannot evaluate a int"):
+        bamctl.evaluate(42, "passkey", dir=tmp_path)
+    with pytest.raises(BamctlError, match="a dict with unknown key 'weights'"):  # a dict describes a module
         bamctl.evaluate({"weights": 1}, "passkey", dir=tmp_path)
 
 

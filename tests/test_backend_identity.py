@@ -38,8 +38,15 @@ def _vllm(tmp_path, request):
     return f"vllm:{folder}"
 
 
-OPENERS = {"native": _native, "bam": _authors, "hf": _hf, "vllm": _vllm}
-OPTIONS = {"native": RunOptions(device="cpu"), "bam": RunOptions(device="cpu"), "hf": RunOptions(device="cpu"), "vllm": RunOptions()}
+def _py(tmp_path, request):
+    builder = tmp_path / "builder.py"
+    builder.write_text("from own_models import gpt2_encoding, nanogpt\n\n\ndef build():\n    return nanogpt(), gpt2_encoding()\n")
+    return f"py:{builder}:build"
+
+
+OPENERS = {"native": _native, "bam": _authors, "hf": _hf, "vllm": _vllm, "py": _py}
+OPTIONS = {"native": RunOptions(device="cpu"), "bam": RunOptions(device="cpu"), "hf": RunOptions(device="cpu"), "vllm": RunOptions(),
+           "py": RunOptions(device="cpu")}
 
 
 def test_every_registered_back_end_is_covered_here():

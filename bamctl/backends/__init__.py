@@ -1,7 +1,8 @@
 """Back-ends: what answers a task's requests (``base.Backend``), found by a model reference.
 
 A catalog name or checkpoint directory is served by bamctl's streaming engine
-(``native``); ``PREFIX:PATH`` references go to the back-end registered under PREFIX;
+(``native``); ``PREFIX:PATH`` references go to the back-end registered under PREFIX (``py:FILE.py:FUNCTION``:
+a plain PyTorch module a user's function builds);
 a bare path to the BAM authors' ``model.pt`` + ``args.json`` goes to ``authors``; a model
 object already in memory (``in_memory``) goes to the back-end its kind has on disk.
 Each back-end module is imported only when a reference asks for it, so heavy
@@ -22,6 +23,7 @@ from bamctl.backends.base import (
     EngineOptions,
     HFOptions,
     ModelInfo,
+    ModuleOptions,
     ModelPeek,
     RunOptions,
     VLLMOptions,
@@ -47,8 +49,9 @@ class BackendEntry:
     def open(self, reference: str, run: RunOptions) -> Backend:
         return _load(self.target)(reference, self.options_for(run))
 
-    def peek(self, reference: str) -> ModelPeek:
-        return _load(self.peeker)(reference)
+    def peek(self, reference: str, options) -> ModelPeek:
+        """``options``: the back-end's own (``options_for``), for what a peek depends on (trust_remote_code)."""
+        return _load(self.peeker)(reference, options)
 
 
 def _load(target: str):
@@ -61,9 +64,11 @@ BACKENDS: dict[str, BackendEntry] = {
     "bam": BackendEntry("bamctl.backends.authors:AuthorsBackend", AuthorsOptions, "the BAM authors' checkpoints (bam:)", "bamctl.backends.authors:peek"),
     "hf": BackendEntry("bamctl.backends.hf:HFBackend", HFOptions, "hf: models", "bamctl.backends.hf_common:peek"),
     "vllm": BackendEntry("bamctl.backends.vllm:VLLMBackend", VLLMOptions, "vllm: models", "bamctl.backends.hf_common:peek"),
+    "py": BackendEntry("bamctl.backends.module:PyBackend", ModuleOptions, "py: models (plain PyTorch modules)",
+                       "bamctl.backends.module:peek"),
 }
 # Prefixes a reference may carry: PREFIX:PATH.
-PREFIXES = ("bam", "hf", "vllm")
+PREFIXES = ("bam", "hf", "vllm", "py")
 
 
 # A model reference may end in @KIND:FACTOR: that model with RoPE scaled at inference (rope@yarn:8).
@@ -123,5 +128,5 @@ def peek_backend(reference, options: RunOptions = RunOptions()) -> ModelPeek:
         return reference.peek(options)
     reference, options = split_rope_suffix(reference, options)
     entry, rest = backend_for(reference)
-    entry.options_for(options)  # refuses, by name, any option this back-end cannot honour
-    return entry.peek(rest)
+    taken = entry.options_for(options)  # refuses, by name, any option this back-end cannot honour
+    return entry.peek(rest, taken)

@@ -569,7 +569,7 @@ class AuthorsBackend(EngineBackend):
         return super().token_nlls([(ids, score_from + len(ids) - len(asked)) for (ids, score_from), (asked, _) in zip(fed, requests)])
 
 
-def peek(reference: str) -> ModelPeek:
+def peek(reference: str, options=None) -> ModelPeek:
     """The training length from ``args.json`` alone."""
     path = Path(reference).expanduser()
     if not is_authors_checkpoint(path):

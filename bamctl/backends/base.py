@@ -52,6 +52,7 @@ class ModelPeek:
     max_length: int | None = None  # configured maximum positions, for back-ends that have one
     tokenizer: str | None = None  # the tokenizer's name, where the config names one
     token_subset: frozenset[int] | None = None  # the only ids the model scores; None: all its tokenizer's
+    source_digest: str | None = None  # a py: model's code (its builder's file): a sweep's shards must all import the same
 
 
 @dataclass(frozen=True)
@@ -208,6 +209,7 @@ class RunOptions:
     prior_form: str | None = None  # the authors' BAM checkpoints: released or scaled_distance
     rope_scaling: str | None = None  # RoPE models at inference: linear, ntk or yarn ...
     rope_factor: float | None = None  # ... by this factor
+    trust_remote_code: bool = False  # hf: run a model folder's own modeling code (config.json's auto_map)
 
     def asked(self) -> dict[str, Any]:
         """The options the user set, by field name."""
@@ -310,6 +312,7 @@ class HFOptions:
     bos: str = "auto"  # auto: what the tokenizer's plain call puts in front (a BOS for Llama, Mistral)
     rope_scaling: str | None = None  # linear or yarn: passed to transformers through the model's config
     rope_factor: float | None = None
+    trust_remote_code: bool = False  # import and run the folder's own modeling files (auto_map)
 
     def __post_init__(self):
         positive(self.chunk_size, "chunk_size")
@@ -338,6 +341,23 @@ class VLLMOptions:
         _check_bos(self.bos)
         if self.beyond_max not in BEYOND_MAX:
             raise BamctlError(f"--beyond-max must be one of {', '.join(BEYOND_MAX)}, not {self.beyond_max!r}")
+
+
+@dataclass(frozen=True)
+class ModuleOptions:
+    """A plain PyTorch module (``py:`` references, modules handed to the API): its own forward,
+    its own device and dtype unless others are asked, its own tokenizer unless ``--tokenizer``."""
+
+    device: str = "auto"
+    dtype: str = "auto"
+    chunk_size: int = 2048  # prefill chunk, for a module with a cached step; a plain forward takes a whole sequence
+    tokenizer: str | None = None
+    bos: str = "auto"  # auto: what the tokenizer's plain call puts in front (none for tiktoken)
+
+    def __post_init__(self):
+        positive(self.chunk_size, "chunk_size")
+        _one_dtype(self.dtype, "a plain PyTorch module")
+        _check_bos(self.bos)
 
 
 def holds_stop(decode: Callable[[Sequence[int]], str], strings: Sequence[str], tokens: Sequence[int]) -> bool:

@@ -29,16 +29,15 @@ by ``bamctl.backends.hub``. Loading itself is ``local_files_only``, from that fo
 from __future__ import annotations
 
 import inspect
-from typing import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 
-from bamctl.backends.base import ContinuationScore, HFOptions, ModelInfo, auto_batch_size, stop_tests
+from bamctl.backends.base import HFOptions, ModelInfo, auto_batch_size, stop_tests
+from bamctl.backends.logits_loop import LogitsLoopBackend
 from bamctl.backends.hf_common import (
     LengthPolicy,
     RequestShaper,
-    ShapedBackend,
+    check_remote_code,
     estimate_bytes,
     find_model,
     import_transformers,
@@ -51,12 +50,12 @@ from bamctl.errors import BamctlError
 from bamctl.fingerprints import scaled_hash
 
 
-def scaled_config(reference: str, kind: str, factor: float):
+def scaled_config(reference: str, kind: str, factor: float, trust_remote_code: bool = False):
     """The model's config with RoPE scaled at inference (transformers' ``rope_type`` linear or yarn),
     from the length it was trained at."""
     from bamctl.backends.hf_common import read_config
 
-    config, _, _ = read_config(reference)
+    config, _, _ = read_config(reference, trust_remote_code)
     if positional_encoding(config) != "rope":
         raise BamctlError(f"--rope-scaling applies to RoPE models; {reference} is not one")
     original = trained_length(config, max_positions(config))
@@ -69,9 +68,9 @@ def scaled_config(reference: str, kind: str, factor: float):
     return config
 
 
-class HFBackend(ShapedBackend):
+class HFBackend(LogitsLoopBackend):
     kind = "hf"
-    compute_libraries = ShapedBackend.compute_libraries + ("transformers", "tokenizers")
+    compute_libraries = LogitsLoopBackend.compute_libraries + ("transformers", "tokenizers")
 
     def __init__(self, reference: str, options: HFOptions):
         from bamctl.backends.hf_tokenizer import model_tokenizer
@@ -83,9 +82,12 @@ class HFBackend(ShapedBackend):
         folder, gguf_file = files.folder, files.gguf_file
         device = resolve_device(options.device)
         dtype = resolve_dtype(options.dtype, device)
-        kwargs = {"local_files_only": True, **({"gguf_file": gguf_file} if gguf_file else {})}
+        check_remote_code(folder, files.name, options.trust_remote_code)
+        kwargs = {"local_files_only": True, "trust_remote_code": options.trust_remote_code,
+                  **({"gguf_file": gguf_file} if gguf_file else {})}
         if options.rope_scaling is not None:  # into the config, as transformers reads it
-            kwargs["config"] = scaled_config(reference, options.rope_scaling, options.rope_factor)
+            kwargs["config"] = scaled_config(reference, options.rope_scaling, options.rope_factor,
+                                             options.trust_remote_code)
         try:
             try:
                 model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, **kwargs)
@@ -114,6 +116,7 @@ class HFBackend(ShapedBackend):
         device = resolve_device(options.device)
         dtype = resolve_dtype(options.dtype, device)
         self.model = model.to(device=device, dtype=dtype).eval()
+        self.run_device = self.model.device
         self.tokenizer = tokenizer
         config = self.model.config
         limit = max_positions(config)
@@ -162,31 +165,7 @@ class HFBackend(ShapedBackend):
             logits = logits[:, rows]
         return logits.float(), cache
 
-    def _stream(self, batch: list[list[int]], rows_for: Callable[[int, int, int], list[int]], on_logits) -> None:
-        """Run the sequences of ``batch`` side by side in chunks; ``on_logits(b, start, rows, logits)``
-        where ``rows_for(b, start, stop)`` asks for local rows of sequence b.
-
-        Unequal sequences are right-padded: attention is causal, so no real token sees the
-        padding after it, and no mask is needed (the model takes its own causal path, as for
-        one sequence); rows of padding are never asked for.
-        """
-        longest = max(len(ids) for ids in batch)
-        tokens = torch.zeros(len(batch), longest, dtype=torch.long)
-        for b, ids in enumerate(batch):
-            tokens[b, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        tokens = tokens.to(self.model.device)
-        cache = self._new_cache()
-        step = self.chunk_size if self.chunked else longest
-        for start in range(0, longest, step):
-            stop = min(start + step, longest)
-            wanted = [rows_for(b, start, min(stop, len(ids))) if start < len(ids) else [] for b, ids in enumerate(batch)]
-            union = sorted({r for rows in wanted for r in rows})
-            logits, cache = self._forward(tokens[:, start:stop], cache, union or None)
-            for b, rows in enumerate(wanted):
-                if rows:
-                    on_logits(b, start, rows, logits[b, [union.index(r) for r in rows]])
-
-    def _new_cache(self):
+    def _new_cache(self, batch: int = 1, longest: int = 0):
         if not self.chunked:
             return None
         from transformers import DynamicCache
@@ -196,39 +175,7 @@ class HFBackend(ShapedBackend):
         except TypeError:  # older transformers take no config
             return DynamicCache()
 
-    def _logits_at(self, batch: list[list[int]], positions: list[list[int]]) -> list[torch.Tensor]:
-        found: list[dict[int, torch.Tensor]] = [{} for _ in batch]
-
-        def rows_for(b, start, stop):
-            return [p - start for p in positions[b] if start <= p < stop]
-
-        def keep(b, start, rows, logits):
-            for r, row in zip(rows, logits):
-                found[b][start + r] = row
-
-        self._stream(batch, rows_for, keep)
-        return [torch.stack([rows[p] for p in asked]) for rows, asked in zip(found, positions)]
-
     # -- request kinds, in batches; one request is a batch of one ------------------------------
-    @torch.inference_mode()
-    def score_continuations(self, requests) -> list[ContinuationScore]:
-        prefix = self.shaper.prefix
-        fed = [self.lengths.fit(prefix, list(prompt), list(target)) for prompt, target in requests]
-        # the row predicting each target: the first at len(fed) - len(targets)
-        positions = [list(range(len(ids) - len(target), len(ids))) for ids, (_, target) in zip(fed, requests)]
-        answers = []
-        for logits, (_, target_ids) in zip(self._logits_at(fed, positions), requests):
-            logprobs = torch.log_softmax(logits, dim=-1)
-            target = torch.tensor(list(target_ids), dtype=torch.long, device=logprobs.device)
-            answers.append(ContinuationScore(
-                predicted_ids=logprobs.argmax(-1).tolist(),
-                logprobs=logprobs.gather(1, target[:, None])[:, 0].tolist(),
-            ))
-        return answers
-
-    def score_continuation(self, prompt_ids: Sequence[int], target_ids: Sequence[int]):
-        return self.score_continuations([(prompt_ids, target_ids)])[0]
-
     def check_fits(self, n_prompt: int, n_answer: int) -> None:
         """Before any sample: the ``--beyond-max`` policy on the longest prompt, then memory."""
         from bamctl import devices
@@ -289,7 +236,7 @@ class HFBackend(ShapedBackend):
             mask[b, longest - len(ids):] = 1
         tokens, mask = tokens.to(device), mask.to(device)
         positions = (mask.cumsum(-1) - 1).clamp_(min=0)
-        cache = self._new_cache()
+        cache = self._new_cache(len(fed), longest)
         for start in range(0, longest, self.chunk_size):
             stop = min(start + self.chunk_size, longest)
             logits, cache = self._forward(
@@ -313,52 +260,3 @@ class HFBackend(ShapedBackend):
             logits, cache = self._forward(next_ids[:, None], cache, [0], attention_mask=mask, position_ids=position)
             next_ids = logits[:, -1].argmax(-1)
 
-    def _generate_uncached(self, ids: list[int], max_new_tokens: int, stopped=None) -> list[int]:
-        out: list[int] = []
-        while True:
-            next_id = int(self._logits_at([ids + out], [[len(ids) + len(out) - 1]])[0][-1].argmax())
-            out.append(next_id)
-            if next_id in self.stop_ids or len(out) == max_new_tokens or (stopped is not None and stopped(out)):
-                return out
-
-    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
-        return self.generate_many([prompt_ids], max_new_tokens)[0]
-
-    @torch.inference_mode()
-    def token_nlls(self, requests) -> list[torch.Tensor]:
-        """Per (ids, score_from): NLL (float32, CPU) of ids[t] for t in [score_from, len(ids)); a BOS,
-        if the model takes one, goes in front but is neither scored nor counted. With nothing in
-        front, token 0 is not predicted: NaN."""
-        for ids, score_from in requests:
-            if not 0 <= score_from <= len(ids):
-                raise ValueError(f"score_from must be in [0, {len(ids)}], got {score_from}")
-        fulls, firsts, padded = [], [], []
-        for ids, score_from in requests:
-            full = self.lengths.fit_prefix(self.shaper.prefix, list(ids))
-            prefix = len(full) - len(ids)
-            unpredicted = score_from == 0 and not prefix and bool(ids)  # token 0 with nothing before it
-            fulls.append(full)
-            firsts.append(prefix + max(score_from, 1 if unpredicted else 0))  # first scored index in `full`
-            padded.append(unpredicted)
-        pieces: list[list[torch.Tensor]] = [[] for _ in requests]
-        streamed = [b for b, full in enumerate(fulls) if len(full) > 1]
-
-        def rows_for(i, start, stop):  # row r predicts full[start + r + 1]
-            full, first = fulls[streamed[i]], firsts[streamed[i]]
-            return list(range(max(first - 1 - start, 0), min(stop, len(full) - 1) - start))
-
-        def score(i, start, rows, logits):
-            full = fulls[streamed[i]]
-            wanted = torch.tensor(full[start + rows[0] + 1 : start + rows[-1] + 2], dtype=torch.long, device=logits.device)
-            pieces[streamed[i]].append(F.cross_entropy(logits, wanted, reduction="none").cpu())
-
-        if streamed:
-            self._stream([fulls[b] for b in streamed], rows_for, score)
-        answers = []
-        for b in range(len(requests)):
-            nll = torch.cat(pieces[b]) if pieces[b] else torch.zeros(0)
-            answers.append(F.pad(nll, (1, 0), value=float("nan")) if padded[b] else nll)
-        return answers
-
-    def token_nll(self, ids: Sequence[int], score_from: int = 1) -> torch.Tensor:
-        return self.token_nlls([(ids, score_from)])[0]

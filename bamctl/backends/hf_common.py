@@ -88,6 +88,9 @@ def model_fingerprint(folder: Path, gguf_file: str | None) -> str:
         config = folder / name
         if config.is_file():
             digest.update(f"{name}:".encode() + config.read_bytes())
+    if remote_code(folder):  # a folder's own modeling code computes its numbers: every .py file beside the config
+        for code in sorted(folder.glob("*.py")):
+            digest.update(f"{code.name}:".encode() + code.read_bytes())
     sample = sum(p.stat().st_size for p in files) > FULL_HASH_LIMIT
     for file in files:
         size = file.stat().st_size
@@ -276,24 +279,47 @@ class ShapedBackend(Backend):
         return self.lengths.prefix_fitting(n_prefix, n_prompt, n_answer if scoring == "generate" else 0)
 
 
-def read_config(reference: str):
+def remote_code(folder: Path) -> dict:
+    """config.json's ``auto_map`` (class -> ``file.Class``): the folder's own modeling code; {} without."""
+    import json
+
+    config = folder / "config.json"
+    try:
+        auto_map = json.loads(config.read_text()).get("auto_map") if config.is_file() else None
+    except (OSError, ValueError):
+        return {}
+    return auto_map if isinstance(auto_map, dict) else {}
+
+
+def check_remote_code(folder: Path, name: str, trusted: bool) -> None:
+    """A folder with its own modeling code runs only when asked: that code is run as it is."""
+    auto_map = remote_code(folder)
+    if auto_map and not trusted:
+        files = sorted({str(v).split(".")[0] + ".py" for v in auto_map.values() if isinstance(v, str)})
+        raise BamctlError(f"hf: {name} runs its own modeling code ({', '.join(files) or 'auto_map'} in config.json's "
+                          "auto_map); read it, then pass --trust-remote-code to run it")
+
+
+def read_config(reference: str, trust_remote_code: bool = False):
     """The model's Hugging Face config (local files only), and its folder and GGUF file name."""
     transformers = import_transformers()
     files = find_model(reference)
     folder, gguf_file = files.folder, files.gguf_file
+    check_remote_code(folder, files.name, trust_remote_code)
     try:
         config = transformers.AutoConfig.from_pretrained(
-            str(folder), local_files_only=True, **({"gguf_file": gguf_file} if gguf_file else {})
+            str(folder), local_files_only=True, trust_remote_code=trust_remote_code,
+            **({"gguf_file": gguf_file} if gguf_file else {})
         )
     except (OSError, ValueError) as err:
         raise BamctlError(f"cannot read the config of {reference}: {str(err).splitlines()[0]}") from None
     return config, folder, gguf_file
 
 
-def peek(reference: str):
+def peek(reference: str, options=None):
     """Training and maximum length from the config alone."""
     from bamctl.backends.base import ModelPeek
 
-    config, _, _ = read_config(reference)
+    config, _, _ = read_config(reference, getattr(options, "trust_remote_code", False))
     limit = max_positions(config)
     return ModelPeek(train_length=trained_length(config, limit), max_length=limit)

@@ -1,4 +1,4 @@
-"""Models already in memory: a bamctl ``Transformer``, or a Hugging Face causal LM with its tokenizer.
+"""Models already in memory: a bamctl ``Transformer``, a Hugging Face causal LM, or any PyTorch module, with its tokenizer.
 
 A training loop evaluates the model it is training without saving it first
 (``bamctl.evaluate(model, task="passkey", lengths="1k..8k")`` every N steps). Such a model
@@ -10,8 +10,9 @@ they are another model.
 It runs where it lives: its own device and dtype unless others are asked, and then on a
 copy, so the caller's weights are never cast or moved. The back-ends put it in eval mode;
 ``bamctl.api`` puts it back as it found it. It is served by the back-end its kind has on
-disk (``native``: bamctl's streaming engine; ``hf``: the same transformers loop as ``hf:``),
-so its numbers are those of the same weights loaded from a folder.
+disk (``native``: bamctl's streaming engine; ``hf``: the same transformers loop as ``hf:``;
+``module``: a plain module's own forward, as ``py:`` references run), so its numbers are those
+of the same weights loaded from a folder.
 """
 
 from __future__ import annotations
@@ -139,18 +140,61 @@ class HFModelInMemory(InMemory):
         return HFBackend.around(module, tokenizer, self.name, identity, options)
 
 
+class ModuleInMemory(InMemory):
+    """Any other ``torch.nn.Module`` (a nanoGPT fork, an x-transformers wrapper ...) with its tokenizer,
+    run by ``bamctl.backends.module`` through its own forward (or cached step)."""
+
+    what = "a plain PyTorch module"
+
+    def __init__(self, found, name: str):
+        super().__init__(found.module, name)
+        self.found = found
+
+    def peek(self, run: RunOptions) -> ModelPeek:
+        from bamctl.backends.base import ModuleOptions
+        from bamctl.backends.module import train_length
+
+        options_for(ModuleOptions, self._here(run), self.what)
+        return ModelPeek(train_length=train_length(self.found, self.name))
+
+    def open(self, run: RunOptions):
+        from bamctl.backends.base import ModuleOptions
+        from bamctl.backends.module import ModuleBackend
+        from bamctl.devices import resolve_device, resolve_dtype
+
+        options = options_for(ModuleOptions, self._here(run), self.what)
+        device = resolve_device(options.device)
+        module = self._module_for(device, resolve_dtype(options.dtype, device))
+        return ModuleBackend(replace(self.found, module=module, name=self.name), options)
+
+
+def is_transformers_model(model) -> bool:
+    """A transformers ``PreTrainedModel`` (its own classes, or a folder's remote code built on them)."""
+    import sys
+
+    transformers = sys.modules.get("transformers")
+    return transformers is not None and isinstance(model, transformers.PreTrainedModel)
+
+
 def in_memory(model, tokenizer=None, name: str | None = None) -> InMemory:
-    """A model object as a run takes it: a bamctl ``Transformer``, or a transformers module (with
-    ``config``) and its ``tokenizer``. ``name``: what its rows are called."""
+    """A model object as a run takes it: a bamctl ``Transformer``; a transformers model and its
+    ``tokenizer``; or any other ``torch.nn.Module`` (alone, with its tokenizer, or a dict with
+    'model', 'tokenizer', 'step', 'train_length', 'name': ``bamctl.backends.module``).
+    ``name``: what its rows are called."""
     from bamctl.model import Transformer
 
     if isinstance(model, Transformer):
         if tokenizer is not None:
             raise BamctlError("a bamctl Transformer takes the tokenizer its config names; pass no tokenizer")
         return TransformerInMemory(model, name or f"in-memory-{model.config.label}")
-    if isinstance(model, torch.nn.Module) and hasattr(model, "config"):
+    if is_transformers_model(model):
         path = str(getattr(model.config, "_name_or_path", "") or "").rstrip("/")
         default = path.split("/")[-1] if path else getattr(model.config, "model_type", None) or type(model).__name__
         return HFModelInMemory(model, tokenizer, name or f"in-memory-{default}")
+    if isinstance(model, (torch.nn.Module, dict)):
+        from bamctl.backends.module import user_model
+
+        found = user_model(model, tokenizer, who=name or "the model")
+        return ModuleInMemory(found, name or found.name or f"in-memory-{type(found.module).__name__}")
     raise BamctlError(f"cannot evaluate a {type(model).__name__}: give a model reference (a catalog name, folder or "
-                      "PREFIX:PATH), a bamctl Transformer, or a Hugging Face model with its tokenizer")
+                      "PREFIX:PATH), a torch.nn.Module with its tokenizer, or a bamctl Transformer")

@@ -113,7 +113,7 @@ class NativeBackend(EngineBackend):
         super().__init__(checkpoint, tokenizer, reference.rstrip("/").split("/")[-1], options)
 
 
-def peek(reference: str) -> ModelPeek:
+def peek(reference: str, options=None) -> ModelPeek:
     """The checkpoint's training length and vocabulary, from its config.json alone."""
     from bamctl.catalog import checkpoint_path
     from bamctl.checkpoint import read_config

@@ -153,6 +153,10 @@ EVALUATION: list[Param] = [
         rich_help_panel=EXTERNAL_PANEL,
         help="A BOS token before each prompt or document: auto (the default; bam: none for passkey and RULER, one per "
         "perplexity document, as the authors' evaluation; hf:/vllm: what the tokenizer's plain call adds), always or never.")),
+    Param("trust_remote_code", bool, False, typer.Option(
+        rich_help_panel=EXTERNAL_PANEL,
+        help="hf: run the model folder's own modeling code (config.json's auto_map), as transformers' trust_remote_code "
+        "does; read that code first. Its files are part of the model's identity. Without it such a folder is refused.")),
     Param("prior_form", Optional[PriorForm], None, typer.Option(
         rich_help_panel=EXTERNAL_PANEL,
         help="bam: the GGD prior's formula: released (-(|d-mu|+eps)^beta e^alpha, their training and release) or "

@@ -1,0 +1,220 @@
+"""A user's own PyTorch module as a model (``bamctl.backends.module``): held to the plain loops a
+user writes around the module's own forward (``own_models``: not bamctl's engine), on a nanoGPT-style
+module written there and on x-transformers' ``TransformerWrapper`` from the package index."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import bamctl
+from bamctl.backends import RunOptions, open_backend
+from bamctl.backends.in_memory import in_memory
+from bamctl.cli.app import app
+from bamctl.errors import BamctlError
+from bamctl.tasks.registry import generate_samples
+from own_models import (gpt2_encoding, nanogpt, plain_continuation, plain_greedy, plain_nll, x_transformer,
+                        x_transformers_step)
+
+TOLERANCE = 1e-5  # nats per token
+
+
+def _models():
+    yield "nanogpt", nanogpt(), {}
+    pytest.importorskip("x_transformers", reason="x-transformers is the dev extra's user model")
+    for pe in ("alibi", "rope"):
+        yield f"x-{pe}", x_transformer(pe), {}
+        yield f"x-{pe}-cached", x_transformer(pe), {"step": x_transformers_step}
+
+
+MODELS = ["nanogpt", "x-alibi", "x-rope", "x-alibi-cached", "x-rope-cached"]
+
+
+def _model(which: str):
+    return next((model, extra) for name, model, extra in _models() if name == which)
+
+
+def _backend(model, extra: dict, chunk_size: int | None = None):
+    encoding = gpt2_encoding()
+    return open_backend(in_memory({"model": model, "tokenizer": encoding, **extra}), RunOptions(chunk_size=chunk_size))
+
+
+@pytest.mark.parametrize("which", MODELS)
+def test_teacher_forced_log_probs_equal_a_plain_loop_over_the_forward(which):
+    model, extra = _model(which)
+    backend = _backend(model, extra, chunk_size=48)  # prompts of 120 tokens: three chunks where cached
+    samples = list(generate_samples("passkey", [120], 3, 7, backend.tokenizer, protocol="exact"))
+    answers = backend.score_continuations([(s.input_ids, s.answer_ids) for s in samples])
+    assert len({len(s.input_ids) for s in samples}) == 1  # one batch, side by side
+    for sample, answer in zip(samples, answers):
+        predicted, logprobs = plain_continuation(model, sample.input_ids, sample.answer_ids)
+        assert answer.predicted_ids == predicted
+        assert max(abs(a - b) for a, b in zip(answer.logprobs, logprobs)) < TOLERANCE
+
+
+@pytest.mark.parametrize("which", MODELS)
+def test_greedy_generation_is_token_identical_to_a_plain_greedy_loop(which):
+    model, extra = _model(which)
+    backend = _backend(model, extra, chunk_size=100)
+    samples = list(generate_samples("niah_single_1", [240], 2, 3, backend.tokenizer))
+    made = backend.generate_many([s.input_ids for s in samples], 6)
+    for sample, tokens in zip(samples, made):
+        assert tokens == plain_greedy(model, sample.input_ids, 6, backend.tokenizer.eos_id)
+
+
+@pytest.mark.parametrize("which", MODELS)
+def test_perplexity_per_window_equals_a_plain_loop(which):
+    model, extra = _model(which)
+    backend = _backend(model, extra, chunk_size=32)
+    windows = [list(range(1000 + 7 * i, 1000 + 7 * i + 96)) for i in range(3)]
+    for ids, nll in zip(windows, backend.token_nlls([(ids, 1) for ids in windows])):
+        assert torch.allclose(nll, plain_nll(model, ids), atol=TOLERANCE, rtol=0)
+
+
+def test_a_nanogpt_module_runs_through_the_api_and_its_rows_are_the_plain_loops(tmp_path):
+    model, encoding = nanogpt(), gpt2_encoding()
+    rows = bamctl.evaluate((model, encoding), task="passkey", lengths="128", samples=2, depths=[0.5], dir=tmp_path,
+                           quiet=True)
+    assert len(rows) == 2 and set(rows["backend"]) == {"module"} and set(rows["train_length"]) == {256}
+    backend = _backend(model, {})
+    for sample, (_, row) in zip(generate_samples("passkey", [128], 2, 0, backend.tokenizer, depths=[0.5], protocol="exact"),
+                                rows.iterrows()):
+        predicted, _ = plain_continuation(model, sample.input_ids, sample.answer_ids)
+        wanted = predicted[len(sample.answer_ids) - len(sample.target_ids):]
+        assert row["predicted"] == encoding.decode(wanted).strip()
+    assert model.training is False  # left as found: it came in eval mode
+
+
+def test_the_same_module_keeps_its_identity_and_an_edited_forward_is_another_model(tmp_path):
+    first = _backend(nanogpt(), {}).info.model_hash
+    assert _backend(nanogpt(), {}).info.model_hash == first  # the same weights and code
+    assert _backend(nanogpt(seed=1), {}).info.model_hash != first  # other weights
+    source = tmp_path / "mine.py"
+    source.write_text(textwrap.dedent("""
+        import torch
+        class Doubled(torch.nn.Module):
+            def __init__(self, inner):
+                super().__init__()
+                self.inner, self.train_length = inner, 256
+            def forward(self, ids):
+                return self.inner(ids) * 2
+    """))
+    spec = __import__("importlib.util").util.spec_from_file_location("mine_v1", source)
+    one = __import__("importlib.util").util.module_from_spec(spec)
+    spec.loader.exec_module(one)
+    before = _backend(one.Doubled(nanogpt()), {}).info.model_hash
+    source.write_text(source.read_text().replace("* 2", "* 3"))
+    spec = __import__("importlib.util").util.spec_from_file_location("mine_v2", source)
+    two = __import__("importlib.util").util.module_from_spec(spec)
+    spec.loader.exec_module(two)
+    assert _backend(two.Doubled(nanogpt()), {}).info.model_hash != before  # same weights, edited forward
+
+
+def _write_builder(folder, body: str):
+    path = folder / "my_model.py"
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+NANOGPT_BUILDER = """
+    from own_models import gpt2_encoding, nanogpt
+
+    def build(seed=0, n_layer=2):
+        return nanogpt(seed, n_layer=n_layer), gpt2_encoding()
+"""
+
+
+def test_a_py_reference_runs_from_the_command_line_with_arguments(tmp_path):
+    path = _write_builder(tmp_path, NANOGPT_BUILDER)
+    result = CliRunner().invoke(app, ["passkey", f"py:{path}:build:seed=1,n_layer=1", "--lengths", "128", "--samples", "1",
+                                      "--depths", "0.5", "--dir", str(tmp_path / "res"), "--json"])
+    assert result.exit_code == 0, result.output
+    import pandas as pd
+
+    rows = pd.read_parquet(tmp_path / "res")
+    assert list(rows["model"]) == ["my_model.py:build:seed=1,n_layer=1"]
+    direct = bamctl.evaluate((nanogpt(1, n_layer=1), gpt2_encoding()), lengths="128", samples=1, depths=[0.5],
+                             dir=tmp_path / "direct", quiet=True)
+    assert list(rows["predicted"]) == list(direct["predicted"])
+
+
+def test_a_py_model_is_compared_beside_bam_ssmax(tmp_path):
+    path = _write_builder(tmp_path, NANOGPT_BUILDER)
+    result = CliRunner().invoke(app, ["compare", "bam-ssmax", f"py:{path}:build", "--task", "passkey", "--lengths", "128",
+                                      "--samples", "1", "--depths", "0.5", "--dir", str(tmp_path / "res"),
+                                      "--plot", str(tmp_path / "p.png")])
+    assert result.exit_code == 0, result.output
+    import pandas as pd
+
+    rows = pd.read_parquet(tmp_path / "res")
+    assert sorted(set(rows["backend"])) == ["module", "native"]
+    by_model = rows.groupby("model")["draw"].apply(sorted)
+    assert by_model["bam-ssmax"] == by_model["my_model.py:build"]  # the same keys for both
+
+
+@pytest.mark.parametrize("body, words", [
+    (None, "does not exist"),
+    ("def other():\n    pass\n", "defines no function 'build'"),
+    ("def build():\n    raise RuntimeError('no weights here')\n", "raised RuntimeError: no weights here"),
+    ("def build():\n    return 42\n", "gave a int, not a torch.nn.Module"),
+    ("import torch\nclass M(torch.nn.Module):\n    train_length = 64\n    def forward(self, ids):\n"
+     "        return torch.zeros(ids.shape[0], ids.shape[1], 100)\n"
+     "def build():\n    return M(), 'gpt2'\n", "its logits cover 100 ids"),
+    ("import torch\nclass M(torch.nn.Module):\n    train_length = 64\n    def forward(self, ids):\n"
+     "        return torch.zeros(ids.shape[0], 1, 50257)\n"
+     "def build():\n    return M(), 'gpt2'\n", "every position's logits are needed"),
+    ("import torch\nclass M(torch.nn.Module):\n    def forward(self, ids):\n"
+     "        return torch.zeros(ids.shape[0], ids.shape[1], 50257)\n"
+     "def build():\n    return M(), 'gpt2'\n", "does not say the length it was trained at"),
+    ("import torch\nclass M(torch.nn.Module):\n    train_length = 64\n    def forward(self, ids):\n"
+     "        return torch.zeros(ids.shape[0], ids.shape[1], 50257)\n"
+     "def build():\n    return M()\n", "has no tokenizer"),
+])
+def test_bad_py_references_are_one_line_and_exit_2_before_any_work(tmp_path, capsys, body, words):
+    from bamctl.cli import main
+
+    path = tmp_path / "my_model.py" if body is None else _write_builder(tmp_path, body)
+    with pytest.raises(SystemExit) as exited:
+        main(["passkey", f"py:{path}:build", "--lengths", "128", "--samples", "1", "--dir", str(tmp_path / "res")])
+    said = capsys.readouterr().err
+    assert exited.value.code == 2, said
+    assert words in said and len(said.strip().splitlines()) == 1, said
+    assert not (tmp_path / "res").exists() or not any((tmp_path / "res").rglob("*.parquet"))
+
+
+def test_a_module_too_long_for_one_forward_is_refused_naming_the_cached_protocol(monkeypatch):
+    from bamctl import devices
+
+    backend = _backend(nanogpt(), {})
+    monkeypatch.setattr(devices, "available_bytes", lambda device: 2 << 30)
+    with pytest.raises(BamctlError, match="cached step"):
+        backend.check_fits(128 * 1024, 5)
+    backend.check_fits(1024, 5)  # a short one fits
+
+
+def test_tokenizers_as_users_hold_them_are_fingerprinted_by_what_they_do():
+    from bamctl.backends.user_tokenizer import as_tokenizer
+    from bamctl.tokenizer import gpt2_tokenizer
+
+    ours = as_tokenizer(gpt2_encoding(), "m")
+    assert ours.encode("The pass key is 12345.") == gpt2_tokenizer().encode("The pass key is 12345.")
+    assert ours.fingerprint == as_tokenizer(gpt2_encoding(), "other").fingerprint  # not keyed on who holds it
+    assert as_tokenizer("gpt2", "m").fingerprint == gpt2_tokenizer().fingerprint
+    with pytest.raises(BamctlError, match="cannot use a list as a tokenizer"):
+        as_tokenizer([1, 2], "m")
+
+
+def test_a_sentencepiece_processor_and_a_transformers_tokenizer_are_taken_as_they_are():
+    pytest.importorskip("sentencepiece", reason="sentencepiece is the hf extra's")
+    from mistral_vocab import reference_processor
+
+    from bamctl.backends.user_tokenizer import as_tokenizer
+
+    processor = reference_processor()
+    tokenizer = as_tokenizer(processor, "m")
+    assert tokenizer.encode("The pass key is 12345.") == processor.encode("The pass key is 12345.")
+    assert tokenizer.leading_special_ids == [processor.bos_id()]  # a BOS in front, as Llama's loaders put it
+    assert tokenizer.fingerprint and tokenizer.vocab_size == processor.get_piece_size()
