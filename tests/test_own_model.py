@@ -218,3 +218,62 @@ def test_a_sentencepiece_processor_and_a_transformers_tokenizer_are_taken_as_the
     assert tokenizer.encode("The pass key is 12345.") == processor.encode("The pass key is 12345.")
     assert tokenizer.leading_special_ids == [processor.bos_id()]  # a BOS in front, as Llama's loaders put it
     assert tokenizer.fingerprint and tokenizer.vocab_size == processor.get_piece_size()
+
+
+def test_a_py_file_edited_between_submit_and_a_shards_start_is_refused_in_one_line(tmp_path, capsys):
+    pytest.importorskip("submitit", reason="bamctl submit needs the cluster extra (pip install 'bamctl[cluster]')")
+    from bamctl.cli import main
+    from bamctl.cli.submit_commands import plan_sweep
+    from bamctl.cluster import sweep
+
+    path = _write_builder(tmp_path, NANOGPT_BUILDER)
+    command = ["passkey", f"py:{path}:build", "--lengths", "128", "--samples", "2", "--depths", "0.5",
+               "--dir", str(tmp_path / "res"), "--quiet"]
+    description, planned_out, _ = plan_sweep(command)
+    assert f"py:{path}:build" in description["code"]  # the file's digest is part of the submitted sweep
+    record = sweep.claim(planned_out, description)
+    path.write_text(path.read_text() + "\n# edited after submit\n")
+    with sweep.expecting(record.id), pytest.raises(SystemExit) as exited:  # what a job of `bamctl submit` runs
+        main([*command, "--shard", "0/2"])
+    said = capsys.readouterr().err
+    assert exited.value.code == 2 and "another sweep than the one submitted" in said and "code" in said
+    assert not any((tmp_path / "res").rglob("*.parquet"))
+
+
+def test_a_py_model_runs_in_lm_evals_command_line(tmp_path):
+    """``bamctl lm-eval --model_args model=py:...``: lm-eval's own command line asks the module, and
+    reports the accuracy its scores give by hand through the plugin in this process."""
+    pytest.importorskip("lm_eval", reason="lm-eval is the dev extra's")
+    import json
+    import shutil
+    from pathlib import Path
+
+    from bamctl.harness import BamctlLM
+    from test_harness import TASKS, _bamctl, _by_hand
+
+    shutil.copy(Path(__file__).with_name("own_models.py"), tmp_path / "own_models.py")  # imported beside the builder
+    path = _write_builder(tmp_path, NANOGPT_BUILDER)
+    out = tmp_path / "out"
+    done = _bamctl("lm-eval", "--model_args", f"model=py:{path}:build", "--tasks", "arc_mini", "--include_path",
+                   str(TASKS), "--device", "cpu", "--output_path", str(out), home=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (written,) = out.rglob("results_*.json")
+    results = json.loads(written.read_text())["results"]["arc_mini"]
+    acc, acc_norm = _by_hand(BamctlLM(model=f"py:{path}:build", device="cpu"))
+    assert results["acc,none"] == pytest.approx(acc) and results["acc_norm,none"] == pytest.approx(acc_norm)
+
+
+def test_generate_writes_the_prompts_a_py_model_is_fed(tmp_path):
+    """``bamctl generate --tokenizer py:...``: the prompts in the module's own tokenizer, as a run feeds them."""
+    import json
+
+    from bamctl.cli import main
+
+    path = _write_builder(tmp_path, NANOGPT_BUILDER)
+    with pytest.raises(SystemExit) as exited:
+        main(["generate", "passkey", "--tokenizer", f"py:{path}:build", "--lengths", "128", "--samples", "2",
+              "--depths", "0.5", "--out", str(tmp_path / "prompts.jsonl")])
+    assert exited.value.code == 0
+    written = [json.loads(line) for line in (tmp_path / "prompts.jsonl").read_text().splitlines()]
+    fed = generate_samples("passkey", [128], 2, 0, _backend(nanogpt(), {}).tokenizer, depths=[0.5], protocol="exact")
+    assert [w["input_ids"] for w in written] == [s.input_ids for s in fed]

@@ -53,14 +53,20 @@ class SweepPlanned(Exception):
         self.description, self.out, self.report = description, out, report or {}
 
 
-def describe(models: Sequence[str], requests: Sequence[Any], plans: Sequence[Sequence[dict]], engine: dict) -> dict:
+def describe(models: Sequence[str], requests: Sequence[Any], plans: Sequence[Sequence[dict]], engine: dict,
+             code: dict | None = None) -> dict:
     """The description of a sweep, from what ``run_models`` checked (JSON-able). ``plans[r][m]``
-    maps each protocol model ``m`` may run for request ``r`` to that plan's fingerprint."""
-    return {
+    maps each protocol model ``m`` may run for request ``r`` to that plan's fingerprint; ``code``
+    maps a ``py:`` model to the digest of the file its shards import, so a file edited between
+    ``submit`` and a shard's start is another sweep, refused by name."""
+    described = {
         "models": list(models),
         "requests": [{**asdict(request), "plans": dict(zip(models, per_model))} for request, per_model in zip(requests, plans)],
         "engine": dict(sorted(engine.items())),
     }
+    if code:  # absent otherwise, so sweeps without py: models keep their ids
+        described["code"] = dict(sorted(code.items()))
+    return described
 
 
 def sweep_id(description: dict) -> str:

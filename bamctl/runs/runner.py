@@ -198,7 +198,8 @@ def run_models(
         checks.refuse_mixed_vocabularies(names, peeks)
     if asked.lengths is None:
         tell(checks.planned_lengths_line(requests, plans, peeks))
-    shard_run = sweep.enter(out, sweep.describe(labels, requests, model_plans(requests, peeks), run.asked()), shard_of,
+    code = {label: peek.source_digest for label, peek in zip(labels, peeks) if peek.source_digest}
+    shard_run = sweep.enter(out, sweep.describe(labels, requests, model_plans(requests, peeks), run.asked(), code), shard_of,
                             report=report or {})
     store = ResultStore(out)
     store.ensure_writable()
