@@ -2,6 +2,7 @@
 
     python scripts/diagnose_depth0.py --length 64k --depths 0.0,0.02,0.5 --samples 4           # where the answer starts
     python scripts/diagnose_depth0.py --length 64k --depths 0.0,0.02 --draws 100/0 --per-digit  # each digit's copy
+    python scripts/diagnose_depth0.py --training-rows bamctl/data/baselines/bam-ssmax.toml      # where training puts the needle
 
 Development seeds only (100 and 101; the held-out ones stay unseen). One JSON line per prompt
 (or per answer digit with ``--per-digit``), protocol ``exact`` as the claims table runs it:
@@ -10,7 +11,11 @@ Development seeds only (100 and 101; the held-out ones stay unseen). One JSON li
   last prompt token (it predicts the key's first digit) puts on the key's tokens (both copies)
   and on the 30 tokens of the instruction;
 - ``--per-digit``: for each answer digit k = 1..4, fed teacher-forced, the weight that the query
-  predicting digit k + 1 puts on each digit token of both copies of the key, per layer and head.
+  predicting digit k + 1 puts on each digit token of both copies of the key, per layer and head;
+- ``--training-rows RECIPE``: no model; one JSON line counting, over every passkey row of the
+  recipe's training (all steps), the rows whose needle directly follows the instruction (as at
+  depth 0) or directly precedes the question (as at depth 1), overall and among prompts of at
+  least ``--long`` tokens (the filler after or before the needle is then long, as at 64k).
 """
 
 from __future__ import annotations
@@ -40,7 +45,12 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--draws", help="only these draws (seed/index, e.g. 100/0,100/3)")
     parser.add_argument("--per-digit", action="store_true")
+    parser.add_argument("--training-rows", metavar="RECIPE", help="count where the recipe's training rows put the needle")
+    parser.add_argument("--long", type=int, default=120, help="with --training-rows: the shortest prompt counted as long")
     args = parser.parse_args()
+    if args.training_rows:
+        training_rows(args.training_rows, args.long)
+        return
 
     torch.set_num_threads(1)
     checkpoint = resolve_model(args.model)
@@ -74,6 +84,34 @@ def main() -> None:
             "on_instruction": [[round(float(w[h, :30].sum()), 5) for h in range(w.shape[0])] for w in weights],
             "seconds": round(time.perf_counter() - start, 1),
         }), flush=True)
+
+
+def training_rows(recipe_file: str, long: int) -> None:
+    from bamctl.tasks.passkey import passkey_pieces
+    from bamctl.train import load_recipe, prepare
+
+    setup = prepare(load_recipe(recipe_file))
+    recipe, batches = setup.recipe, setup.batches
+    pieces = passkey_pieces(batches.tokenizer, "12345", " ")
+    first_key = len(pieces.task) + pieces.key_at[0]  # the first key digit when nothing precedes the needle
+    after_needle = len(pieces.needle) - pieces.key_at[1] + len(pieces.question)  # second key's start to the answer
+    counts = {"rows": 0, "long": 0, "start": 0, "start_long": 0, "end": 0, "end_long": 0}
+    for step in range(recipe.train.steps):
+        for row in range(recipe.train.batch_size):
+            _, kind, scored = batches.row(step, 0, row)
+            if kind != "passkey":
+                continue
+            prompt = scored[-1] + 1 - KEY_DIGITS
+            is_long = prompt >= long
+            start, end = scored[0] == first_key, prompt - scored[KEY_DIGITS] == after_needle
+            counts["rows"] += 1
+            counts["long"] += is_long
+            counts["start"] += start
+            counts["start_long"] += start and is_long
+            counts["end"] += end
+            counts["end_long"] += end and is_long
+    shares = {f"{key}_share": round(value / counts["rows"], 4) for key, value in counts.items() if key != "rows"}
+    print(json.dumps({"recipe": recipe_file, "long_from": long, **counts, **shares}), flush=True)
 
 
 if __name__ == "__main__":

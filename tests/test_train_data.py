@@ -234,3 +234,81 @@ def test_longest_fraction_draws_that_share_of_rows_at_the_longest_length(tokeniz
     assert max(lengths[0.5]) == longest and max(lengths[0.0]) <= longest
     share = {f: sum(n == longest for n in v) / len(v) for f, v in lengths.items()}
     assert share[0.0] < 0.1 and 0.35 <= share[0.5] <= 0.75  # 1 in ~30 lengths, against half plus that
+
+
+def _needle_ends(tokenizer, ids, scored, seed):
+    """The ends (0.0, 1.0) whose protocol prompt a row holds; both where the filler is too short
+    to tell them apart."""
+    length = scored[-1] + 1
+    return {depth for depth in (0.0, 1.0) if passkey_row(tokenizer, length, seed, depth)[0] == list(ids[:length])}
+
+
+def test_depth_ends_puts_that_share_of_needles_at_the_ends_half_each():
+    from bamctl.train.data import end_depth
+
+    draws = [end_depth(0, g, 0.3) for g in range(4000)]
+    ends = [d for d in draws if d is not None]
+    assert 0.27 <= len(ends) / len(draws) <= 0.33
+    assert set(ends) == {0.0, 1.0} and 0.45 <= ends.count(0.0) / len(ends) <= 0.55
+    assert draws == [end_depth(0, g, 0.3) for g in range(4000)]  # a pure function of (seed, row)
+    assert draws != [end_depth(1, g, 0.3) for g in range(4000)]  # the training seed moves it
+    assert all(end_depth(0, g, 0.0) is None for g in range(200))
+    assert all(end_depth(0, g, 1.0) in (0.0, 1.0) for g in range(200))
+
+
+def test_depth_ends_rows_hold_the_needle_at_the_end_drawn_and_keep_their_length_and_key(tokenizer):
+    train_length = BASE["model"]["train_length"]
+    options = {"passkey_max_prompt": train_length, "passkey_longest_fraction": 0.25}
+    plain = prepare(_retrieval_only(**options)).batches
+    ends = prepare(_retrieval_only(**options, passkey_depth_ends=0.5)).batches
+    from bamctl.train.data import end_depth
+
+    seen, told_apart = {0.0: 0, 1.0: 0, None: 0}, {0.0: 0, 1.0: 0}
+    for step in range(30):
+        for row in range(2):
+            g = step * 2 + row
+            ids, _, scored = ends.row(step, 0, row)
+            plain_ids, _, plain_scored = plain.row(step, 0, row)
+            # the same prompt length and key as the recipe without the option
+            assert scored[-1] == plain_scored[-1]
+            assert [ids[i] for i in scored[-5:]] == [plain_ids[i] for i in plain_scored[-5:]]
+            drawn = end_depth(0, g, 0.5)
+            seed = PASSKEY_SEED_OFFSET + g
+            if drawn is not None:
+                holds = _needle_ends(tokenizer, ids, scored, seed)
+                assert drawn in holds
+                told_apart[drawn] += holds == {drawn}
+            else:
+                assert list(ids) == list(plain_ids)  # a uniform row is the plain recipe's row
+            seen[drawn] += 1
+    assert all(seen.values())  # both ends and uniform rows occur
+    assert all(told_apart.values())  # each end in a row whose filler is long enough to tell them apart
+    # without the option the needle opens the prompt only where the uniform draw or a short filler puts it
+    at_start = [plain.row(s, 0, r)[2][0] for s in range(12) for r in range(2)]
+    assert min(at_start) < max(at_start)
+
+
+def test_depth_ends_batches_are_pure_so_a_resumed_run_sees_the_same_data():
+    recipe = _retrieval_only(passkey_depth_ends=0.3)
+    first, second = prepare(recipe).batches, prepare(recipe).batches
+    ahead = [first.batch(step) for step in range(6)]
+    resumed = second.batch(5)  # a run resumed at step 5 computes no earlier batch
+    assert torch.equal(ahead[5][0], resumed[0]) and torch.equal(ahead[5][1], resumed[1])
+
+
+def test_depth_ends_default_keeps_the_rows_and_the_recipe_fingerprint():
+    without = _retrieval_only()
+    explicit = _retrieval_only(passkey_depth_ends=0.0)
+    assert without.data.passkey_depth_ends == 0.0
+    assert explicit.fingerprint() == without.fingerprint()
+    assert _retrieval_only(passkey_depth_ends=0.3).fingerprint() != without.fingerprint()
+    a, b = prepare(without).batches, prepare(explicit).batches
+    for step in range(4):
+        assert all(torch.equal(x, y) for x, y in zip(a.batch(step), b.batch(step)))
+    # a stored recipe that predates the key (a shipped checkpoint's config.json) keeps its fingerprint
+    stored = without.to_dict()
+    del stored["data"]["passkey_depth_ends"]
+    assert recipe_from_dict(stored).fingerprint() == without.fingerprint()
+    with pytest.raises(BamctlError, match="passkey_depth_ends must be in"):
+        _retrieval_only(passkey_depth_ends=1.5)
+

@@ -203,12 +203,14 @@ def passkey_corpus_row(
 
 def passkey_padded_row(
     tokenizer: Tokenizer, n: int, seed: int, rng, *, min_length: int = 0, filler: TokenShards | None = None,
-    longest_fraction: float = 0.0,
+    longest_fraction: float = 0.0, depth: float | None = None,
 ) -> tuple[list[int], list[int], int]:
     """A row of ``n`` tokens: a passkey prompt + answer of random length in [shortest, n], then
     filler that no loss sees. Returns (ids, key digit indices, prompt + answer length).
     ``min_length`` raises the shortest length drawn (0: the shortest prompt possible);
-    ``filler``: running text around the needle instead of the protocol's sentences.
+    ``filler``: running text around the needle instead of the protocol's sentences; ``depth``:
+    the needle's depth instead of the uniform draw (``rng`` draws it all the same, so the
+    row's other draws do not move).
 
     The answer must not always sit at the row's end: a model trained so learns where the
     answer is by position, and fails on a prompt only 4 tokens longer (measured with RoPE).
@@ -217,7 +219,8 @@ def passkey_padded_row(
     length = rng.randint(shortest, n)
     if longest_fraction and rng.random() < longest_fraction:
         length = n
-    depth = rng.random()
+    uniform = rng.random()
+    depth = uniform if depth is None else depth
     if filler is None:
         ids, key_at = passkey_row(tokenizer, length, seed, depth)
     else:
@@ -225,6 +228,19 @@ def passkey_padded_row(
     pad = tokenizer.encode(" " + FILLER)
     ids = ids + (pad * (1 + (n - length) // max(len(pad), 1)))[: n - length]
     return ids, key_at, length
+
+
+def end_depth(seed: int, global_row: int, fraction: float) -> float | None:
+    """The needle's depth when row ``global_row`` is one of the ``fraction`` of passkey rows with
+    the needle at an end of the filler: 0.0 (after the instruction) or 1.0 (after the filler's last
+    sentence break), half each; None: the row draws its depth uniformly. A stream of its own, so the rest of the row
+    is the row a recipe without it draws; fraction 0 draws nothing."""
+    if not fraction:
+        return None
+    rng = sample_rng(seed, "train-depth-ends", global_row)
+    if rng.random() >= fraction:
+        return None
+    return 0.0 if rng.random() < 0.5 else 1.0
 
 
 @dataclass
@@ -258,7 +274,7 @@ class BatchMaker:
             corpus = self.filler is not None and sample_rng(t.seed, "train-filler", global_row).random() < d.passkey_filler_fraction
             ids, key_at, used = passkey_padded_row(
                 self.tokenizer, n, seed, rng, min_length=d.passkey_min_length, filler=self.filler if corpus else None,
-                longest_fraction=d.passkey_longest_fraction,
+                longest_fraction=d.passkey_longest_fraction, depth=end_depth(t.seed, global_row, d.passkey_depth_ends),
             )
             if d.passkey_loss == "key":
                 return ids, "passkey", key_at

@@ -6,7 +6,7 @@ Sections (every key is required unless it has a default below):
     [model]     preset, pe, train_length, and any ModelConfig override (dim, n_layers, ...)
     [data]      text, passkey_fraction, vocab_size, passkey_seed_offset, passkey_loss,
                 passkey_filler, passkey_filler_fraction, passkey_min_length,
-                passkey_max_prompt, passkey_longest_fraction
+                passkey_max_prompt, passkey_longest_fraction, passkey_depth_ends
     [optim]     lr, betas, weight_decay, grad_clip, eps, positional_lr_scale, embedding_weight_decay,
                 embedding_lr_scale
     [schedule]  warmup_steps, min_lr_ratio   (linear warm-up, then cosine to min_lr_ratio * lr)
@@ -74,6 +74,16 @@ class DataSection:
     # PE learns each position apart: with uniform lengths the last few positions, where a 1x
     # prompt's answer sits, are an answer position in 1 row of ~65.
     passkey_longest_fraction: float = 0.0
+    # Share of passkey rows whose needle sits at an end of the filler, as an evaluation prompt's
+    # at depth 0 or 1: depth 0 (right after the instruction) or depth 1 (after the filler's last
+    # sentence break), half each; the other rows draw the depth uniformly in [0, 1]. Drawn from
+    # a stream of its own, so the rows' lengths and keys are those of the recipe without it.
+    passkey_depth_ends: float = 0.0
+
+
+# Keys added after checkpoints were shipped: at these values they are left out of a recipe's
+# fingerprint, so a recipe that does not set them keeps the fingerprint it was trained under.
+_FINGERPRINT_DEFAULTS = {("data", "passkey_depth_ends"): 0.0}
 
 
 @dataclass(frozen=True)
@@ -139,6 +149,9 @@ class Recipe:
     def fingerprint(self) -> str:
         """Hash of everything that shapes the weights (not name, description, expected losses)."""
         identity = {key: value for key, value in self.to_dict().items() if key not in ("name", "description", "expected_losses")}
+        for (section, key), default in _FINGERPRINT_DEFAULTS.items():
+            if identity[section].get(key) == default:
+                del identity[section][key]
         return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
     def with_overrides(self, *, steps: int | None = None, seed: int | None = None) -> "Recipe":
@@ -211,6 +224,7 @@ _TYPES = {
         "passkey_min_length": int,
         "passkey_max_prompt": int,
         "passkey_longest_fraction": float,
+        "passkey_depth_ends": float,
     },
     OptimSection: {
         "lr": float,
@@ -294,6 +308,8 @@ def _check(recipe: Recipe, source: str) -> None:
         raise BamctlError(f"{source}: [data] passkey_max_prompt must be in [0, train_length = {m.train_length}], not {d.passkey_max_prompt}")
     if not 0.0 <= d.passkey_longest_fraction <= 1.0:
         raise BamctlError(f"{source}: [data] passkey_longest_fraction must be in [0, 1], not {d.passkey_longest_fraction}")
+    if not 0.0 <= d.passkey_depth_ends <= 1.0:
+        raise BamctlError(f"{source}: [data] passkey_depth_ends must be in [0, 1], not {d.passkey_depth_ends}")
     if d.passkey_max_prompt and d.passkey_fraction < 1.0:
         raise BamctlError(f"{source}: [data] passkey_max_prompt needs passkey_fraction = 1 (text rows keep train_length + 1 tokens)")
     if d.text == "none" and d.passkey_fraction < 1.0:
