@@ -267,20 +267,13 @@ def load_hf_tokenizer(path: str | Path, gguf_file: str | None = None) -> HFToken
 
 
 def resolve_tokenizer(spec: str):
-    """A registered tokenizer name (``gpt2``), a local Hugging Face tokenizer path, or a ``py:``
-    model reference (the tokenizer its function returns: ``bamctl generate`` writes its prompts).
+    """A registered tokenizer name (``gpt2``) or a local Hugging Face tokenizer path.
 
     A path is read afresh on every call, never remembered under its name: files edited
     or replaced at that path between two runs in one process give the new tokenizer.
     """
     from bamctl.tokenizer import TOKENIZERS, get_tokenizer
 
-    if spec.startswith("py:"):
-        from bamctl.backends.module import build
-        from bamctl.backends.user_tokenizer import as_tokenizer
-
-        found = build(spec.removeprefix("py:"))
-        return as_tokenizer(found.tokenizer, found.name)
     if spec in TOKENIZERS:
         return get_tokenizer(spec)
     if not Path(spec).expanduser().exists():

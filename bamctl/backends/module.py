@@ -215,6 +215,18 @@ def _arguments_text(arguments: dict) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in arguments.items())
 
 
+def tokenizer_of(spec: str):
+    """``--tokenizer`` of ``bamctl generate``: a name or path, or a ``py:`` model reference (the
+    tokenizer its function returns, so the prompts are those the module is fed)."""
+    from bamctl.backends.hf_tokenizer import resolve_tokenizer
+    from bamctl.backends.user_tokenizer import as_tokenizer
+
+    if not spec.startswith(f"{PREFIX}:"):
+        return resolve_tokenizer(spec)
+    found = build(spec.removeprefix(f"{PREFIX}:"))
+    return as_tokenizer(found.tokenizer, found.name)
+
+
 # -- what a module is: identity, lengths, shape ----------------------------------------------------
 
 

@@ -10,7 +10,6 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from bamctl.backends.hf_tokenizer import resolve_tokenizer
 from bamctl.cli import options as opt
 from bamctl.cli.app import app
 from bamctl.cli.requests import asked_requests
@@ -42,7 +41,9 @@ def generate(
     Example: bamctl generate passkey --lengths 1k..32k --samples 4 --depths 5 --seed 0 --out passkey.jsonl
     """
     asked = asked_requests(task_names(task), samples, prompt)
-    tokenizer = resolve_tokenizer(prompt.tokenizer or "gpt2")
+    from bamctl.backends.module import tokenizer_of  # torch, only when a command runs
+
+    tokenizer = tokenizer_of(prompt.tokenizer or "gpt2")
     requests = asked.for_models([])  # no model: --lengths is needed
     plans = [request.plan(tokenizer) for request in requests]
     stream = (sample for plan in plans for sample in plan.samples())
