@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import sys
 from contextlib import contextmanager
+from dataclasses import replace
 from numbers import Real
 from typing import Any, Callable, Sequence
 
@@ -40,11 +41,13 @@ from tqdm import tqdm
 
 from bamctl.backends import RunOptions, open_backend, options_not_taken, peek_backend
 from bamctl.backends.base import ContinuationScore
+from bamctl.backends.hf_common import RequestShaper
 from bamctl.errors import BamctlError, did_you_mean, flags_as_keywords
 
 NAME = "bamctl"  # --model bamctl
 
 # model_args a user may give, beside the model itself: RunOptions' fields of an engine run.
+TRUNCATE = "truncate"  # beyond_max: cut what is past the model's maximum as HFLM does (the plugin's default)
 ENGINE_ARGS = ("device", "dtype", "chunk_size", "attention", "tokenizer", "beyond_max", "bos",
                "prior_form", "rope_scaling", "rope_factor", "tensor_parallel")
 
@@ -139,11 +142,15 @@ def _set_mode(module, mode: tuple | None) -> None:
 
 
 def _in_serving_mode(method: Callable) -> Callable:
-    """One of lm-eval's request kinds, run with a model in memory in its back-end's mode (``_serving``)."""
+    """One of lm-eval's request kinds, run with a model in memory in its back-end's mode (``_serving``);
+    a refusal says the model_args' names, not the command line's flags."""
     @functools.wraps(method)
     def served(self, *args, **kwargs):
         with self._serving():
-            return method(self, *args, **kwargs)
+            try:
+                return method(self, *args, **kwargs)
+            except BamctlError as err:
+                raise BamctlError(flags_as_keywords(str(err))) from None  # the back-end's, in model_args' words
 
     return served
 
@@ -181,6 +188,11 @@ class BamctlLM(TemplateLM):
         self.batch_size = _batch_setting(batch_size)
         self.max_batch_size = _checked_arg("max_batch_size", max_batch_size) if max_batch_size else None
         self.max_gen_toks = _checked_arg("max_gen_toks", max_gen_toks)
+        # beyond_max: TRUNCATE (the plugin's default) cuts what is past the model's maximum as HFLM cuts
+        # it; warn or refuse run past it, as bamctl's own runs do (the back-end's policy).
+        self.truncating = engine.get("beyond_max") in (None, TRUNCATE)
+        if engine.get("beyond_max") == TRUNCATE:
+            engine.pop("beyond_max")
         options = RunOptions(**{key: value for key, value in engine.items() if value is not None})
         self._module = None if isinstance(model, str) else model  # a model in memory, left in its caller's mode
         found = _mode(self._module)
@@ -190,13 +202,20 @@ class BamctlLM(TemplateLM):
 
                 model = in_memory(model, tokenizer_object)
             self.limit = peek_backend(model, options).max_length  # None: no maximum (bamctl's engine)
-            self.served = open_backend(model, options)
+            # Cut to fit, a request loses its first tokens, the BOS first, as HFLM's does: the plugin
+            # then puts the BOS in front itself, and the back-end none.
+            self.cutting = self.truncating and self.limit is not None
+            if self.cutting and "bos" in options_not_taken(model, options):
+                raise BamctlError(f"{model} has a maximum length but takes no bos; pass beyond_max=warn to run past it")
+            self.served = open_backend(model, replace(options, bos="never") if self.cutting else options)
+            self.tokenizer = self.served.tokenizer
+            # what the plugin puts in front of a context: the back-end's rule for the bos asked (hf_common)
+            self.prefix_ids = RequestShaper(self.tokenizer, False, options.bos or "auto").prefix if self.cutting else []
         except BamctlError as err:
             raise BamctlError(flags_as_keywords(str(err))) from None  # in model_args' words
         finally:
             self._served_mode = _mode(self._module)  # eval, and the engine's RoPE scaling
             _set_mode(self._module, found)
-        self.tokenizer = self.served.tokenizer
         self._prepared = False
 
     @classmethod
@@ -289,7 +308,8 @@ class BamctlLM(TemplateLM):
         return self.tokenizer.decode(list(tokens))
 
     def _bos(self, scoring: str) -> bool:
-        return self.served.bos_for(scoring)
+        """Whether a BOS goes in front of a request of this kind, put by the plugin or the back-end."""
+        return bool(self.prefix_ids) or self.served.bos_for(scoring)
 
     # -- the three request kinds -----------------------------------------------------------------
     @_in_serving_mode
@@ -305,14 +325,14 @@ class BamctlLM(TemplateLM):
                                              else ([], self.tok_encode(continuation)))
             if not context_ids and not bos:
                 context_ids = [self.prefix_token_id]
-            encoded.append(((context, continuation), context_ids, continuation_ids))
+            encoded.append(((context, continuation), self.prefix_ids + context_ids, continuation_ids))
         return self._loglikelihood_tokens(encoded, disable_tqdm=disable_tqdm)
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **_) -> list[tuple[float, bool]]:
         """Each (strings, context ids, continuation ids): the continuation's summed log-prob, and
         whether greedy decoding gives it, teacher-forced through the back-end."""
         asked = [i for i, (_, _, continuation) in enumerate(requests) if continuation]  # nothing to score: 0, greedy
-        pairs = [(list(requests[i][1]), list(requests[i][2])) for i in asked]
+        pairs = [self._cut(list(requests[i][1]), list(requests[i][2])) for i in asked]
         scored = dict(zip(asked, self._in_batches(
             pairs, lambda pair: (len(pair[0]), len(pair[1])), self.served.score_continuations,
             "log-likelihoods", disable_tqdm)))
@@ -325,15 +345,27 @@ class BamctlLM(TemplateLM):
         return answers
 
     @_in_serving_mode
+    def _cut(self, context: list[int], continuation: list[int]) -> tuple[list[int], list[int]]:
+        """HFLM's left truncation: of the context and continuation, the last tokens the model's
+        maximum holds (the last one predicted, never fed), the BOS the first to go."""
+        if not self.cutting or len(context) + len(continuation) <= self.limit + 1:
+            return context, continuation
+        if len(continuation) > self.limit:  # HFLM asserts this
+            raise BamctlError(f"a continuation of {len(continuation)} tokens does not fit the model's maximum of "
+                              f"{self.limit} positions")
+        return (context + continuation)[-(self.limit + 1) : -len(continuation)], continuation
+
+    @_in_serving_mode
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
-        """Each string's log-likelihood, every token scored once: in one pass where the model has no
-        maximum length, else in lm-eval's rolling windows, each as long as the model takes (after
-        its BOS, where it takes one)."""
-        bos = self._bos("teacher_forced")
+        """Each string's log-likelihood, every token scored once, in lm-eval's rolling windows as HFLM
+        makes them: each as long as the model's maximum, the first after the prefix token (its BOS),
+        the others after the tokens before them. In one pass where the model has no maximum, or is
+        asked to run past it (beyond_max warn or refuse)."""
+        bos = self.served.bos_for("teacher_forced")  # the back-end's own BOS, where the plugin puts none
         windows, owners = [], []
         for index, (string,) in enumerate(request.args for request in requests):
             tokens = self.tok_encode(string)
-            longest = self.limit - bos if self.limit is not None else len(tokens) + 1
+            longest = self.limit if self.cutting else len(tokens) + 1
             pairs = list(map(make_disjoint_window, get_rolling_token_windows(
                 token_list=tokens, prefix_token=self.prefix_token_id, max_seq_len=longest, context_len=1)))
             if bos and pairs:  # the BOS the back-end puts in front stands for lm-eval's prefix token
@@ -357,11 +389,11 @@ class BamctlLM(TemplateLM):
                 raise BamctlError(f"{NAME} generates greedily; this task asks to sample ({gen_kwargs})")
             _refuse_settings_not_applied(kwargs)
             budget = int(kwargs["max_gen_toks"])
-            ids = self.tok_encode(context)
+            ids = self.prefix_ids + self.tok_encode(context)
             if not ids and not self._bos("generate"):  # nothing to generate from: the prefix token, as for scoring
                 ids = [self.prefix_token_id]
-            if self.limit is not None:  # lm-eval's HF rule: room for the budget, the context cut from the left
-                room = self.limit - budget - self._bos("generate")
+            if self.cutting:  # HFLM's rule: room for the budget, the context (its BOS first) cut from the left
+                room = self.limit - budget
                 if room < 1:
                     raise BamctlError(f"max_gen_toks {budget} leaves no room for a context in {self.limit} positions")
                 ids = ids[-room:]
@@ -408,6 +440,10 @@ class BamctlLM(TemplateLM):
             n_prompt, n_answer = size_of(items[order[start]])  # the longest left
             self.served.check_fits(n_prompt, n_answer)
             if not self._prepared:
+                if self.cutting and hasattr(self.served, "reserve"):
+                    # an engine sized when it starts (vLLM) is sized for the longest request a cut leaves,
+                    # the model's maximum, so that later requests (rolling windows after choices) fit it
+                    self.served.check_fits(self.limit, 1)
                 self.served.prepare()  # vLLM starts its engine here, once
                 self._prepared = True
             size = self.batch_size or self.served.batch_limit(n_prompt, n_answer)

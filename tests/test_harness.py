@@ -120,32 +120,53 @@ def test_rolling_loglikelihood_equals_lm_evals_hf_backend(folder):
     assert max(abs(a - b) for a, b in zip(mine, theirs)) < TOLERANCE
 
 
-def test_rolling_loglikelihood_past_the_limit_scores_every_token_once(folder):
-    """With its BOS in front of every window (bamctl's rule), each token of a long string is still
-    scored once, in lm-eval's windows: the first from the BOS, each later one the 63 positions
-    after a BOS, its first token context only (the windows restated here, and scored by plain
-    transformers)."""
+def test_requests_past_the_maximum_get_lm_evals_hf_numbers(folder):
+    """Contexts longer than the model's 64 positions, BOS rule auto (the Llama tokenizer puts one in
+    front): each request kind cut from the left as HFLM cuts it, the BOS the first token to go, and
+    HFLM's numbers. The review's reproduction: a 161-token context had been scored past the trained
+    positions (HFLM -24.897, the plugin -24.073); generation had kept the BOS HFLM's cut drops; long
+    strings were scored in windows that each started after a BOS."""
+    mine, theirs = ours(folder), hflm(folder)
+    contexts = [_document(words) for words in (60, 90, 140)]
+    assert min(len(mine.tok_encode(c)) for c in contexts) > MAX_POSITIONS
+    pairs = [(context, " the end of it all.") for context in contexts] + [(contexts[0], " " + _document(8))]
+    got = mine.loglikelihood(requests("loglikelihood", pairs), disable_tqdm=True)
+    want = theirs.loglikelihood(requests("loglikelihood", pairs), disable_tqdm=True)
+    assert [greedy for _, greedy in got] == [greedy for _, greedy in want]
+    assert max(abs(a - b) for (a, _), (b, _) in zip(got, want)) < TOLERANCE
+
+    args = [(context, {"until": ["\n"], "max_gen_toks": 12}) for context in contexts]
+    assert mine.generate_until(requests("generate_until", args), disable_tqdm=True) == \
+        theirs.generate_until(requests("generate_until", args), disable_tqdm=True)
+
+    strings = [(_document(150),), (_document(260),)]  # three windows and more
+    got = mine.loglikelihood_rolling(requests("loglikelihood_rolling", strings), disable_tqdm=True)
+    want = hflm(folder, add_bos_token=False).loglikelihood_rolling(requests("loglikelihood_rolling", strings), disable_tqdm=True)
+    assert max(abs(a - b) for a, b in zip(got, want)) < TOLERANCE
+
+
+def test_running_past_the_maximum_stays_an_explicit_choice(folder, capfd):
+    """``beyond_max=warn`` runs past the 64 positions, as bamctl's own runs do: the whole context after
+    the BOS (plain transformers on the same tokens), one warning; ``beyond_max=refuse`` stops at such a
+    request in one line."""
     from transformers import LlamaForCausalLM
 
-    lm = ours(folder)
-    string = _document(200)
-    (total,) = lm.loglikelihood_rolling(requests("loglikelihood_rolling", [(string,)]), disable_tqdm=True)
-    tokens = lm.tok_encode(string)
-    width = MAX_POSITIONS - 1  # after the BOS
-    assert len(tokens) > 3 * width
+    from bamctl.errors import BamctlError
+
+    lm = ours(folder, beyond_max="warn")
+    context, continuation = _document(90), " the end of it all."
+    ((value, _),) = lm.loglikelihood(requests("loglikelihood", [(context, continuation)]), disable_tqdm=True)
+    context_ids, continuation_ids = lm._encode_pair(context, continuation)
+    fed = [1, *context_ids, *continuation_ids]  # the BOS, then everything
+    assert len(fed) > 2 * MAX_POSITIONS
     model = LlamaForCausalLM.from_pretrained(str(folder), local_files_only=True, torch_dtype=torch.float32).eval()
-    bos = 1
-    expected, done = 0.0, 0
-    while done < len(tokens):
-        end = min(done + width, len(tokens))
-        start = 0 if done == 0 else end - width - 1
-        fed = [bos, *tokens[start : end - 1]]
-        with torch.no_grad():
-            table = torch.log_softmax(model(torch.tensor([fed])).logits[0].double(), dim=-1)
-        rows = range(done - start, end - start)  # row r of `fed` predicts tokens[start + r]
-        expected += float(sum(table[r, tokens[start + r]] for r in rows))
-        done = end
-    assert total == pytest.approx(expected, abs=1e-3)
+    with torch.no_grad():
+        table = torch.log_softmax(model(torch.tensor([fed[:-1]])).logits[0].double(), dim=-1)
+    rows = range(len(fed) - 1 - len(continuation_ids), len(fed) - 1)
+    assert value == pytest.approx(float(sum(table[r, fed[r + 1]] for r in rows)), abs=1e-3)
+    assert capfd.readouterr().err.count("exceed its configured maximum") == 1
+    with pytest.raises(BamctlError, match="beyond_max refuse"):
+        ours(folder, beyond_max="refuse").loglikelihood(requests("loglikelihood", [(context, continuation)]), disable_tqdm=True)
 
 
 def test_generate_until_is_token_identical_to_lm_evals_hf_backend(folder):
