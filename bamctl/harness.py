@@ -43,13 +43,14 @@ from bamctl.backends import RunOptions, open_backend, options_not_taken, peek_ba
 from bamctl.backends.base import ContinuationScore
 from bamctl.backends.hf_common import RequestShaper
 from bamctl.errors import BamctlError, did_you_mean, flags_as_keywords
+from bamctl.version import __version__
 
 NAME = "bamctl"  # --model bamctl
 
 # model_args a user may give, beside the model itself: RunOptions' fields of an engine run.
 TRUNCATE = "truncate"  # beyond_max: cut what is past the model's maximum as HFLM does (the plugin's default)
 ENGINE_ARGS = ("device", "dtype", "chunk_size", "attention", "tokenizer", "beyond_max", "bos",
-               "prior_form", "rope_scaling", "rope_factor", "tensor_parallel")
+               "prior_form", "rope_scaling", "rope_factor", "tensor_parallel", "trust_remote_code")
 
 
 def _count(value: Any) -> int:
@@ -66,6 +67,12 @@ def _number(value: Any) -> float:
     return float(value)
 
 
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(value)
+    return value
+
+
 def _text(value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError(value)
@@ -80,6 +87,7 @@ ARG_TYPES: dict[str, tuple[Callable[[Any], Any], str]] = {
     "max_gen_toks": (_count, "a positive integer"),
     "max_batch_size": (_count, "a positive integer"),
     "rope_factor": (_number, "a number"),
+    "trust_remote_code": (_flag, "True or False"),
     **{name: (_text, "text") for name in ("device", "dtype", "attention", "tokenizer", "beyond_max", "bos", "prior_form",
                                                "rope_scaling")},
 }
@@ -190,9 +198,10 @@ class BamctlLM(TemplateLM):
         self.max_gen_toks = _checked_arg("max_gen_toks", max_gen_toks)
         # beyond_max: TRUNCATE (the plugin's default) cuts what is past the model's maximum as HFLM cuts
         # it; warn or refuse run past it, as bamctl's own runs do (the back-end's policy).
-        self.truncating = engine.get("beyond_max") in (None, TRUNCATE)
-        if engine.get("beyond_max") == TRUNCATE:
-            engine.pop("beyond_max")
+        self.beyond_max = engine.pop("beyond_max", None) or TRUNCATE
+        self.truncating = self.beyond_max == TRUNCATE
+        if not self.truncating:
+            engine["beyond_max"] = self.beyond_max  # the back-end's policy
         options = RunOptions(**{key: value for key, value in engine.items() if value is not None})
         self._module = None if isinstance(model, str) else model  # a model in memory, left in its caller's mode
         found = _mode(self._module)
@@ -267,6 +276,25 @@ class BamctlLM(TemplateLM):
     @property
     def tokenizer_name(self) -> str:
         return self.tokenizer.name
+
+    def get_model_info(self) -> dict:
+        """What lm-eval records in its results (``config``), as a bamctl row records it: the back-end
+        that computed, the dtype and device it ran in (``auto`` resolved: vLLM's CPU build runs a
+        float32 model in bfloat16), the model's identity (bamctl's hash of its weights and config,
+        the Hub commit) and the compute version (the code and library versions behind the numbers)."""
+        info = self.served.info
+        return {
+            "bamctl_version": __version__,
+            "bamctl_backend": self.served.kind,
+            "bamctl_model": info.name,
+            "bamctl_model_hash": info.model_hash,
+            "model_revision": info.model_revision,
+            "model_dtype": self.served.dtype,
+            "bamctl_device": self.served.device,
+            "bamctl_attention": self.served.attention,
+            "bamctl_compute_version": self.served.compute_version,
+            "bamctl_beyond_max": self.beyond_max if self.limit is not None else None,
+        }
 
     def chat_template(self, chat_template: bool | str = False) -> str | None:
         """The template lm-eval records with its results: the tokenizer's own (hf:, vllm:)."""

@@ -99,3 +99,16 @@ def test_the_api_takes_trust_remote_code(tmp_path):
     rows = bamctl.evaluate(f"hf:{folder}", task="passkey", lengths="128", samples=1, depths=[0.5], device="cpu",
                            trust_remote_code=True, dir=tmp_path / "res", quiet=True)
     assert len(rows) == 1 and rows["backend"].tolist() == ["hf"]
+
+
+def test_lm_evals_model_args_take_trust_remote_code(tmp_path):
+    pytest.importorskip("lm_eval", reason="lm-eval is the dev extra's")
+    from bamctl.harness import BamctlLM
+
+    folder = remote_code_folder(tmp_path / "m")
+    with pytest.raises(BamctlError, match="pass trust_remote_code to run it"):  # in model_args' words
+        BamctlLM.create_from_arg_string(f"model=hf:{folder},device=cpu")
+    lm = BamctlLM.create_from_arg_string(f"model=hf:{folder},device=cpu,trust_remote_code=True")
+    assert lm.served.info.model_hash == open_backend(f"hf:{folder}", RunOptions(device="cpu", trust_remote_code=True)).info.model_hash
+    with pytest.raises(BamctlError, match="trust_remote_code takes True or False"):
+        BamctlLM.create_from_arg_string(f"model=hf:{folder},device=cpu,trust_remote_code=yes")
