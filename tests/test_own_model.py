@@ -141,8 +141,17 @@ def test_a_py_reference_runs_from_the_command_line_with_arguments(tmp_path):
     assert list(rows["predicted"]) == list(direct["predicted"])
 
 
-def test_a_py_model_is_compared_beside_bam_ssmax(tmp_path):
-    path = _write_builder(tmp_path, NANOGPT_BUILDER)
+X_TRANSFORMERS_BUILDER = """
+    from own_models import gpt2_encoding, x_transformer
+
+    def build(pe="alibi"):
+        return x_transformer(pe), gpt2_encoding()
+"""
+
+
+def test_an_x_transformers_model_is_compared_beside_bam_ssmax(tmp_path):
+    pytest.importorskip("x_transformers", reason="x-transformers is the dev extra's user model")
+    path = _write_builder(tmp_path, X_TRANSFORMERS_BUILDER)
     result = CliRunner().invoke(app, ["compare", "bam-ssmax", f"py:{path}:build", "--task", "passkey", "--lengths", "128",
                                       "--samples", "1", "--depths", "0.5", "--dir", str(tmp_path / "res"),
                                       "--plot", str(tmp_path / "p.png")])
@@ -153,6 +162,7 @@ def test_a_py_model_is_compared_beside_bam_ssmax(tmp_path):
     assert sorted(set(rows["backend"])) == ["module", "native"]
     by_model = rows.groupby("model")["draw"].apply(sorted)
     assert by_model["bam-ssmax"] == by_model["my_model.py:build"]  # the same keys for both
+    assert set(rows[rows["model"] == "my_model.py:build"]["train_length"]) == {128}  # x-transformers' max_seq_len
 
 
 @pytest.mark.parametrize("body, words", [
@@ -277,3 +287,34 @@ def test_generate_writes_the_prompts_a_py_model_is_fed(tmp_path):
     written = [json.loads(line) for line in (tmp_path / "prompts.jsonl").read_text().splitlines()]
     fed = generate_samples("passkey", [128], 2, 0, _backend(nanogpt(), {}).tokenizer, depths=[0.5], protocol="exact")
     assert [w["input_ids"] for w in written] == [s.input_ids for s in fed]
+
+
+def _readme_nanogpt() -> str:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Your own model", 1)[1].split("### From Python", 1)[0]
+    return section.split("```python", 1)[1].split("```", 1)[0]
+
+
+def test_readmes_nanogpt_example_runs_as_written(tmp_path, monkeypatch):
+    """README's nanoGPT lines, at most ten, executed as written: ``model`` is the nanoGPT-style module of
+    own_models, ``ckpt.pt`` its weights as nanoGPT saves them, and tiktoken's gpt2 the Encoding built
+    from bamctl's ranks (tiktoken's own would download them); one sample and depth per length."""
+    import sys
+
+    import own_models
+    import tiktoken
+
+    code = _readme_nanogpt()
+    assert len(code.strip().splitlines()) <= 10
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "model", own_models)
+    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: gpt2_encoding() if name == "gpt2" else None)
+    torch.save({"model": own_models.GPT(own_models.GPTConfig(block_size=1024)).state_dict()}, tmp_path / "ckpt.pt")
+    evaluate = bamctl.evaluate
+    monkeypatch.setattr(bamctl, "evaluate", lambda *a, **kw: evaluate(*a, samples=1, depths=1, quiet=True, **kw))
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    rows = namespace["rows"]
+    assert sorted(rows["length"].unique()) == [128, 256, 512] and set(rows["backend"]) == {"module"}
