@@ -311,7 +311,7 @@ def test_lm_eval_command_line_runs_a_local_task_with_model_bamctl(model, folder,
     """``bamctl lm-eval --model_args model=... --tasks arc_mini --include_path examples/lm_eval``
     from the repository root, as the example says: lm-eval's own command line loads the task (its
     YAML, the datasets library's json builder), asks ``--model bamctl``, and reports the accuracy
-    the plugin's scores give by hand."""
+    the plugin's scores give by hand, and records the plugin's provenance in its results."""
     reference = "lm-bam" if model == "lm-bam" else f"hf:{folder}"
     out = tmp_path / "out"
     done = _bamctl("lm-eval", "--model_args", f"model={reference},dtype=float32", "--tasks", "arc_mini",
@@ -319,11 +319,20 @@ def test_lm_eval_command_line_runs_a_local_task_with_model_bamctl(model, folder,
                    home=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     (written,) = out.rglob("results_*.json")
-    results = json.loads(written.read_text())["results"]["arc_mini"]
-    acc, acc_norm = _by_hand(BamctlLM(model=reference, dtype="float32", device="cpu"))
+    report = json.loads(written.read_text())
+    results = report["results"]["arc_mini"]
+    lm = BamctlLM(model=reference, dtype="float32", device="cpu")
+    acc, acc_norm = _by_hand(lm)
     assert results["acc,none"] == pytest.approx(acc)
     assert results["acc_norm,none"] == pytest.approx(acc_norm)
     assert not math.isnan(results["acc,none"])
+    # provenance in lm-eval's own results (get_model_info): back-end, dtype, model hash, compute version
+    config = report["config"]
+    assert config["bamctl_backend"] == ("native" if model == "lm-bam" else "hf") == lm.served.kind
+    assert config["model_dtype"] == "float32" and config["bamctl_device"] == "cpu"
+    assert config["bamctl_model_hash"] == lm.served.info.model_hash and len(config["bamctl_model_hash"]) >= 16
+    assert config["bamctl_compute_version"] == lm.served.compute_version
+    assert config["bamctl_beyond_max"] == (None if model == "lm-bam" else "truncate")
 
 
 def test_lm_eval_finds_model_bamctl_by_its_entry_point():
