@@ -210,7 +210,9 @@ class BamctlLM(TemplateLM):
                 from bamctl.backends.in_memory import in_memory
 
                 model = in_memory(model, tokenizer_object)
-            self.limit = peek_backend(model, options).max_length  # None: no maximum (bamctl's engine)
+            peek = peek_backend(model, options)
+            self.limit = peek.max_length  # None: no maximum (bamctl's engine)
+            self.vocabulary = peek.token_subset  # the only ids the model scores (the shipped LMs); None: all
             # Cut to fit, a request loses its first tokens, the BOS first, as HFLM's does: the plugin
             # then puts the BOS in front itself, and the back-end none.
             self.cutting = self.truncating and self.limit is not None
@@ -361,6 +363,7 @@ class BamctlLM(TemplateLM):
         whether greedy decoding gives it, teacher-forced through the back-end."""
         asked = [i for i, (_, _, continuation) in enumerate(requests) if continuation]  # nothing to score: 0, greedy
         pairs = [self._cut(list(requests[i][1]), list(requests[i][2])) for i in asked]
+        self._note_unknown_tokens([token for _, continuation in pairs for token in continuation])
         scored = dict(zip(asked, self._in_batches(
             pairs, lambda pair: (len(pair[0]), len(pair[1])), self.served.score_continuations,
             "log-likelihoods", disable_tqdm)))
@@ -373,6 +376,19 @@ class BamctlLM(TemplateLM):
         return answers
 
     @_in_serving_mode
+    def _note_unknown_tokens(self, scored: list[int]) -> None:
+        """A model with rows for a subset of its tokenizer's ids (the shipped LMs) scores any other id
+        by its one unknown-token row: the probability of "some unknown token", not of that token.
+        bamctl's own perplexity leaves such tokens out and ``compare`` refuses mixed vocabularies;
+        lm-eval's numbers hold them, so the run says how many there are."""
+        if self.vocabulary is None or not scored:
+            return
+        unknown = sum(token not in self.vocabulary for token in scored)
+        if unknown:
+            print(f"note: {self.served.info.name}: {unknown:,} of the {len(scored):,} tokens scored "
+                  f"({unknown / len(scored):.1%}) are outside its vocabulary and scored by its unknown-token "
+                  "row, as lm-eval's numbers hold them (bamctl's own perplexity leaves them out)", file=sys.stderr)
+
     def _cut(self, context: list[int], continuation: list[int]) -> tuple[list[int], list[int]]:
         """HFLM's left truncation: of the context and continuation, the last tokens the model's
         maximum holds (the last one predicted, never fed), the BOS the first to go."""

@@ -566,3 +566,30 @@ def test_gen_kwargs_from_lm_evals_command_line_are_refused_by_name(tmp_path):
     done = _bamctl("lm-eval", "--model_args", "model=lm-bam", "--tasks", "gen_mini", "--include_path", str(tmp_path / "tasks"),
                    "--limit", "2", "--gen_kwargs", "top_k=5", home=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_tokens_outside_a_shipped_models_vocabulary_are_counted_in_a_note(capfd):
+    """The shipped LMs have rows for a subset of GPT-2's ids and score any other by one unknown-token
+    row; lm-eval's numbers hold those tokens (bamctl's perplexity leaves them out), which had been
+    said nowhere. Each request kind that scores them now says how many, counted here from the
+    model's own subset; a request with none says nothing."""
+    from bamctl.backends import peek_backend
+
+    lm = BamctlLM(model="lm-bam", device="cpu", dtype="float32")
+    subset = peek_backend("lm-bam").token_subset
+    pairs = [(f"Question: {q['question']}\nAnswer:", f" {c}") for q in questions()[:4] for c in q["choices"]]
+    continuations = [lm._encode_pair(context, continuation)[1] for context, continuation in pairs]
+    unknown = sum(t not in subset for ids in continuations for t in ids)
+    total = sum(len(ids) for ids in continuations)
+    assert 0 < unknown < total
+    capfd.readouterr()
+    lm.loglikelihood(requests("loglikelihood", pairs), disable_tqdm=True)
+    notes = [line for line in capfd.readouterr().err.splitlines() if line.startswith("note: ")]
+    assert notes == [f"note: lm-bam: {unknown:,} of the {total:,} tokens scored ({unknown / total:.1%}) are outside its "
+                     "vocabulary and scored by its unknown-token row, as lm-eval's numbers hold them (bamctl's own "
+                     "perplexity leaves them out)"]
+    known = [(context, continuation) for (context, continuation), ids in zip(pairs, continuations)
+             if all(t in subset for t in ids)]
+    assert known
+    lm.loglikelihood(requests("loglikelihood", known), disable_tqdm=True)
+    assert "note: " not in capfd.readouterr().err
