@@ -22,6 +22,12 @@ from bamctl.results.summary import GROUP_COLUMNS, is_perplexity, model_labels, s
 
 PANEL_INCHES = (6.0, 4.0)
 ANNOTATE_MAX_CELLS = 160  # write values into heatmap cells only while they stay legible
+# Colour maps that keep their meaning in greyscale print and for red-green colour-blind readers (no red
+# against green): scores on cividis, whose lightness rises evenly with the value (a perceptually uniform
+# map made for colour-vision deficiency), so a darker cell is always a lower score; perplexity's ratio
+# to its first length on purple (lower) to orange (higher), pale at x1, each cell writing its ratio.
+SCORE_COLOURS = "cividis"
+RATIO_COLOURS = "PuOr_r"
 RATIO_TICKS = (-2, -1, 0, 1, 2)  # log2 of the perplexity grid's ratios: ×0.25 .. ×4, its colour range
 LABEL_CHARS = 32  # a model's label wraps past this many characters a line
 INCHES_PER_CHAR = {"small": 0.07, "medium": 0.085}  # DejaVu Sans' mean advance at 8.3 and 10 pt, padded
@@ -162,7 +168,7 @@ def heatmap_figure(frame: pd.DataFrame, *, models: Sequence[str] | None = None, 
     order = [m for m in (models or []) if m in present] + [m for m in present if m not in (models or [])]
     values = rows[metric].dropna()
     bounded = values.empty or (values.min() >= 0 and values.max() <= 1)  # scores: a fixed 0..1 scale
-    scale = dict(cmap="RdYlGn", vmin=0.0, vmax=1.0) if bounded else dict(cmap="viridis", vmin=values.min(), vmax=values.max())
+    scale = dict(cmap=SCORE_COLOURS, vmin=0.0, vmax=1.0) if bounded else dict(cmap="viridis", vmin=values.min(), vmax=values.max())
     fig = Figure(figsize=(HEATMAP_PANEL_INCHES * len(order) + 1, 4.0 * len(groups)), layout="constrained")
     axes = fig.subplots(len(groups), len(order), squeeze=False)
     image = None
@@ -188,17 +194,25 @@ def heatmap_figure(frame: pd.DataFrame, *, models: Sequence[str] | None = None, 
                 if 0 < beyond < len(lengths):
                     ax.axvline(beyond - 0.5, color="black", linestyle="--", linewidth=1)
             if grid.size <= ANNOTATE_MAX_CELLS:
-                _annotate(ax, grid, bounded)
+                _annotate(ax, image, grid, bounded)
     fig.colorbar(image, ax=axes.ravel().tolist(), label=f"mean {metric}", shrink=0.8)
     return fig
 
 
-def _annotate(ax, grid: np.ndarray, bounded: bool) -> None:
+def _annotate(ax, image, grid: np.ndarray, bounded: bool) -> None:
     for (y, x), v in np.ndenumerate(grid):
         if np.isnan(v):
             continue
-        ink = "white" if bounded and (v < 0.2 or v > 0.85) else "black"  # legible on the dark ends of RdYlGn
-        ax.text(x, y, f"{v:.2f}" if bounded else f"{v:.3g}", ha="center", va="center", fontsize=7, color=ink)
+        ax.text(x, y, f"{v:.2f}" if bounded else f"{v:.3g}", ha="center", va="center", fontsize=7,
+                color=ink_on(image.to_rgba(v)))
+
+
+def ink_on(colour) -> str:
+    """White on a dark cell, black on a light one: by the cell's relative luminance (WCAG's), at the
+    value (0.18) where both inks contrast with it equally."""
+    linear = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in colour[:3]]
+    luminance = 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+    return "white" if luminance < 0.18 else "black"
 
 
 def plot_grid(
@@ -206,10 +220,11 @@ def plot_grid(
     baseline: str | None = None,
 ) -> Path:
     """Models × lengths, each cell coloured by its value and the number written in it; one panel per
-    task. Accuracy: red to green on [0, 1], ▲/▼ where a model differs significantly from the
-    baseline. Perplexity: coloured by the ratio to the model's own perplexity at its shortest
-    length (log scale), so a flat row stays pale and a blow-up turns red; each cell writes that
-    ratio under its perplexity, so the colour can be read. Legible with many models, where
+    task. Accuracy: dark to light on [0, 1] (cividis: readable in greyscale and without telling
+    red from green), ▲/▼ where a model differs significantly from the baseline. Perplexity:
+    coloured by the ratio to the model's own perplexity at its shortest length (log scale), so a
+    flat row stays pale and a blow-up turns orange; each cell writes that ratio under its
+    perplexity, so the colour can be read. Legible with many models, where
     overlaid curves and bands are not: the default picture of `compare`."""
     return save_figure(grid_figure(frame, models=models, threshold=threshold, baseline=baseline), path)
 
@@ -236,12 +251,12 @@ def grid_figure(
         value = "score" if s.metric == "accuracy" else "ppl"
         grid = s.table[value].T.reindex(s.models).to_numpy(dtype=float)  # (models, lengths)
         if s.metric == "accuracy":
-            image = ax.imshow(grid, cmap="RdYlGn", vmin=0.0, vmax=1.0, aspect="auto")
+            image = ax.imshow(grid, cmap=SCORE_COLOURS, vmin=0.0, vmax=1.0, aspect="auto")
             colour_bar_label = "accuracy"
         else:
             first = np.array([row[~np.isnan(row)][0] if (~np.isnan(row)).any() else np.nan for row in grid])
             ratio = grid / first[:, None]
-            image = ax.imshow(np.log2(ratio), cmap="RdYlGn_r", vmin=-2.0, vmax=2.0, aspect="auto")
+            image = ax.imshow(np.log2(ratio), cmap=RATIO_COLOURS, vmin=-2.0, vmax=2.0, aspect="auto")
             colour_bar_label = "ppl ÷ ppl at first length"
         for (row, column), number in np.ndenumerate(grid):
             if np.isnan(number):
@@ -251,7 +266,9 @@ def grid_figure(
                 text = f"{number:.2f}{mark}"
             else:  # the number the colour shows, under the perplexity itself
                 text = f"{_perplexity_label(number)}{mark}\n×{_ratio_label(ratio[row, column])}"
-            ax.text(column, row, text, ha="center", va="center", fontsize=8 if s.metric == "accuracy" else 7)
+            shown = number if s.metric == "accuracy" else np.log2(ratio[row, column])
+            ax.text(column, row, text, ha="center", va="center", fontsize=8 if s.metric == "accuracy" else 7,
+                    color=ink_on(image.to_rgba(shown)))
         ax.set_xticks(range(len(s.lengths)), [format_length(x) for x in s.lengths])
         ax.set_yticks(range(len(s.models)), names)
         ax.set_xlabel("context length (tokens)")
