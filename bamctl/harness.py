@@ -40,7 +40,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
 from bamctl.backends import RunOptions, open_backend, options_not_taken, peek_backend
-from bamctl.backends.base import ContinuationScore
+from bamctl.backends.base import BEYOND_MAX, ContinuationScore
 from bamctl.backends.hf_common import RequestShaper
 from bamctl.errors import BamctlError, did_you_mean, flags_as_keywords
 from bamctl.version import __version__
@@ -49,6 +49,7 @@ NAME = "bamctl"  # --model bamctl
 
 # model_args a user may give, beside the model itself: RunOptions' fields of an engine run.
 TRUNCATE = "truncate"  # beyond_max: cut what is past the model's maximum as HFLM does (the plugin's default)
+BEYOND_MAX_CHOICES = (TRUNCATE, *BEYOND_MAX)  # and the back-end's own: run past it (warn) or refuse
 ENGINE_ARGS = ("device", "dtype", "chunk_size", "attention", "tokenizer", "beyond_max", "bos",
                "prior_form", "rope_scaling", "rope_factor", "tensor_parallel", "trust_remote_code")
 
@@ -199,6 +200,8 @@ class BamctlLM(TemplateLM):
         # beyond_max: TRUNCATE (the plugin's default) cuts what is past the model's maximum as HFLM cuts
         # it; warn or refuse run past it, as bamctl's own runs do (the back-end's policy).
         self.beyond_max = engine.pop("beyond_max", None) or TRUNCATE
+        if self.beyond_max not in BEYOND_MAX_CHOICES:
+            raise BamctlError(f"model_args: beyond_max takes {', '.join(BEYOND_MAX_CHOICES)}, not {self.beyond_max!r}")
         self.truncating = self.beyond_max == TRUNCATE
         if not self.truncating:
             engine["beyond_max"] = self.beyond_max  # the back-end's policy

@@ -290,6 +290,8 @@ def test_bad_model_args_are_one_line(folder):
         BamctlLM(model="lm-bam", batch_size="many")
     with pytest.raises(BamctlError, match=r"^bos does not apply"):  # model_args' words, not a flag
         BamctlLM(model="lm-bam", bos="never")
+    with pytest.raises(BamctlError, match=r"^model_args: beyond_max takes truncate, warn, refuse, not 'cut'"):
+        BamctlLM(model=f"hf:{folder}", beyond_max="cut")
 
 
 def _by_hand(lm: BamctlLM) -> tuple[float, float]:
