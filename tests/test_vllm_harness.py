@@ -4,7 +4,8 @@ own HF back-end (``HFLM``) on the same folder and requests.
 Marker ``vllm`` (``bash scripts/test.sh --vllm``; skipped where vLLM is not installed). The model
 is ``test_vllm_engine``'s tiny BPE Llama (64-wide heads, 1,024 positions), in float32 on both
 sides; the tolerance is that module's per-answer one (vLLM's float32 kernels sum in another
-order). One engine start (30-100 s on 2 cores), in a module of its own so that the engine of
+order). Two engine starts (30-100 s each on 2 cores: one here, one in the ``bamctl lm-eval``
+process of the command-line test), in a module of its own so that the engine of
 ``test_vllm_engine`` is stopped first.
 """
 
