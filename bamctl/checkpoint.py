@@ -64,8 +64,14 @@ HELD_BY_THE_WEIGHTS = ("ssmax_init", "tie_embeddings")
 def canonical_config(config: ModelConfig) -> dict:
     typed = {"float": float, "int": int, "bool": bool}
     values = config.to_dict()
-    return {f.name: typed[f.type](values[f.name]) if f.type in typed else values[f.name] for f in fields(config)
-            if f.name not in HELD_BY_THE_WEIGHTS}
+    canonical = {f.name: typed[f.type](values[f.name]) if f.type in typed else values[f.name] for f in fields(config)
+                 if f.name not in HELD_BY_THE_WEIGHTS}
+    # A plugin PE computes what its source says: its digest is the identity (where it was found is not).
+    # The zoo's PEs have none, and their checkpoints keep the hash they had before plugins.
+    source = canonical.pop("pe_source")
+    if source is not None:
+        canonical["pe_source"] = source["digest"]
+    return canonical
 
 
 def file_sha256(path: Path) -> str:

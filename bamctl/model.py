@@ -28,6 +28,7 @@ from bamctl.positional import (
     RopeScaling,
     apply_rotary,
     parse_pe_name,
+    pe_spec,
     pe_label,
     rotary_angles,
     sinusoidal_encoding,
@@ -43,7 +44,7 @@ class ModelConfig:
     n_heads: int = 4
     ffn_dim_multiplier: float = 2.0  # SwiGLU hidden = multiplier * dim, as in the authors' presets
     norm_eps: float = 1e-5
-    pe: str = "bam"  # a key of bamctl.positional.PE_REGISTRY
+    pe: str = "bam"  # a key of bamctl.positional.PE_REGISTRY, or a plugin's reference (FILE.py:CLASS, module:CLASS, an entry point)
     ssmax: bool = False  # Scalable-Softmax on top of the PE
     ssmax_scope: str = "logits"  # "logits": (content + prior) * s log n; "content": the authors' code
     ssmax_init: float = 1.0  # SSMax's s_h before training (the SSMax paper's 1); the trained weights hold s
@@ -70,10 +71,17 @@ class ModelConfig:
     # Tokenizer ids this model has rows for (bamctl.vocab.VocabSubset), plus one UNK row;
     # None: one row per tokenizer id. Lets tiny reference models stay tiny.
     token_subset: list[int] | None = None
+    # A plugin PE's record (bamctl.positional.pe_spec): where it was found, its file's digest and text;
+    # None for the zoo's. A checkpoint whose plugin file no longer holds that text does not load.
+    pe_source: dict | None = None
 
     def __post_init__(self):
         if self.pe not in PE_REGISTRY:
-            parse_pe_name(self.pe)  # raises with close matches
+            if self.pe_source is None and parse_pe_name(self.pe) != (self.pe, False):  # raises with close matches
+                raise BamctlError(f"pe {self.pe!r}: SSMax is the ssmax field, not a suffix of pe")
+            spec = pe_spec(self.pe, self.pe_source)  # a plugin: found where recorded, and checked against its digest
+            if self.pe_source is None:
+                self.pe_source = spec.source
         if self.dim % self.n_heads or (self.dim // self.n_heads) % 2:
             raise BamctlError(f"dim {self.dim} must split into {self.n_heads} heads of even size")
         if self.sinusoidal_layout not in SINUSOIDAL_LAYOUTS:
@@ -114,7 +122,7 @@ class ModelConfig:
         # A new sinusoidal model scales its token embeddings by sqrt(dim), as the PE's paper
         # defines it; the dataclass default stays 1.0 for checkpoints saved before the field.
         config = {**PRESETS[preset], "pe": base, "ssmax": ssmax, **overrides}
-        if PE_REGISTRY[base].absolute_input and "embedding_scale" not in overrides:
+        if pe_spec(base).absolute_input and "embedding_scale" not in overrides:
             config["embedding_scale"] = math.sqrt(config["dim"])
         return cls(**config)
 
@@ -198,7 +206,7 @@ class Attention(nn.Module):
         self.wk = nn.Linear(cfg.dim, cfg.dim, bias=False)
         self.wv = nn.Linear(cfg.dim, cfg.dim, bias=False)
         self.wo = nn.Linear(cfg.dim, cfg.dim, bias=False)
-        spec = PE_REGISTRY[cfg.pe]
+        spec = pe_spec(cfg.pe, cfg.pe_source)
         self.rotary = spec.rotary
         self.xpos = spec.xpos
         self.prior = spec.make_prior(cfg) if spec.make_prior else None
@@ -261,7 +269,7 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(TransformerBlock(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
-        self.absolute_input = PE_REGISTRY[cfg.pe].absolute_input
+        self.absolute_input = pe_spec(cfg.pe, cfg.pe_source).absolute_input
         self.rope_scaling: RopeScaling | None = None  # RoPE scaled at inference (set by the engine)
         self.apply(self._init_weights)
         if cfg.tie_embeddings:
@@ -275,7 +283,7 @@ class Transformer(nn.Module):
     def positions(self, start: int, n_tokens: int) -> ChunkPositions:
         """The positions of a chunk of ``n_tokens`` starting at absolute position ``start``."""
         rotary = None
-        if PE_REGISTRY[self.config.pe].rotary:
+        if pe_spec(self.config.pe, self.config.pe_source).rotary:
             positions = torch.arange(start, start + n_tokens, device=self.output.weight.device)
             rotary = rotary_angles(positions, self.config.head_dim, self.config.rope_base, self.rope_scaling)
         return ChunkPositions(start, rotary)

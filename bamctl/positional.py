@@ -392,6 +392,7 @@ class PESpec:
     rotary: bool = False  # rotate queries and keys
     xpos: bool = False  # and scale them by xPos's exponential decay
     make_prior: Callable[..., nn.Module] | None = None  # per-layer distance prior
+    source: dict | None = None  # a plugin's: where it was found, its file's digest and text (None: the zoo's)
 
 
 PE_REGISTRY: dict[str, PESpec] = {
@@ -417,12 +418,85 @@ SSMAX_SUFFIX = "-ssmax"
 
 
 def parse_pe_name(name: str) -> tuple[str, bool]:
-    """``"bam-ssmax"`` -> ``("bam", True)``; unknown names raise with close matches."""
+    """``"bam-ssmax"`` -> ``("bam", True)``; a plugin's reference (``./my_pe.py:Sandwich-ssmax``) is
+    found and checked against the PE protocol; unknown names raise with close matches."""
     base, ssmax = (name[: -len(SSMAX_SUFFIX)], True) if name.endswith(SSMAX_SUFFIX) else (name, False)
     if base not in PE_REGISTRY:
-        choices = [*PE_REGISTRY, *(f"{n}{SSMAX_SUFFIX}" for n in PE_REGISTRY)]
-        raise BamctlError(f"unknown positional encoding {name!r}{did_you_mean(name, choices)}")
+        if is_plugin_reference(base):
+            pe_spec(base)  # found and checked now, one line if not
+            return base, ssmax
+        plugins = list(installed_plugins())
+        choices = [*PE_REGISTRY, *plugins, *(f"{n}{SSMAX_SUFFIX}" for n in [*PE_REGISTRY, *plugins])]
+        raise BamctlError(f"unknown positional encoding {name!r}{did_you_mean(name, choices)} (a plugin of your own: "
+                          "FILE.py:CLASS or package.module:CLASS, docs/positional-plugins.md)")
     return base, ssmax
+
+
+# -- plugins: a PE of the user's, found by reference ----------------------------------------------
+#
+# A plugin is a torch.nn.Module class built once per layer as ``Class(config)`` (the model's
+# ModelConfig: n_heads, head_dim, train_length ...), with the hooks of the bias it gives:
+# ``distance_table(max_distance) -> (H, max_distance + 1)`` for a bias by distance alone (every
+# attention path takes it), or ``query_dependent = True`` and ``bias(q_positions, k_positions) ->
+# (H, Tq, Tk)`` for one that depends on the query's position too (native also needs its
+# ``kernel_form``, as FIRE gives). ``describe()`` (per-head values, for ``bamctl inspect``) is
+# optional. docs/positional-plugins.md holds the protocol and an example per kind.
+
+PLUGIN_GROUP = "bamctl.positional_encodings"  # entry points of installed packages: name = "package.module:Class"
+PLUGIN_HOOKS = "distance_table(max_distance), or bias(q_positions, k_positions) with query_dependent = True"
+
+
+def is_plugin_reference(name: str) -> bool:
+    return ":" in name or name in installed_plugins()
+
+
+def installed_plugins() -> dict:
+    from bamctl.plugins import entry_points
+
+    return entry_points(PLUGIN_GROUP)
+
+
+def pe_spec(name: str, source: dict | None = None) -> PESpec:
+    """The PE ``name`` names: a zoo entry, or a plugin found by reference (``source``: where a
+    checkpoint says its plugin was found, and the digest of its file then)."""
+    if name in PE_REGISTRY:
+        return PE_REGISTRY[name]
+    return _plugin_spec(name, source.get("where") if source else None, source.get("digest") if source else None)
+
+
+def _plugin_spec(name: str, where: str | None, recorded: str | None) -> PESpec:
+    from bamctl.plugins import file_digest_or_none, load, load_entry_point
+
+    who = f"positional encoding {name}"
+    reference = where or name
+    target, sep, attribute = reference.rpartition(":")
+    if sep:
+        found = load(target, attribute, who)
+    elif reference in installed_plugins():
+        found = load_entry_point(PLUGIN_GROUP, reference, who)
+    else:
+        raise BamctlError(f"{who}: no installed package gives it (entry point group {PLUGIN_GROUP}); install the "
+                          "package that does, or name its file as FILE.py:CLASS")
+    cls = found.value
+    check_plugin(cls, who)
+    digest_now = file_digest_or_none(found.source)
+    if recorded is not None and digest_now != recorded:
+        raise BamctlError(f"{who}: {found.source} is not the source this checkpoint was made with (its digest "
+                          f"{digest_now or 'none'}, recorded {recorded}); restore that file, or make a new checkpoint")
+    summary = (cls.__doc__ or cls.__name__).strip().splitlines()[0]
+    source = {"where": found.where, "digest": digest_now, "text": found.source_text}
+    return PESpec(name, summary, make_prior=lambda cfg, cls=cls: cls(cfg), source=source)
+
+
+def check_plugin(cls, who: str) -> None:
+    """A plugin meets the protocol: an nn.Module class with the hooks of one kind of bias."""
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise BamctlError(f"{who} is a {type(cls).__name__}, not a torch.nn.Module class")
+    if getattr(cls, "query_dependent", False):
+        if not callable(getattr(cls, "bias", None)):
+            raise BamctlError(f"{who} says query_dependent = True but has no bias(q_positions, k_positions) hook")
+    elif not callable(getattr(cls, "distance_table", None)):
+        raise BamctlError(f"{who} has no hook of the PE protocol: give it {PLUGIN_HOOKS}")
 
 
 def pe_label(pe: str, ssmax: bool) -> str:

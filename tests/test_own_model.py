@@ -167,7 +167,7 @@ def test_an_x_transformers_model_is_compared_beside_bam_ssmax(tmp_path):
 
 @pytest.mark.parametrize("body, words", [
     (None, "does not exist"),
-    ("def other():\n    pass\n", "defines no function 'build'"),
+    ("def other():\n    pass\n", "defines no 'build'"),
     ("def build():\n    raise RuntimeError('no weights here')\n", "raised RuntimeError: no weights here"),
     ("def build():\n    return 42\n", "gave a int, not a torch.nn.Module"),
     ("import torch\nclass M(torch.nn.Module):\n    train_length = 64\n    def forward(self, ids):\n"

@@ -24,10 +24,7 @@ the builder's file, the step's): an edited ``forward`` is another model.
 from __future__ import annotations
 
 import ast
-import importlib
-import importlib.util
 import inspect
-import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -38,8 +35,9 @@ import torch.nn.functional as F
 from bamctl.backends.base import ModelInfo, ModelPeek, ModuleOptions, auto_batch_size, stop_tests
 from bamctl.backends.hf_common import LengthPolicy, RequestShaper
 from bamctl.backends.logits_loop import LogitsLoopBackend
-from bamctl.errors import BamctlError, did_you_mean
+from bamctl.errors import BamctlError
 from bamctl.fingerprints import digest, file_digest
+from bamctl.plugins import load, one_line, source_of
 
 PREFIX = "py"
 WHAT = "a plain PyTorch module"
@@ -110,24 +108,9 @@ class PyReference:
                               "(arguments after another colon: py:FILE.py:FUNCTION:dim=64,pe=rope)")
         return cls(parts[0], parts[1], parse_arguments(parts[2]) if len(parts) == 3 else {})
 
-    @property
-    def is_file(self) -> bool:
-        return self.target.endswith(".py") or "/" in self.target or "\\" in self.target
-
     def source(self) -> Path | None:
         """The file the function is defined in (a module's is found without importing it)."""
-        if self.is_file:
-            path = Path(self.target).expanduser()
-            if not path.is_file():
-                raise BamctlError(f"py: file {self.target} does not exist")
-            return path.resolve()
-        try:
-            spec = importlib.util.find_spec(self.target)
-        except (ImportError, ValueError) as err:
-            raise BamctlError(f"py: cannot find module {self.target}: {err}") from None
-        if spec is None:
-            raise BamctlError(f"py: no module named {self.target} (a file path ends in .py)")
-        return Path(spec.origin).resolve() if spec.origin and spec.origin.endswith(".py") else None
+        return source_of(self.target, PREFIX)
 
 
 def parse_arguments(text: str) -> dict:
@@ -146,34 +129,6 @@ def parse_arguments(text: str) -> dict:
     return arguments
 
 
-def _import_file(path: Path):
-    """A user's file as a module of its own, named by its path and bytes, so an edited file is
-    imported afresh and two files of one name never meet in ``sys.modules``."""
-    name = f"bamctl_py_{digest([str(path), file_digest(path)])}"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    folder = str(path.parent)
-    sys.path.insert(0, folder)  # its own imports of files beside it
-    try:
-        spec.loader.exec_module(module)
-    except BaseException as err:
-        del sys.modules[name]
-        if isinstance(err, KeyboardInterrupt):
-            raise
-        raise BamctlError(f"py: importing {path.name} raised {_one_line(err)}") from None
-    finally:
-        sys.path.remove(folder)
-    return module
-
-
-def _one_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
-
-
 def build(reference: str) -> UserModel:
     """Import a ``py:`` reference's target and call its function (once per reference and file
     bytes in a process: checking and running one reference build it once)."""
@@ -182,27 +137,19 @@ def build(reference: str) -> UserModel:
     key = (reference, None if source is None else file_digest(source))
     if key in _BUILT:
         return _BUILT[key]
-    if parsed.is_file:
-        namespace = _import_file(source)
-    else:
-        try:
-            namespace = importlib.import_module(parsed.target)
-        except Exception as err:
-            raise BamctlError(f"py: importing {parsed.target} raised {_one_line(err)}") from None
-    function = getattr(namespace, parsed.function, None)
+    function = load(parsed.target, parsed.function, PREFIX).value
     if not callable(function):
-        names = [n for n, v in vars(namespace).items() if callable(v) and not n.startswith("_")]
-        raise BamctlError(f"py: {parsed.target} defines no function {parsed.function!r}{did_you_mean(parsed.function, names)}")
+        raise BamctlError(f"py: {parsed.target}:{parsed.function} is a {type(function).__name__}, not a function")
     try:
         made = function(**parsed.arguments)
     except KeyboardInterrupt:
         raise
     except Exception as err:
         raise BamctlError(f"py: {parsed.target}:{parsed.function}({_arguments_text(parsed.arguments)}) raised "
-                          f"{_one_line(err)}") from None
+                          f"{one_line(err)}") from None
     found = user_model(made, who=f"py: {parsed.target}:{parsed.function}")
     files = tuple(sorted({*found.source_files, *([str(source)] if source else [])}))
-    found = replace(found, name=found.name or parsed.function, source_files=files)
+    found = replace(found, name=found.name or f"{Path(parsed.target).name}:{parsed.function}", source_files=files)
     _BUILT.clear()  # one built model kept: the one being checked, then run
     _BUILT[key] = found
     return found
@@ -373,7 +320,7 @@ class ModuleBackend(LogitsLoopBackend):
             raise
         except Exception as err:
             how = "its step" if self.chunked else "its forward"
-            raise BamctlError(f"{name}: {how} on {len(ids)} tokens raised {_one_line(err)}") from None
+            raise BamctlError(f"{name}: {how} on {len(ids)} tokens raised {one_line(err)}") from None
         shape = tuple(logits.shape)
         if len(shape) != 3 or shape[:2] != (1, len(ids)):
             last = " (nanoGPT's forward does so without targets: return self.lm_head(x) for every position)" \
@@ -395,7 +342,7 @@ class ModuleBackend(LogitsLoopBackend):
             raise
         except Exception as err:  # the user's code: said in one line, with the shape it was given
             how = "its step" if self.chunked else "its forward"
-            raise BamctlError(f"{self.info.name}: {how} on ids of shape {tuple(ids.shape)} raised {_one_line(err)}") from None
+            raise BamctlError(f"{self.info.name}: {how} on ids of shape {tuple(ids.shape)} raised {one_line(err)}") from None
         if rows is None:
             return None, cache
         return logits_of(output)[:, rows].float(), cache

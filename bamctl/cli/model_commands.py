@@ -22,7 +22,7 @@ stdout = Console(highlight=False)
 @app.command()
 def new(
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write config.json and model.safetensors into.")],
-    pe: Annotated[str, typer.Option(help="Positional encoding: nope, sinusoidal, rope, xpos, alibi, kerple, t5, fire, bam; add -ssmax for Scalable-Softmax (e.g. bam-ssmax).")] = "bam",
+    pe: Annotated[str, typer.Option(help="Positional encoding: nope, sinusoidal, rope, xpos, alibi, kerple, t5, fire, bam, or a plugin of your own (FILE.py:CLASS, package.module:CLASS, an installed entry point: docs/positional-plugins.md); add -ssmax for Scalable-Softmax (e.g. bam-ssmax, ./my_pe.py:Sandwich-ssmax).")] = "bam",
     preset: Annotated[str, typer.Option(help=f"Model size: {PRESET_NAMES}.")] = "tiny",
     seed: Annotated[int, typer.Option(help="Seed of the random initialisation; same seed, same weights.")] = 0,
     train_length: Annotated[int, typer.Option(help="Training context length recorded in the checkpoint (the unit of extrapolation ratios).")] = 512,
@@ -32,6 +32,7 @@ def new(
     """Write a randomly initialised model, for tests and pipeline checks.
 
     Example: bamctl new --pe bam-ssmax --preset tiny --seed 0 --out models/random-bam
+    A PE of your own: bamctl new --pe examples/positional/sandwich.py:Sandwich --out models/sandwich
     """
     from bamctl.checkpoint import is_checkpoint_dir, new_random_model, save_checkpoint
     from bamctl.errors import BamctlError

@@ -89,14 +89,20 @@ def _exact_for(model: Transformer, attention: str, chosen_by_auto: bool) -> str:
     blockwise path instead (it picks fused only on a CPU where native cannot be built); asked
     for, such a path is refused with one line.
     """
-    if any(getattr(layer.attention.prior, "query_dependent", False) for layer in model.layers):
-        if attention not in QUERY_DEPENDENT_PATHS:
+    by_query = [layer.attention.prior for layer in model.layers if getattr(layer.attention.prior, "query_dependent", False)]
+    if by_query:
+        # native takes such a prior in its piecewise-linear form (FIRE's kernel_form); a plugin may not give one
+        piecewise = all(callable(getattr(prior, "kernel_form", None)) for prior in by_query)
+        paths = QUERY_DEPENDENT_PATHS if piecewise else tuple(p for p in QUERY_DEPENDENT_PATHS if p != "native")
+        if attention not in paths:
             if not chosen_by_auto:
+                why = "takes a prior by distance only" if attention != "native" else \
+                    "takes a query-dependent prior only in its piecewise-linear form (kernel_form), which it lacks"
                 raise BamctlError(
-                    f"--attention {attention} takes a prior by distance only; {model.config.label}'s depends on the "
-                    "query position too: use --attention native, blockwise or dense"
+                    f"--attention {attention} {why}; {model.config.label}'s depends on the query position too: use "
+                    f"--attention {', '.join(paths[:-1])} or {paths[-1]}"
                 )
-            attention = "blockwise"  # auto on CUDA, or on a CPU without the native kernel
+            attention = "blockwise"  # auto on CUDA, on a CPU without the native kernel, or a prior native cannot take
     if attention not in FOLDING_PATHS:
         return attention
     found = _negative_scale_on_a_prior(model)

@@ -1,0 +1,179 @@
+"""Positional encodings of the user's own, found by reference (``bamctl.positional.pe_spec``): a
+file, a module path or an installed package's entry point, wherever a PE is named; recorded in the
+checkpoint; held to the zoo's own ALiBi where the example restates it."""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+import bamctl
+from bamctl.checkpoint import load_checkpoint, new_random_model, save_checkpoint
+from bamctl.errors import BamctlError
+from bamctl.model import ModelConfig
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "positional"
+ALIBI = f"{EXAMPLES / 'alibi.py'}:ALiBi"
+SANDWICH = f"{EXAMPLES / 'sandwich.py'}:Sandwich"
+
+
+def _model(pe: str, seed: int = 0):
+    return new_random_model(ModelConfig.from_preset("micro", pe, train_length=128), seed)
+
+
+def test_alibi_restated_as_a_plugin_has_the_zoos_weights_logits_and_rows(tmp_path):
+    zoo, plugin = _model("alibi"), _model(ALIBI)
+    assert zoo.state_dict().keys() == plugin.state_dict().keys()
+    assert all(torch.equal(zoo.state_dict()[k], plugin.state_dict()[k]) for k in zoo.state_dict())
+    ids = torch.randint(0, 50257, (2, 300), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(zoo(ids), plugin(ids))
+    paths = [str(save_checkpoint(m, tmp_path / name)) for m, name in ((zoo, "zoo"), (plugin, "plugin"))]
+    columns = ["length", "seed", "sample", "depth", "predicted", "score"]
+    for task, extra in (("passkey", {"samples": 2, "depths": [0.0, 0.5]}), ("ppl", {})):
+        rows = [bamctl.evaluate(p, task=task, lengths="256,1k", dir=tmp_path / task, quiet=True, **extra) for p in paths]
+        keep = columns + (["nll"] if task == "ppl" else [])
+        a, b = (r[keep].sort_values(columns[:4]).reset_index(drop=True) for r in rows)
+        pd.testing.assert_frame_equal(a, b)  # the same numbers, on the native kernel the run chose
+        assert rows[0]["model_hash"].iloc[0] != rows[1]["model_hash"].iloc[0]  # two models by name and source
+
+
+def test_a_plugin_checkpoint_records_its_source_and_loads_from_anywhere(tmp_path, monkeypatch):
+    shutil.copy(EXAMPLES / "sandwich.py", tmp_path / "my_pe.py")
+    monkeypatch.chdir(tmp_path)
+    model = _model("./my_pe.py:Sandwich-ssmax")
+    assert model.config.pe == "./my_pe.py:Sandwich" and model.config.ssmax
+    assert model.config.pe_source["text"] == (tmp_path / "my_pe.py").read_text()
+    folder = save_checkpoint(model, tmp_path / "ckpt")
+    monkeypatch.chdir("/")  # the relative name no longer reaches the file: where it was found does
+    loaded = load_checkpoint(folder)
+    ids = torch.randint(0, 50257, (1, 64))
+    assert torch.equal(loaded.model(ids), model(ids))
+
+
+def test_an_edited_or_missing_plugin_is_one_line_when_its_checkpoint_loads(tmp_path):
+    shutil.copy(EXAMPLES / "sandwich.py", tmp_path / "my_pe.py")
+    folder = save_checkpoint(_model(f"{tmp_path / 'my_pe.py'}:Sandwich"), tmp_path / "ckpt")
+    source = tmp_path / "my_pe.py"
+    source.write_text(source.read_text().replace("8.0 / config.n_heads", "4.0 / config.n_heads"))
+    with pytest.raises(BamctlError, match="is not the source this checkpoint was made with"):
+        load_checkpoint(folder)
+    source.unlink()
+    with pytest.raises(BamctlError, match="my_pe.py does not exist"):
+        load_checkpoint(folder)
+
+
+@pytest.mark.parametrize("body, said", [
+    (None, "does not exist"),
+    ("import torch\nclass Other(torch.nn.Module):\n    pass\n", "defines no 'Mine'"),
+    ("import torch\nclass Mine(torch.nn.Module):\n    def __init__(self, config):\n        super().__init__()\n",
+     "has no hook of the PE protocol: give it distance_table(max_distance)"),
+    ("import torch\nclass Mine(torch.nn.Module):\n    query_dependent = True\n", "has no bias(q_positions, k_positions) hook"),
+    ("class Mine:\n    def distance_table(self, d):\n        pass\n", "not a torch.nn.Module class"),
+    ("raise ImportError('needs my_lib')\n", "raised ImportError: needs my_lib"),
+])
+def test_bad_plugins_are_one_line_and_exit_2_from_bamctl_new(tmp_path, capsys, body, said):
+    from bamctl.cli import main
+
+    path = tmp_path / "my_pe.py"
+    if body is not None:
+        path.write_text(body)
+    with pytest.raises(SystemExit) as exited:
+        main(["new", "--pe", f"{path}:Mine", "--preset", "micro", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and said in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unknown_name_says_how_to_give_a_plugin(capsys):
+    with pytest.raises(BamctlError, match="FILE.py:CLASS"):
+        ModelConfig.from_preset("micro", "sandwich")
+
+
+def test_bamctl_new_and_inspect_take_a_plugin(tmp_path, capsys):
+    from bamctl.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["new", "--pe", f"{SANDWICH}-ssmax", "--preset", "micro", "--train-length", "128", "--out", str(tmp_path / "m")])
+    assert exited.value.code == 0
+    with pytest.raises(SystemExit) as exited:
+        main(["inspect", str(tmp_path / "m")])
+    out = capsys.readouterr().out
+    assert exited.value.code == 0 and "scale" in out and "sandwich.py:Sandwich" in out  # its per-head values
+
+
+def test_an_installed_packages_entry_point_is_a_pe_name(tmp_path, monkeypatch):
+    """A package that declares ``[project.entry-points."bamctl.positional_encodings"]`` (here its
+    installed metadata, written as pip writes it) gives its PE by name."""
+    site = tmp_path / "site"
+    (site / "mype").mkdir(parents=True)
+    shutil.copy(EXAMPLES / "sandwich.py", site / "mype" / "pe.py")
+    (site / "mype" / "__init__.py").write_text("")
+    info = site / "mype-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mype\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[bamctl.positional_encodings]\nsandwich = mype.pe:Sandwich\n")
+    monkeypatch.syspath_prepend(str(site))
+    model = _model("sandwich")
+    assert model.config.pe == "sandwich" and model.config.pe_source["where"] == "mype.pe:Sandwich"
+    assert type(model.layers[0].attention.prior).__name__ == "Sandwich"
+
+
+def test_bamctl_train_trains_a_plugin_named_in_a_recipe(tmp_path, capsys, monkeypatch):
+    """The recipe names the plugin's file (from the working directory, as the command line does); the
+    trained checkpoint records it, its prior's parameter moved, and it loads and runs."""
+    from bamctl.cli import main
+    from test_train_loop import MICRO_RECIPE
+
+    shutil.copy(EXAMPLES / "sandwich.py", tmp_path / "my_pe.py")
+    (tmp_path / "plugin.toml").write_text(MICRO_RECIPE.replace('pe = "bam"', 'pe = "./my_pe.py:Sandwich-ssmax"'))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        main(["train", "--recipe", "plugin.toml", "--steps", "3", "--device", "cpu", "--out", "trained"])
+    assert exited.value.code == 0, capsys.readouterr().err
+    checkpoint = load_checkpoint(tmp_path / "trained")
+    config = checkpoint.model.config
+    assert config.pe == "./my_pe.py:Sandwich" and config.ssmax and config.pe_source["digest"]
+    scale = checkpoint.model.layers[0].attention.prior.log_scale.detach()
+    assert not torch.allclose(scale, torch.full_like(scale, 8.0 / config.n_heads).log())  # trained, positional lr
+
+
+QUERY_DEPENDENT = """
+import torch
+
+
+class Progressive(torch.nn.Module):
+    \"\"\"A bias that depends on the query's position too: -slope (i - j) / log(i + 2).\"\"\"
+
+    query_dependent = True
+
+    def __init__(self, config):
+        super().__init__()
+        self.register_buffer("slope", torch.linspace(0.5, 2.0, config.n_heads), persistent=False)
+
+    def bias(self, q_positions, k_positions):
+        distance = (q_positions[:, None] - k_positions[None, :]).clamp(min=0).float()
+        return -self.slope[:, None, None] * distance / torch.log(q_positions.float() + 2)[None, :, None]
+"""
+
+
+def test_a_query_dependent_plugin_runs_where_it_can_and_native_says_why_not(tmp_path):
+    from bamctl.engine.stream import StreamingEngine
+    from bamctl.tasks import generate_samples
+    from bamctl.tokenizer import get_tokenizer
+
+    (tmp_path / "progressive.py").write_text(QUERY_DEPENDENT)
+    model = _model(f"{tmp_path / 'progressive.py'}:Progressive")
+    assert StreamingEngine(model, device="cpu").attention == "blockwise"  # auto: a path that serves it
+    with pytest.raises(BamctlError, match="--attention native takes a query-dependent prior only in its piecewise"):
+        StreamingEngine(model, device="cpu", attention="native")
+    with pytest.raises(BamctlError, match="--attention fused takes a prior by distance only"):
+        StreamingEngine(model, device="cpu", attention="fused")
+    sample = next(generate_samples("passkey", [300], 1, 0, get_tokenizer("gpt2")))
+    chunked = StreamingEngine(model, device="cpu", chunk_size=64).score_continuation(sample.input_ids, sample.target_ids)
+    dense = StreamingEngine(model, device="cpu", attention="dense").score_continuation(sample.input_ids, sample.target_ids)
+    assert chunked[0] == dense[0] and max(abs(a - b) for a, b in zip(chunked[1], dense[1])) < 1e-4
