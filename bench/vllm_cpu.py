@@ -11,13 +11,20 @@ With ``--lm-eval``, also lm-evaluation-harness's own RULER tasks on the same mod
 ``hf`` and ``vllm`` back-ends (lm-eval builds its own prompts: ``--limit`` of them per length),
 beside bamctl's RULER tasks through ``hf:`` and ``vllm:`` on as many samples.
 
+Before the timings one request of each length and kind goes through the engine (``--warm-up``,
+on by default), so the engine's first-request cost is reported apart and not charged to whichever
+side is timed first. ``--repeats N`` times each cell N times, ``vllm:`` and the plain script
+alternating, and reports the median.
+
     python scripts/smollm2_folder.py /tmp/smollm2          # in the environment of setup.sh --vllm
     python bench/vllm_cpu.py --model /tmp/smollm2 --lengths 1k,4k --samples 4 [--lm-eval]   # lm-eval: 4k and up
+    python bench/vllm_cpu.py --model /tmp/smollm2 --lengths 1k,4k --samples 4 --kinds passkey --repeats 3 --skip-hf
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 LM_EVAL_LENGTHS = (4096, 8192, 16384, 32768, 65536, 131072)  # the lengths lm-eval's RULER YAMLs aggregate
@@ -70,25 +77,53 @@ class PlainVLLM:
         return [[-e[t].logprob for e, t in zip(out.prompt_logprobs[1:], x.input_ids[1:])] for x, out in zip(samples, outputs)]
 
 
-def request_kinds(backends: dict, plain: PlainVLLM, lengths: list[int], n: int) -> list[list[str]]:
-    hf = backends["hf"]
+KINDS = {  # --kinds: the request kind a task makes, its samples and how a back-end and the plain script ask it
+    "passkey": ("passkey (teacher forcing)", lambda length, n, b: plan("passkey", length, n, b, [0.5]),
+                lambda b, s: b.score_continuations([(x.input_ids, x.answer_ids) for x in s]), PlainVLLM.teacher_forced),
+    "niah": ("niah_single_1 (generation)", lambda length, n, b: plan("niah_single_1", length, n, b),
+             lambda b, s: b.generate_many([x.input_ids for x in s], s[0].max_new_tokens), PlainVLLM.greedy),
+    "ppl": ("ppl (sliding windows)", lambda length, n, b: plan("ppl", length, 1, b, doc_tokens=n * length),
+            lambda b, s: b.token_nlls([(x.input_ids, 1) for x in s]), PlainVLLM.nll),
+}
+
+
+def warm_up(plain: PlainVLLM, vl, lengths: list[int], kinds: list[str]) -> float:
+    """One request of each length and kind through the engine, before anything is timed: its first
+    requests after a start (kernels picked, buffers grown) are not charged to either side."""
+    start = time.perf_counter()
+    for length in lengths:
+        for kind in kinds:
+            _, make, _, peer = KINDS[kind]
+            peer(plain, make(length, 1, vl)[:1])
+    plain.forget()
+    return time.perf_counter() - start
+
+
+def request_kinds(backends: dict, plain: PlainVLLM, lengths: list[int], n: int, kinds: list[str],
+                  repeats: int = 1) -> list[list[str]]:
+    planner = backends.get("hf", backends["vllm"])  # the same tokenizer: the same samples for every side
     rows = []
     for length in lengths:
-        cases = {
-            "passkey (teacher forcing)": (plan("passkey", length, n, hf, [0.5]), lambda b, s: b.score_continuations([(x.input_ids, x.answer_ids) for x in s]), plain.teacher_forced),
-            "niah_single_1 (generation)": (plan("niah_single_1", length, n, hf), lambda b, s: b.generate_many([x.input_ids for x in s], s[0].max_new_tokens), plain.greedy),
-            "ppl (sliding windows)": (plan("ppl", length, 1, hf, doc_tokens=n * length), lambda b, s: b.token_nlls([(x.input_ids, 1) for x in s]), plain.nll),
-        }
-        for kind, (samples, ask, peer) in cases.items():
-            seconds, answers = {}, {}
-            for name, backend in backends.items():
+        for kind in kinds:
+            title, make, ask, peer = KINDS[kind]
+            samples = make(length, n, planner)
+            times: dict[str, list[float]] = {name: [] for name in (*backends, "plain")}
+            answers = {}
+            for _ in range(repeats):  # the sides alternate, so a machine's drift falls on both
+                for name, backend in backends.items():
+                    plain.forget()  # no side reads another's prompts from the prefix cache
+                    seconds, answers[name] = timed(lambda: ask(backend, samples))
+                    times[name].append(seconds)
                 plain.forget()
-                seconds[name], answers[name] = timed(lambda: ask(backend, samples))
-            plain.forget()  # neither side reads the other's prompts from the prefix cache
-            seconds["plain"], _ = timed(lambda: peer(samples))
-            rows.append([f"{length:,}", kind, str(len(samples)), *(f"{seconds[k] / len(samples):.2f}" for k in ("hf", "vllm", "plain")),
-                         f"{seconds['vllm'] / seconds['plain']:.2f}x", f"{seconds['vllm'] / seconds['hf']:.2f}x",
-                         agreement(answers["hf"], answers["vllm"])])
+                seconds, _ = timed(lambda: peer(plain, samples))
+                times["plain"].append(seconds)
+            seconds = {name: statistics.median(values) for name, values in times.items()}
+            per_sample = lambda name: f"{seconds[name] / len(samples):.2f}" if name in seconds else "–"  # noqa: E731
+            rows.append([f"{length:,}", title, str(len(samples)), *(per_sample(k) for k in ("hf", "vllm", "plain")),
+                         f"{seconds['vllm'] / seconds['plain']:.2f}x",
+                         f"{seconds['vllm'] / seconds['hf']:.2f}x" if "hf" in seconds else "–",
+                         agreement(answers["hf"], answers["vllm"]) if "hf" in answers else "–",
+                         " ".join(f"{t / seconds['plain']:.2f}" for t in times["vllm"])])
     return rows
 
 
@@ -165,21 +200,33 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--lm-eval", action="store_true", help="also lm-eval's own RULER tasks, beside bamctl's")
     parser.add_argument("--no-kinds", action="store_true", help="leave out the request-kind table (with --lm-eval: the RULER table alone)")
+    parser.add_argument("--kinds", default=",".join(KINDS), help=f"request kinds to time, of {', '.join(KINDS)}")
+    parser.add_argument("--repeats", type=int, default=1, help="times each cell is timed (the median is reported)")
+    parser.add_argument("--no-warm-up", dest="warm_up", action="store_false", help="time the engine's first requests too")
+    parser.add_argument("--skip-hf", action="store_true", help="time vllm: and the plain script only")
     args = parser.parse_args()
     lengths = parse_lengths(args.lengths)
+    kinds = args.kinds.split(",")
+    if unknown := [k for k in kinds if k not in KINDS]:
+        parser.error(f"--kinds: no {unknown[0]!r}; the kinds are {', '.join(KINDS)}")
 
     import vllm
 
     vl = open_backend(f"vllm:{args.model}", RunOptions(dtype=args.dtype))
-    hf = open_backend(f"hf:{args.model}", RunOptions(dtype=args.dtype, device=vl.device))
+    hf = None if args.skip_hf and not args.lm_eval else open_backend(f"hf:{args.model}", RunOptions(dtype=args.dtype, device=vl.device))
     vl.check_fits(max(lengths), 8)
     start_seconds, _ = timed(vl.prepare)
     print(f"vLLM {vllm.__version__} on the {vl.device.upper()}, {args.dtype}: engine started in {start_seconds:.1f} s "
-          f"(sized for {vl._capacity:,} tokens); hf: loads the model when opened\n")
+          f"(sized for {vl._capacity:,} tokens); hf: loads the model when opened", flush=True)
+    plain = PlainVLLM(vl._llm, vllm)
+    if args.warm_up and not args.no_kinds:
+        print(f"warm-up (one request of each length and kind, untimed below): {warm_up(plain, vl, lengths, kinds):.1f} s", flush=True)
+    print()
     if not args.no_kinds:
+        backends = {"vllm": vl} if hf is None or args.skip_hf else {"hf": hf, "vllm": vl}
         print_table(["length", "request", "samples", "hf: s/sample", "vllm: s/sample", "plain vLLM s/sample",
-                     "vllm:/plain", "vllm:/hf", "agreement"],
-                    request_kinds({"hf": hf, "vllm": vl}, PlainVLLM(vl._llm, vllm), lengths, args.samples))
+                     "vllm:/plain", "vllm:/hf", "agreement", "each repeat: vllm: ÷ plain median"],
+                    request_kinds(backends, plain, lengths, args.samples, kinds, args.repeats))
     if args.lm_eval:
         tasks = ["niah_single_1", "vt"]
         lengths = [length for length in lengths if length in LM_EVAL_LENGTHS]
