@@ -595,3 +595,25 @@ def test_tokens_outside_a_shipped_models_vocabulary_are_counted_in_a_note(capfd)
     assert known
     lm.loglikelihood(requests("loglikelihood", known), disable_tqdm=True)
     assert "note: " not in capfd.readouterr().err
+
+
+def test_lm_evals_simple_evaluate_runs_a_transformer_in_memory(tmp_path, monkeypatch):
+    """The documented Python path, ``lm_eval.simple_evaluate(model=BamctlLM(model=...))``, with a bamctl
+    Transformer in memory in train mode: lm-eval's own evaluator and task machinery report the accuracy
+    the plugin's scores give by hand, and the model comes back in train mode."""
+    import datasets
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from bamctl.catalog import resolve_model
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "datasets"))
+    monkeypatch.chdir(ROOT)  # arc_mini.yaml names its data file from the repository root
+    transformer = resolve_model("lm-bam").model.train()
+    lm = BamctlLM(model=transformer, device="cpu", dtype="float32")
+    out = lm_eval.simple_evaluate(model=lm, tasks=["arc_mini"], task_manager=TaskManager(include_path=str(TASKS)))
+    assert transformer.training
+    acc, acc_norm = _by_hand(lm)
+    assert out["results"]["arc_mini"]["acc,none"] == pytest.approx(acc)
+    assert out["results"]["arc_mini"]["acc_norm,none"] == pytest.approx(acc_norm)
+    assert out["config"]["bamctl_backend"] == "native"
