@@ -328,7 +328,7 @@ class BamctlLM(TemplateLM):
         return bool(getattr(self.tokenizer, "has_chat_template", False))
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
-        """The text's tokens alone: the back-end puts the model's BOS in front of what it is fed.
+        """The text's tokens alone: the model's BOS goes in front of what is fed (``_bos``).
         A text that writes the BOS itself (a chat template's) loses it here, so one BOS is fed, as
         HFLM feeds it (it adds none to a string that starts with its BOS)."""
         ids = list(self.tokenizer.encode(string))
@@ -378,7 +378,6 @@ class BamctlLM(TemplateLM):
             answers.append(answer)
         return answers
 
-    @_in_serving_mode
     def _note_unknown_tokens(self, scored: list[int]) -> None:
         """A model with rows for a subset of its tokenizer's ids (the shipped LMs) scores any other id
         by its one unknown-token row: the probability of "some unknown token", not of that token.
