@@ -58,6 +58,10 @@ class AttentionInputs:
     # kernels; its ``kernel_form(q positions, max distance)`` -> PiecewiseBias the native one.
     # fused and flex are refused it (bamctl.engine.stream).
     query_prior: QueryPrior | None = None
+    # A prior that depends on the content (CoPE's contextual positions): its ``content_bias(q, scores,
+    # q positions, k positions)`` -> (B, H, Tq, Tk), ``scores`` the scaled dot products with future
+    # keys at -inf, serves the dense kernel only (the engine refuses it the others).
+    content_prior: ContentPrior | None = None
 
     @property
     def bias_for(self):
@@ -76,6 +80,11 @@ class QueryPrior(Protocol):
     def kernel_form(self, q_positions: torch.Tensor, max_distance: int) -> PiecewiseBias: ...
 
 
+class ContentPrior(Protocol):
+    def content_bias(self, q: torch.Tensor, scores: torch.Tensor, q_positions: torch.Tensor,
+                     k_positions: torch.Tensor) -> torch.Tensor: ...
+
+
 def ssmax_factor(inputs: AttentionInputs, n_queries: int, device) -> torch.Tensor:
     """(H, Tq) SSMax's c_h(i) = s_h * log(i + 1) for queries q_start .. q_start + Tq - 1."""
     positions = torch.arange(inputs.q_start, inputs.q_start + n_queries, device=device, dtype=torch.float32)
@@ -83,12 +92,17 @@ def ssmax_factor(inputs: AttentionInputs, n_queries: int, device) -> torch.Tenso
 
 
 def _logits(
-    scores: torch.Tensor, q_positions: torch.Tensor, k_positions: torch.Tensor, inputs: AttentionInputs
+    scores: torch.Tensor, q_positions: torch.Tensor, k_positions: torch.Tensor, inputs: AttentionInputs,
+    q: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Turn scaled dot products (B, H, Tq, Tk) into logits for queries and keys at these positions."""
+    """Turn scaled dot products (B, H, Tq, Tk) into logits for queries and keys at these positions
+    (``q``: the queries, for a prior that reads the content)."""
     bias = None
     if inputs.bias_for is not None:
         bias = inputs.bias_for(q_positions, k_positions)  # (H, Tq, Tk)
+    if inputs.content_prior is not None:
+        future = (q_positions[:, None] - k_positions[None, :]) < 0
+        bias = inputs.content_prior.content_bias(q, scores.masked_fill(future, float("-inf")), q_positions, k_positions)
     if inputs.ssmax_scale is None:
         return scores if bias is None else scores + bias
     factor = ssmax_factor(inputs, scores.shape[2], scores.device)[:, :, None]  # (H, Tq, 1)
@@ -106,7 +120,7 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, inputs: AttentionInputs)
     k_positions = torch.arange(tk, device=q.device)
     signed = q_positions[:, None] - k_positions[None, :]  # (Tq, Tk)
     scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    logits = _logits(scores, q_positions, k_positions, inputs)
+    logits = _logits(scores, q_positions, k_positions, inputs, q)
     logits = logits.masked_fill(signed < 0, float("-inf"))
     return torch.softmax(logits, dim=-1)
 

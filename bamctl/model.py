@@ -236,13 +236,16 @@ class Attention(nn.Module):
             offsets = first - torch.arange(k.shape[2], device=k.device)
             k = (k.float() * xpos_scale(offsets, self.head_dim)).type_as(k)
         last = where.start + T - 1  # the largest distance any query of this chunk sees
-        by_distance = self.prior is not None and not getattr(self.prior, "query_dependent", False)
+        by_query = getattr(self.prior, "query_dependent", False)
+        by_content = getattr(self.prior, "content_dependent", False)
+        by_distance = self.prior is not None and not by_query and not by_content
         inputs = AttentionInputs(
             q_start=where.start + keep_from,
             bias_table=state.bias_table(self.layer_id, self.prior, last) if by_distance else None,
             ssmax_scale=self.ssmax_scale,
             ssmax_scope=self.ssmax_scope,
-            query_prior=self.prior if self.prior is not None and not by_distance else None,
+            query_prior=self.prior if by_query else None,
+            content_prior=self.prior if by_content else None,
         )
         y = state.kernel(q, k, v, inputs)  # (B, H, Q, Dh)
         return self.wo(y.transpose(1, 2).reshape(B, Q, C))

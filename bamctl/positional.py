@@ -443,7 +443,8 @@ def parse_pe_name(name: str) -> tuple[str, bool]:
 # optional. docs/positional-plugins.md holds the protocol and an example per kind.
 
 PLUGIN_GROUP = "bamctl.positional_encodings"  # entry points of installed packages: name = "package.module:Class"
-PLUGIN_HOOKS = "distance_table(max_distance), or bias(q_positions, k_positions) with query_dependent = True"
+PLUGIN_HOOKS = ("distance_table(max_distance), bias(q_positions, k_positions) with query_dependent = True, or "
+                "content_bias(q, scores, q_positions, k_positions) with content_dependent = True")
 
 
 def is_plugin_reference(name: str) -> bool:
@@ -492,7 +493,11 @@ def check_plugin(cls, who: str) -> None:
     """A plugin meets the protocol: an nn.Module class with the hooks of one kind of bias."""
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         raise BamctlError(f"{who} is a {type(cls).__name__}, not a torch.nn.Module class")
-    if getattr(cls, "query_dependent", False):
+    if getattr(cls, "content_dependent", False):
+        if not callable(getattr(cls, "content_bias", None)):
+            raise BamctlError(f"{who} says content_dependent = True but has no content_bias(q, scores, q_positions, "
+                              "k_positions) hook")
+    elif getattr(cls, "query_dependent", False):
         if not callable(getattr(cls, "bias", None)):
             raise BamctlError(f"{who} says query_dependent = True but has no bias(q_positions, k_positions) hook")
     elif not callable(getattr(cls, "distance_table", None)):

@@ -177,3 +177,61 @@ def test_a_query_dependent_plugin_runs_where_it_can_and_native_says_why_not(tmp_
     chunked = StreamingEngine(model, device="cpu", chunk_size=64).score_continuation(sample.input_ids, sample.target_ids)
     dense = StreamingEngine(model, device="cpu", attention="dense").score_continuation(sample.input_ids, sample.target_ids)
     assert chunked[0] == dense[0] and max(abs(a - b) for a, b in zip(chunked[1], dense[1])) < 1e-4
+
+
+COPE = f"{EXAMPLES / 'cope.py'}:CoPE"
+
+
+def _cope_as_published(query, attn_logits, pos_emb, npos_max):
+    """CoPE's forward as its paper prints it (Golovneva et al. 2024, arXiv 2405.18719, listing 1),
+    restated here: attn_logits are the masked, scaled dot products; pos_emb is (1, Dh, npos_max)."""
+    gates = torch.sigmoid(attn_logits)
+    pos = gates.flip(-1).cumsum(dim=-1).flip(-1)
+    pos = pos.clamp(max=npos_max - 1)
+    pos_ceil, pos_floor = pos.ceil().long(), pos.floor().long()
+    logits_int = torch.matmul(query, pos_emb)
+    logits_ceil, logits_floor = logits_int.gather(-1, pos_ceil), logits_int.gather(-1, pos_floor)
+    w = pos - pos_floor
+    return logits_ceil * w + logits_floor * (1 - w)
+
+
+def test_a_content_dependent_plugin_streams_on_dense_as_its_papers_code_computes(tmp_path):
+    """CoPE through the engine in chunks equals one full forward whose attention adds the paper's own
+    CoPE to the logits; every path but dense is refused by name."""
+    import math
+
+    from bamctl.engine.stream import StreamingEngine
+    from bamctl.tasks import generate_samples
+    from bamctl.tokenizer import get_tokenizer
+
+    model = _model(COPE)
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.attention.prior.pos_emb.normal_(0, 1.0)  # trained-like: a bias that matters
+    prior = model.layers[0].attention.prior
+    q, k = torch.randn(1, 4, 50, 16), torch.randn(1, 4, 50, 16)
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(16)
+    scores = scores.masked_fill(torch.ones(50, 50).triu(1).bool(), float("-inf"))
+    ours = prior.content_bias(q, scores, torch.arange(50), torch.arange(50))
+    assert torch.allclose(ours, _cope_as_published(q, scores, prior.pos_emb[None], prior.npos_max), atol=1e-6)
+    engine = StreamingEngine(model, device="cpu", chunk_size=64)
+    assert engine.attention == "dense"  # auto: the one path that serves it
+    for path in ("native", "blockwise", "fused"):
+        with pytest.raises(BamctlError, match=f"--attention {path} cannot compute .* depends on the content"):
+            StreamingEngine(model, device="cpu", attention=path)
+    sample = next(generate_samples("passkey", [300], 1, 0, get_tokenizer("gpt2")))
+    chunked = engine.score_continuation(sample.input_ids, sample.target_ids)
+    ids = torch.tensor([sample.input_ids + sample.target_ids[:-1]])
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(ids)[0, len(sample.input_ids) - 1:], -1)  # one full forward
+    assert chunked[0] == logprobs.argmax(-1).tolist()
+    wanted = logprobs.gather(1, torch.tensor(sample.target_ids)[:, None])[:, 0].tolist()
+    assert max(abs(a - b) for a, b in zip(chunked[1], wanted)) < 1e-4
+
+
+def test_a_content_dependent_plugin_trains(tmp_path):
+    model = _model(COPE)
+    ids = torch.randint(0, 50257, (2, 40))
+    loss = torch.nn.functional.cross_entropy(model(ids)[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+    loss.backward()
+    assert model.layers[0].attention.prior.pos_emb.grad.abs().sum() > 0

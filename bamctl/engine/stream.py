@@ -89,6 +89,12 @@ def _exact_for(model: Transformer, attention: str, chosen_by_auto: bool) -> str:
     blockwise path instead (it picks fused only on a CPU where native cannot be built); asked
     for, such a path is refused with one line.
     """
+    if any(getattr(layer.attention.prior, "content_dependent", False) for layer in model.layers):
+        if attention != "dense" and not chosen_by_auto:
+            raise BamctlError(f"--attention {attention} cannot compute {model.config.label}'s prior, which depends on the "
+                              "content (its keys between each query and key): use --attention dense (memory: one chunk "
+                              "of queries against every key, so --chunk-size bounds it)")
+        return "dense"
     by_query = [layer.attention.prior for layer in model.layers if getattr(layer.attention.prior, "query_dependent", False)]
     if by_query:
         # native takes such a prior in its piecewise-linear form (FIRE's kernel_form); a plugin may not give one

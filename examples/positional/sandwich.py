@@ -7,10 +7,11 @@ import torch
 
 
 class Sandwich(torch.nn.Module):
-    """Sandwich (Chi et al. 2023, "Latent Positional Information is in the Self-Attention Variance of
-    Transformer Language Models Without Positional Embeddings"): the inner product of two sinusoidal
-    position embeddings, sum_k cos(d / 10000^(2k/D)), as a bias per head, shifted to 0 at d = 0 and
-    scaled by a per-head factor, here a learned one starting at 8 / H."""
+    """After Sandwich (Chi et al. 2023, "Dissecting Transformer Length Extrapolation via the Lens of
+    Receptive Field Analysis", arXiv 2212.10356): the inner product of two sinusoidal position
+    embeddings of dimension D, sum_k cos(d / 10000^(2k/D)), as a bias by distance alone, shifted to 0
+    at d = 0. The paper's Sandwich is parameter-free; here each head scales it by a learned factor
+    that starts at 8 / H."""
 
     def __init__(self, config, dim: int = 128):
         super().__init__()
