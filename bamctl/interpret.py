@@ -29,8 +29,10 @@ def prior_curves(model, max_distance: int) -> tuple[np.ndarray, list[np.ndarray]
     curves = []
     for block in model.layers:
         prior = block.attention.prior
-        if prior is None:
-            raise BamctlError(f"{model.config.label} has no attention bias to draw (its positions are not a bias)")
+        drawable = getattr(prior, "query_dependent", False) or callable(getattr(prior, "distance_table", None))
+        if prior is None or not drawable:
+            raise BamctlError(f"{model.config.label} has no attention bias by position to draw (its positions are not "
+                              "such a bias)")
         with torch.no_grad():
             if getattr(prior, "query_dependent", False):
                 query = torch.tensor([int(distances[-1])])

@@ -210,6 +210,7 @@ class Attention(nn.Module):
         self.rotary = spec.rotary
         self.xpos = spec.xpos
         self.prior = spec.make_prior(cfg) if spec.make_prior else None
+        self.transforms_qk = callable(getattr(self.prior, "transform_qk", None))
         # SSMax's s_h, one per head and layer, initialised at ssmax_init (1, as in the SSMax paper).
         self.ssmax_scale = nn.Parameter(torch.full((cfg.n_heads,), float(cfg.ssmax_init))) if cfg.ssmax else None
         self.ssmax_scope = cfg.ssmax_scope
@@ -224,6 +225,9 @@ class Attention(nn.Module):
         if self.rotary:
             cos, sin = where.rotary
             q, k = apply_rotary(q, cos[keep_from:], sin[keep_from:]), apply_rotary(k, cos, sin)
+        if self.transforms_qk:  # a plugin's rotation or scaling by position, before the keys are cached
+            positions = torch.arange(where.start, where.start + T, device=x.device)
+            q, k = self.prior.transform_qk(q, k, positions[keep_from:], positions)
         if state.cache is not None:
             k, v = state.cache.store(self.layer_id, where.start, k, v)  # (B, H, start+T, Dh)
         elif where.start:
@@ -238,7 +242,7 @@ class Attention(nn.Module):
         last = where.start + T - 1  # the largest distance any query of this chunk sees
         by_query = getattr(self.prior, "query_dependent", False)
         by_content = getattr(self.prior, "content_dependent", False)
-        by_distance = self.prior is not None and not by_query and not by_content
+        by_distance = callable(getattr(self.prior, "distance_table", None)) and not by_query and not by_content
         inputs = AttentionInputs(
             q_start=where.start + keep_from,
             bias_table=state.bias_table(self.layer_id, self.prior, last) if by_distance else None,
@@ -301,6 +305,9 @@ class Transformer(nn.Module):
         """
         where = self.positions(start, tokens.shape[1])
         h = self.tok_embeddings(tokens) * self.config.embedding_scale  # (B, T, C)
+        embeds = self.layers[0].attention.prior  # a plugin's embed hook: input embeddings by position
+        if callable(getattr(embeds, "embed", None)):
+            h = embeds.embed(h, torch.arange(start, start + tokens.shape[1], device=tokens.device))
         if self.absolute_input:
             positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
             cfg = self.config

@@ -443,8 +443,9 @@ def parse_pe_name(name: str) -> tuple[str, bool]:
 # optional. docs/positional-plugins.md holds the protocol and an example per kind.
 
 PLUGIN_GROUP = "bamctl.positional_encodings"  # entry points of installed packages: name = "package.module:Class"
-PLUGIN_HOOKS = ("distance_table(max_distance), bias(q_positions, k_positions) with query_dependent = True, or "
-                "content_bias(q, scores, q_positions, k_positions) with content_dependent = True")
+PLUGIN_HOOKS = ("distance_table(max_distance), bias(q_positions, k_positions) with query_dependent = True, "
+                "content_bias(q, scores, q_positions, k_positions) with content_dependent = True, "
+                "transform_qk(q, k, q_positions, k_positions) or embed(h, positions)")
 
 
 def is_plugin_reference(name: str) -> bool:
@@ -500,7 +501,7 @@ def check_plugin(cls, who: str) -> None:
     elif getattr(cls, "query_dependent", False):
         if not callable(getattr(cls, "bias", None)):
             raise BamctlError(f"{who} says query_dependent = True but has no bias(q_positions, k_positions) hook")
-    elif not callable(getattr(cls, "distance_table", None)):
+    elif not any(callable(getattr(cls, hook, None)) for hook in ("distance_table", "transform_qk", "embed")):
         raise BamctlError(f"{who} has no hook of the PE protocol: give it {PLUGIN_HOOKS}")
 
 

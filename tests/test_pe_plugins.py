@@ -235,3 +235,51 @@ def test_a_content_dependent_plugin_trains(tmp_path):
     loss = torch.nn.functional.cross_entropy(model(ids)[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
     loss.backward()
     assert model.layers[0].attention.prior.pos_emb.grad.abs().sum() > 0
+
+
+def test_rope_restated_through_the_query_key_hook_is_the_zoos_rope(tmp_path):
+    """The hook that turns queries and keys by position runs before keys are cached, so every path
+    takes it; RoPE restated so gives --pe rope's logits, whole and in chunks on the native kernel."""
+    from bamctl.engine.stream import StreamingEngine
+    from bamctl.tasks import generate_samples
+    from bamctl.tokenizer import get_tokenizer
+
+    zoo, plugin = _model("rope"), _model(f"{EXAMPLES / 'rope.py'}:RoPE")
+    assert all(torch.equal(zoo.state_dict()[k], plugin.state_dict()[k]) for k in zoo.state_dict())
+    ids = torch.randint(0, 50257, (1, 200), generator=torch.Generator().manual_seed(1))
+    assert torch.allclose(zoo(ids), plugin(ids), atol=1e-5, rtol=0)
+    sample = next(generate_samples("passkey", [400], 1, 0, get_tokenizer("gpt2")))
+    answers = [StreamingEngine(m, device="cpu", chunk_size=128).score_continuation(sample.input_ids, sample.target_ids)
+               for m in (zoo, plugin)]
+    assert answers[0][0] == answers[1][0] and max(abs(a - b) for a, b in zip(answers[0][1], answers[1][1])) < 1e-5
+    assert StreamingEngine(plugin, device="cpu").attention == "native"  # no bias: the fastest path
+
+
+def test_input_embeddings_by_position_through_the_embed_hook(tmp_path):
+    """A plugin's embed(h, positions) adds to the token embeddings at absolute positions: a learned
+    absolute table whose chunked run equals the full forward."""
+    from bamctl.engine.stream import StreamingEngine
+    from bamctl.tasks import generate_samples
+    from bamctl.tokenizer import get_tokenizer
+
+    (tmp_path / "learned.py").write_text(textwrap.dedent("""
+        import torch
+
+
+        class Learned(torch.nn.Module):  # learned absolute positions, as GPT-2's, up to 1,024
+
+            def __init__(self, config):
+                super().__init__()
+                self.table = torch.nn.Parameter(torch.randn(1024, config.dim) * 0.5)
+
+            def embed(self, h, positions):
+                return h + self.table[positions].to(h.dtype)
+    """))
+    model = _model(f"{tmp_path / 'learned.py'}:Learned")
+    sample = next(generate_samples("passkey", [300], 1, 0, get_tokenizer("gpt2")))
+    chunked = StreamingEngine(model, device="cpu", chunk_size=64).score_continuation(sample.input_ids, sample.target_ids)
+    with torch.no_grad():
+        full = torch.log_softmax(model(torch.tensor([sample.input_ids + sample.target_ids[:-1]]))[0, len(sample.input_ids) - 1:], -1)
+    assert chunked[0] == full.argmax(-1).tolist()
+    plain = _model("nope")
+    assert not torch.equal(plain(torch.tensor([sample.input_ids[:50]])), model(torch.tensor([sample.input_ids[:50]])))

@@ -51,7 +51,7 @@ def _prior_rows(model) -> list[dict]:
     for layer_id, block in enumerate(model.layers):
         attention = block.attention
         prior = attention.prior
-        described = prior.describe() if prior is not None else {}
+        described = prior.describe() if callable(getattr(prior, "describe", None)) else {}  # optional for a plugin
         for head in range(model.config.n_heads):
             row = {"layer": layer_id, "head": head}
             row.update({key: float(value[head]) for key, value in described.items()})
