@@ -31,8 +31,7 @@ def prior_curves(model, max_distance: int) -> tuple[np.ndarray, list[np.ndarray]
         prior = block.attention.prior
         drawable = getattr(prior, "query_dependent", False) or callable(getattr(prior, "distance_table", None))
         if prior is None or not drawable:
-            raise BamctlError(f"{model.config.label} has no attention bias by position to draw (its positions are not "
-                              "such a bias)")
+            raise BamctlError(f"{model.config.label} has no attention bias to draw (its positions are not a bias)")
         with torch.no_grad():
             if getattr(prior, "query_dependent", False):
                 query = torch.tensor([int(distances[-1])])
