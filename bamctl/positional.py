@@ -469,8 +469,19 @@ def pe_spec(name: str, source: dict | None = None) -> PESpec:
 def _plugin_spec(name: str, where: str | None, recorded: str | None) -> PESpec:
     from bamctl.plugins import file_digest_or_none, load, load_entry_point
 
+    from pathlib import Path
+
+    from bamctl.plugins import is_file_target
+
     who = f"positional encoding {name}"
     reference = where or name
+    if where and is_file_target(where.rpartition(":")[0]) and not Path(where.rpartition(":")[0]).is_file():
+        # a checkpoint from another machine or folder: its plugin by the name it was given, from here
+        given = name.rpartition(":")[0]
+        if not (is_file_target(given) and Path(given).expanduser().is_file()):
+            raise BamctlError(f"{who}: its file is neither where the checkpoint found it ({where.rpartition(':')[0]}) "
+                              f"nor at {given} from here; put it back, or run from the folder it was named from")
+        reference = name
     target, sep, attribute = reference.rpartition(":")
     if sep:
         found = load(target, attribute, who)

@@ -63,8 +63,23 @@ def test_an_edited_or_missing_plugin_is_one_line_when_its_checkpoint_loads(tmp_p
     with pytest.raises(BamctlError, match="is not the source this checkpoint was made with"):
         load_checkpoint(folder)
     source.unlink()
-    with pytest.raises(BamctlError, match="my_pe.py does not exist"):
+    with pytest.raises(BamctlError, match="its file is neither where the checkpoint found it"):
         load_checkpoint(folder)
+
+
+def test_a_checkpoint_moved_to_another_folder_finds_its_plugin_by_the_name_it_was_given(tmp_path, monkeypatch):
+    """Made in one checkout (the plugin named relative to it), loaded in another: where it was found is
+    gone, the name it was given reaches the same file from the new folder, whose digest is checked."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    for root in (first, second):
+        (root / "pe").mkdir(parents=True)
+        shutil.copy(EXAMPLES / "sandwich.py", root / "pe" / "sandwich.py")
+    monkeypatch.chdir(first)
+    folder = save_checkpoint(_model("pe/sandwich.py:Sandwich"), tmp_path / "ckpt")
+    shutil.rmtree(first)
+    monkeypatch.chdir(second)
+    loaded = load_checkpoint(folder)
+    assert loaded.model.config.pe_source["where"].startswith(str(first))  # the record is kept as made
 
 
 @pytest.mark.parametrize("body, said", [
