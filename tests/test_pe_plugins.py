@@ -298,3 +298,20 @@ def test_input_embeddings_by_position_through_the_embed_hook(tmp_path):
     assert chunked[0] == full.argmax(-1).tolist()
     plain = _model("nope")
     assert not torch.equal(plain(torch.tensor([sample.input_ids[:50]])), model(torch.tensor([sample.input_ids[:50]])))
+
+
+def test_bamctl_models_lists_the_pes_installed_packages_give(tmp_path, monkeypatch, capsys):
+    from bamctl.cli import main
+
+    site = tmp_path / "site"
+    info = site / "mype-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mype\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[bamctl.positional_encodings]\nsandwich = mype.pe:Sandwich\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("COLUMNS", "200")
+    with pytest.raises(SystemExit) as exited:
+        main(["models"])
+    out = capsys.readouterr().out
+    assert exited.value.code == 0 and "bam-ssmax" in out
+    assert "positional encodings of installed packages" in out and "mype.pe:Sandwich" in out and "mype 0.1" in out

@@ -228,13 +228,15 @@ def _draw_attention(checkpoint, path: Path, length: int, depth: float, seed: int
 def list_models(
     json_output: Annotated[bool, typer.Option("--json", help="Print the catalog as JSON.")] = False,
 ) -> None:
-    """List the model catalog: name, PE, SSMax, training length, parameters, location.
+    """List the model catalog: name, PE, SSMax, training length, parameters, location; and the
+    positional encodings installed packages give (entry points of bamctl.positional_encodings).
 
     Any checkpoint directory works as a model argument too.
 
     Example: bamctl models
     """
     from bamctl.catalog import catalog
+    from bamctl.positional import PLUGIN_GROUP, SSMAX_SUFFIX, installed_plugins
 
     entries = catalog()
     if json_output:
@@ -244,8 +246,18 @@ def list_models(
     for column in ("name", "PE", "SSMax", "train length", "parameters", "path"):
         table.add_column(column)
     for entry in entries.values():
-        base, _, suffix = entry.pe.partition("-")
-        table.add_row(entry.name, base, "yes" if suffix else "no", f"{entry.train_length:,}", f"{entry.n_params:,}", str(entry.path))
+        ssmax = entry.pe.endswith(SSMAX_SUFFIX)
+        base = entry.pe.removesuffix(SSMAX_SUFFIX)
+        table.add_row(entry.name, base, "yes" if ssmax else "no", f"{entry.train_length:,}", f"{entry.n_params:,}", str(entry.path))
     stdout.print(table)
     if not entries:
         stdout.print("no shipped checkpoints yet; make one with: bamctl new --out DIR")
+    plugins = installed_plugins()
+    if plugins:  # PEs that installed packages give by name (bamctl new --pe NAME)
+        found = Table(title=f"positional encodings of installed packages ({PLUGIN_GROUP})")
+        for column in ("--pe", "class", "package"):
+            found.add_column(column)
+        for name, point in sorted(plugins.items()):
+            dist = getattr(point, "dist", None)
+            found.add_row(name, point.value, f"{dist.name} {dist.version}" if dist is not None else "")
+        stdout.print(found)
