@@ -276,7 +276,8 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(TransformerBlock(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
-        self.absolute_input = pe_spec(cfg.pe, cfg.pe_source).absolute_input
+        spec = pe_spec(cfg.pe, cfg.pe_source)  # found once: a plugin's file is not read again per chunk
+        self.absolute_input, self.rotary = spec.absolute_input, spec.rotary
         self.rope_scaling: RopeScaling | None = None  # RoPE scaled at inference (set by the engine)
         self.apply(self._init_weights)
         if cfg.tie_embeddings:
@@ -290,7 +291,7 @@ class Transformer(nn.Module):
     def positions(self, start: int, n_tokens: int) -> ChunkPositions:
         """The positions of a chunk of ``n_tokens`` starting at absolute position ``start``."""
         rotary = None
-        if pe_spec(self.config.pe, self.config.pe_source).rotary:
+        if self.rotary:
             positions = torch.arange(start, start + n_tokens, device=self.output.weight.device)
             rotary = rotary_angles(positions, self.config.head_dim, self.config.rope_base, self.rope_scaling)
         return ChunkPositions(start, rotary)
