@@ -211,7 +211,7 @@ def run_models(
     outcome = RunOutcome(store=store, names=names)
     prompts, notes = {}, set()
     with progress_display(console, quiet) as progress:
-        for model, name, options in zip(models, names, taken):
+        for position, (model, name, options) in enumerate(zip(models, names, taken)):
             backend = open_backend(model, options)
             identity = (backend.info.model_hash, backend.kind)
             same = outcome.names_by_identity.setdefault(identity, [])
@@ -230,7 +230,8 @@ def run_models(
             finally:
                 backend.close()  # vLLM's engine processes end here, not whenever it is collected
             del backend, evaluations, steps  # one model in memory at a time
-            gc.collect()
+            if position < len(models) - 1:  # freed before the next loads; after the last, the caller's to keep or free
+                gc.collect()
     if shard_run.submitted:  # `bamctl submit` prints the whole sweep's table: no partial table or plot here
         from bamctl.runs import shard_report
 
