@@ -318,3 +318,14 @@ def test_readmes_nanogpt_example_runs_as_written(tmp_path, monkeypatch):
     exec(compile(code, "README.md", "exec"), namespace)
     rows = namespace["rows"]
     assert sorted(rows["length"].unique()) == [128, 256, 512] and set(rows["backend"]) == {"module"}
+
+
+def test_auto_batches_of_a_plain_forward_keep_its_scores_small_and_a_cached_step_is_not_held_to_it():
+    from bamctl.backends.module import PLAIN_SCORES_BYTES
+
+    plain = _backend(nanogpt(block_size=8192), {})
+    assert plain.batch_limit(4000, 5) == 1  # 2 heads x 4005^2 floats: 128 MB for one sequence already
+    assert plain.batch_limit(500, 5) == min(16_384 // 505, PLAIN_SCORES_BYTES // (2 * 505 * 505 * 4))  # the token budget
+    pytest.importorskip("x_transformers", reason="x-transformers is the dev extra's user model")
+    cached = _backend(x_transformer("alibi"), {"step": x_transformers_step})
+    assert cached.batch_limit(4000, 5) == 4  # the token budget alone: 16,384 // 4,005
