@@ -329,3 +329,45 @@ def test_auto_batches_of_a_plain_forward_keep_its_scores_small_and_a_cached_step
     pytest.importorskip("x_transformers", reason="x-transformers is the dev extra's user model")
     cached = _backend(x_transformer("alibi"), {"step": x_transformers_step})
     assert cached.batch_limit(4000, 5) == 4  # the token budget alone: 16,384 // 4,005
+
+
+@pytest.mark.parametrize("task, protocol, extra", [
+    ("passkey", "exact", {"samples": 1, "depths": [0.5], "lengths": "512"}),
+    ("passkey", "landmark", {"samples": 1, "depths": [0.5], "lengths": "512"}),
+    ("niah_multikey_2", None, {"samples": 1, "lengths": "512"}),
+    ("vt", None, {"samples": 1, "lengths": "1k"}),
+    ("cwe", None, {"samples": 1, "lengths": "1k"}),
+    ("fwe", None, {"samples": 1, "lengths": "1k"}),
+    ("ppl", "sliding", {"stride": 128, "lengths": "512"}),
+    ("ppl", "buckets", {"bucket": 128, "lengths": "512"}),
+])
+def test_every_task_and_protocol_runs_on_a_plain_module(tmp_path, task, protocol, extra):
+    """Through the API on each task and protocol: rows written, their back-end the module's, and a
+    rerun computing none again. Teacher forcing and perplexity on a nanoGPT-style module's forward;
+    RULER's greedy generations on x-transformers' decoder through its cached step (one forward per
+    generated token over the whole prompt would take minutes)."""
+    if task.startswith(("passkey", "ppl")):
+        model = {"model": nanogpt(block_size=2048), "tokenizer": gpt2_encoding(), "name": "mine"}
+    else:
+        pytest.importorskip("x_transformers", reason="x-transformers is the dev extra's user model")
+        model = {"model": x_transformer("alibi"), "tokenizer": gpt2_encoding(), "step": x_transformers_step, "name": "mine"}
+    kwargs = dict(task=task, dir=tmp_path, quiet=True, **({"protocol": protocol} if protocol else {}), **extra)
+    rows = bamctl.evaluate(model, **kwargs)
+    assert len(rows) >= 1 and set(rows["backend"]) == {"module"} and set(rows["model"]) == {"mine"}
+    assert rows["score"].notna().all() if task != "ppl" else (rows["nll"] > 0).all()
+    again = bamctl.evaluate(model, **kwargs)
+    assert list(again["run_id"].unique()) == list(rows["run_id"].unique())  # the stored rows, reused
+
+
+def test_a_module_keeps_its_identity_after_its_caches_fill():
+    """x-transformers' ALiBi fills a non-persistent bias buffer at its first forward, sized by the
+    sequence: the model is the same one before and after, so its rows are found again."""
+    pytest.importorskip("x_transformers", reason="x-transformers is the dev extra's user model")
+    from bamctl.backends.module import UserModel, module_identity
+
+    model = x_transformer("alibi")
+    before = module_identity(UserModel(model))
+    with torch.no_grad():
+        model(torch.randint(0, 50257, (1, 300)))
+    assert any(not name.endswith("weight") for name, _ in model.named_buffers())  # a cache was filled
+    assert module_identity(UserModel(model)) == before

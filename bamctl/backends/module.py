@@ -197,13 +197,15 @@ def defining_files(found: UserModel) -> list[Path]:
 
 
 def module_identity(found: UserModel) -> str:
-    """What the module computes with: every parameter and buffer (name, dtype, shape, bytes),
-    its classes, its ``repr`` (layer sizes and settings), and the bytes of its defining files."""
+    """What the module computes with: its state dict (every parameter and persistent buffer: name,
+    dtype, shape, bytes), its classes, its ``repr`` (layer sizes and settings), and the bytes of its
+    defining files. Buffers kept out of the state dict are left out too: modules fill such caches
+    lazily (x-transformers' ALiBi bias grows with the longest sequence seen), so hashing them would
+    make a module another model after its first forward."""
     import hashlib
 
     tensors = hashlib.sha256()
-    named = [*found.module.named_parameters(remove_duplicate=False), *found.module.named_buffers(remove_duplicate=False)]
-    for name, tensor in sorted(named, key=lambda item: item[0]):
+    for name, tensor in sorted(found.module.state_dict().items(), key=lambda item: item[0]):
         flat = tensor.detach().to("cpu").contiguous().reshape(-1)
         tensors.update(f"{name}:{flat.dtype}:{tuple(tensor.shape)}:".encode())
         tensors.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
