@@ -14,7 +14,9 @@ import bamctl
 from bamctl.backends import RunOptions, open_backend
 from bamctl.backends.in_memory import in_memory
 from bamctl.cli.app import app
+from bamctl.checkpoint import new_random_model, save_checkpoint
 from bamctl.errors import BamctlError
+from bamctl.model import ModelConfig
 from bamctl.tasks.registry import generate_samples
 from own_models import (gpt2_encoding, nanogpt, plain_continuation, plain_greedy, plain_nll, x_transformer,
                         x_transformers_step)
@@ -371,3 +373,47 @@ def test_a_module_keeps_its_identity_after_its_caches_fill():
         model(torch.randint(0, 50257, (1, 300)))
     assert any(not name.endswith("weight") for name, _ in model.named_buffers())  # a cache was filled
     assert module_identity(UserModel(model)) == before
+
+
+class PlainTransformer(torch.nn.Module):
+    """A bamctl Transformer seen only through its forward, as a user's module: GPT-2 ids mapped to its
+    vocabulary's rows, its logits scattered back to GPT-2's ids (-inf for ids it has no row for; its one
+    row for all the others goes to an id past GPT-2's, so it keeps its share of the distribution)."""
+
+    def __init__(self, inner, vocab: int = 50257):
+        super().__init__()
+        self.inner, self.train_length, self.vocab = inner.eval(), inner.config.train_length, vocab
+        subset = inner.config.token_subset or list(range(vocab))
+        lookup = torch.full((vocab,), len(subset), dtype=torch.long)
+        lookup[torch.tensor(subset)] = torch.arange(len(subset))
+        self.register_buffer("lookup", lookup)
+        self.register_buffer("rows", torch.tensor([*subset, vocab]))  # the model's rows, as ids here
+
+    def forward(self, ids):
+        logits = self.inner(self.lookup[ids])  # (B, T, its vocabulary)
+        out = torch.full((*ids.shape, self.vocab + 1), float("-inf"), dtype=logits.dtype, device=logits.device)
+        out[..., self.rows[: logits.shape[-1]]] = logits
+        return out
+
+
+def test_bam_ssmax_as_a_plain_module_gives_the_native_back_ends_numbers(tmp_path):
+    """The shipped bam-ssmax through its forward alone (the module back-end) against the native engine:
+    passkey log-probs within 1e-5 and the same rows; perplexity of a full-vocabulary bam-ssmax likewise."""
+    from bamctl.catalog import resolve_model
+
+    shipped = resolve_model("bam-ssmax").model
+    native = open_backend("bam-ssmax", RunOptions(device="cpu"))
+    plain = open_backend(in_memory({"model": PlainTransformer(shipped), "tokenizer": "gpt2", "name": "plain"}),
+                         RunOptions(device="cpu"))
+    samples = list(generate_samples("passkey", [128, 512], 2, 3, native.tokenizer, depths=[0.0, 0.5], protocol="exact"))
+    for ours, theirs in zip(plain.score_continuations([(s.input_ids, s.answer_ids) for s in samples]),
+                            native.score_continuations([(s.input_ids, s.answer_ids) for s in samples])):
+        assert ours.predicted_ids == theirs.predicted_ids
+        assert max(abs(a - b) for a, b in zip(ours.logprobs, theirs.logprobs)) < 1e-5
+    full = new_random_model(ModelConfig.from_preset("micro", "bam-ssmax", train_length=128), 0)
+    folder = save_checkpoint(full, tmp_path / "full")
+    rows = [bamctl.evaluate(model, task="ppl", lengths="256,1k", dir=tmp_path / "res", quiet=True, names=name)
+            for model, name in ((str(folder), "native"), ({"model": PlainTransformer(full), "tokenizer": "gpt2"}, "plain"))]
+    assert set(rows[1]["backend"]) == {"module"}
+    nll = [r.sort_values(["length", "position"])["nll"].to_numpy() for r in rows]
+    assert len(nll[0]) == len(nll[1]) and (abs(nll[0] - nll[1]) / nll[0]).max() < 1e-5
