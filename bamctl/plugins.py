@@ -31,10 +31,6 @@ class Found:
     source: Path | None  # the file that defines it (None: not a Python file)
 
     @property
-    def source_digest(self) -> str | None:
-        return file_digest_or_none(self.source)
-
-    @property
     def source_text(self) -> str | None:
         return None if self.source is None else self.source.read_text()
 

@@ -248,12 +248,7 @@ class HFBackend(LogitsLoopBackend):
         done = [False] * len(fed)
         position = positions[:, -1:]
         while True:
-            for b, token in enumerate(next_ids.tolist()):
-                if not done[b]:
-                    out[b].append(int(token))
-                    done[b] = (token in self.stop_ids or len(out[b]) == max_new_tokens
-                               or (stopped[b] is not None and stopped[b](out[b])))
-            if all(done):
+            if self._append_greedy(next_ids, out, done, max_new_tokens, stopped):
                 return out
             mask = torch.cat([mask, mask.new_ones(len(fed), 1)], dim=1)
             position = position + 1

@@ -65,24 +65,16 @@ class TokenizersFile:
         return {"kind": "tokenizers", "definition": self.tokenizer.to_str()}
 
 
-class SentencePieceFile:
-    """A SentencePiece ``.model``, encoded by ``sentencepiece``; a plain call puts its BOS in
-    front and no EOS (what Llama's and Mistral's loaders do)."""
+class SentencePieceProcessorEncoder:
+    """A ``sentencepiece.SentencePieceProcessor``; a plain call puts its BOS in front and no EOS
+    (what Llama's and Mistral's loaders do). A caller's own processor is identified by its model proto."""
 
-    def __init__(self, path: Path):
-        try:
-            import sentencepiece
-        except ImportError:
-            raise BamctlError(f"reading the SentencePiece file {path} needs sentencepiece: {INSTALL_HINT}") from None
-        try:
-            self.processor = sentencepiece.SentencePieceProcessor(model_file=str(path))
-        except (OSError, RuntimeError) as err:
-            raise BamctlError(f"cannot read {path} as a SentencePiece model: {str(err).splitlines()[0]}") from None
-        self.path = path
+    def __init__(self, processor):
+        self.processor = processor
 
     def encode(self, text: str, specials: bool = False) -> list[int]:
         bos = self.processor.bos_id()
-        return ([bos] if specials and bos >= 0 else []) + self.processor.encode(text)
+        return ([bos] if specials and bos >= 0 else []) + list(self.processor.encode(text))
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.processor.decode(list(ids))
@@ -92,6 +84,26 @@ class SentencePieceFile:
 
     def eos_id(self) -> int | None:
         return self.processor.eos_id() if self.processor.eos_id() >= 0 else None
+
+    def definition(self) -> dict:
+        import hashlib
+
+        return {"kind": "sentencepiece", "proto": hashlib.sha256(self.processor.serialized_model_proto()).hexdigest()}
+
+
+class SentencePieceFile(SentencePieceProcessorEncoder):
+    """A SentencePiece ``.model`` file, encoded by ``sentencepiece`` itself."""
+
+    def __init__(self, path: Path):
+        try:
+            import sentencepiece
+        except ImportError:
+            raise BamctlError(f"reading the SentencePiece file {path} needs sentencepiece: {INSTALL_HINT}") from None
+        try:
+            super().__init__(sentencepiece.SentencePieceProcessor(model_file=str(path)))
+        except (OSError, RuntimeError) as err:
+            raise BamctlError(f"cannot read {path} as a SentencePiece model: {str(err).splitlines()[0]}") from None
+        self.path = path
 
     def definition(self) -> dict:
         return {"kind": "sentencepiece", "file": file_digest(self.path)}

@@ -33,6 +33,17 @@ class LogitsLoopBackend(ShapedBackend):
         """Logits (B, len(rows), V), float32, for local ``rows`` of this chunk of ``ids`` (B, T), and
         the cache after it; ``rows`` None: none are needed (the chunk only fills the cache)."""
 
+    def _append_greedy(self, next_ids: torch.Tensor, out: list[list[int]], done: list[bool], max_new_tokens: int,
+                       stopped) -> bool:
+        """Append each unfinished row's next token; a row ends after EOS (kept), a stop string or
+        ``max_new_tokens``. Whether every row has ended."""
+        for b, token in enumerate(next_ids.tolist()):
+            if not done[b]:
+                out[b].append(int(token))
+                done[b] = (token in self.stop_ids or len(out[b]) == max_new_tokens
+                           or (stopped[b] is not None and stopped[b](out[b])))
+        return all(done)
+
     @abstractmethod
     def _new_cache(self, batch: int, longest: int):
         """An empty cache for ``batch`` sequences of up to ``longest`` tokens (None without one)."""

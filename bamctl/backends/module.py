@@ -395,12 +395,7 @@ class ModuleBackend(LogitsLoopBackend):
         done = [False] * len(fed)
         while True:
             next_ids = logits[:, -1].argmax(-1)
-            for b, token in enumerate(next_ids.tolist()):
-                if not done[b]:
-                    out[b].append(int(token))
-                    done[b] = (token in self.stop_ids or len(out[b]) == max_new_tokens
-                               or (stopped[b] is not None and stopped[b](out[b])))
-            if all(done):
+            if self._append_greedy(next_ids, out, done, max_new_tokens, stopped):
                 return out
             if self.chunked:
                 logits, cache = self._forward(next_ids[:, None], cache, [0])

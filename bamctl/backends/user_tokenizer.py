@@ -20,36 +20,10 @@ definition; its model proto), never by where it came from, so rows key on it.
 from __future__ import annotations
 
 import hashlib
-from typing import Sequence
-
 from bamctl.errors import BamctlError
 from bamctl.fingerprints import digest
 
 KINDS = "a tiktoken Encoding, a transformers tokenizer, a sentencepiece SentencePieceProcessor or a tokenizer name"
-
-
-class SentencePieceProcessorEncoder:
-    """A ``SentencePieceProcessor`` the caller built: the same calls as a ``.model`` file's."""
-
-    def __init__(self, processor):
-        self.processor = processor
-
-    def encode(self, text: str, specials: bool = False) -> list[int]:
-        bos = self.processor.bos_id()
-        return ([bos] if specials and bos >= 0 else []) + list(self.processor.encode(text))
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.processor.decode(list(ids))
-
-    def vocabulary(self) -> dict[str, int]:
-        return {self.processor.id_to_piece(i): i for i in range(self.processor.get_piece_size())}
-
-    def eos_id(self) -> int | None:
-        return self.processor.eos_id() if self.processor.eos_id() >= 0 else None
-
-    def definition(self) -> dict:
-        proto = self.processor.serialized_model_proto()
-        return {"kind": "sentencepiece", "proto": hashlib.sha256(proto).hexdigest()}
 
 
 def tiktoken_tokenizer(encoding):
@@ -90,7 +64,7 @@ def _meets_protocol(tokenizer) -> bool:
 
 def as_tokenizer(tokenizer, who: str):
     """``tokenizer`` as bamctl's protocol; ``who`` names the model in errors."""
-    from bamctl.backends.hf_tokenizer import _assemble, resolve_tokenizer, tokenizer_in_memory
+    from bamctl.backends.hf_tokenizer import SentencePieceProcessorEncoder, _assemble, resolve_tokenizer, tokenizer_in_memory
 
     if tokenizer is None:
         raise BamctlError(f"{who} has no tokenizer: return (model, tokenizer) from its builder, or give --tokenizer "
