@@ -30,6 +30,7 @@ from bamctl.engine.cache import KVCache
 from bamctl.devices import resolve_device, resolve_precision
 from bamctl.errors import BamctlError
 from bamctl.model import ForwardState, Transformer
+from bamctl.positional import gives_bias
 from bamctl.vocab import VocabSubset
 
 # Attention paths by name, each a factory of one engine's kernel (the stateful ones keep
@@ -129,7 +130,7 @@ def _negative_scale_on_a_prior(model: Transformer) -> tuple[int, int, float] | N
     """(layer, head, s) of the first SSMax scale s < 0 whose factor multiplies a prior, or None."""
     for layer, block in enumerate(model.layers):
         attention = block.attention
-        if attention.ssmax_scale is None or attention.prior is None or attention.ssmax_scope != "logits":
+        if attention.ssmax_scale is None or not gives_bias(attention.prior) or attention.ssmax_scope != "logits":
             continue
         for head, value in enumerate(attention.ssmax_scale.detach().float().tolist()):
             if value < 0:
