@@ -1,0 +1,162 @@
+"""Certified block skipping (docs/engine.md, "Certified block skipping"): the bound, and the
+kernels that skip by it, against the dense reference."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from bamctl.attention_math import AttentionInputs, _logits, ssmax_factor
+from bamctl.engine import block_skip
+from bamctl.engine.block_skip import (
+    EPSILON, EPSILON_NATS, block_bias_range, logit_upper_bound, negligible, skip_margin, skipped_mass_bound,
+)
+from bamctl.positional import ALiBiPrior, GGDPrior
+
+HEADS, DIM = 4, 16
+
+
+def _table(kind: str, n: int) -> torch.Tensor:
+    if kind == "alibi":
+        return ALiBiPrior(HEADS).distance_table(n)
+    prior = GGDPrior(HEADS, init="alibi")
+    with torch.no_grad():
+        prior.theta_beta.copy_(torch.linspace(0.3, 1.2, HEADS))
+        prior.theta_alpha.copy_(torch.linspace(-2.0, 0.5, HEADS))
+        if hasattr(prior, "theta_mu"):
+            prior.theta_mu.fill_(3.0)
+    return prior.distance_table(n)
+
+
+def _row_logits(q, k, inputs):
+    """(B, H, Tq, Tk) float64 logits of the reference, future keys at -inf."""
+    tq, tk = q.shape[2], k.shape[2]
+    qp = torch.arange(inputs.q_start, inputs.q_start + tq)
+    kp = torch.arange(tk)
+    scores = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    double = AttentionInputs(inputs.q_start, inputs.bias_table.double(),
+                             None if inputs.ssmax_scale is None else inputs.ssmax_scale.double(), inputs.ssmax_scope)
+    logits = _logits(scores, qp, kp, double)
+    return logits.masked_fill(qp[:, None] < kp[None, :], float("-inf"))
+
+
+def _bounds(q, k, inputs, first_row, rows, start, cols):
+    """The bound of every row r in [first_row, first_row + rows) over keys [start, start + cols)."""
+    table = inputs.bias_table
+    high, low = block_bias_range(table, inputs.q_start + first_row, rows, torch.tensor([start]), cols)
+    q_norm = q[:, :, first_row:first_row + rows].norm(dim=-1) / math.sqrt(q.shape[-1])  # (B, H, rows)
+    key_norm = k[:, :, start:start + cols].norm(dim=-1).amax(-1, keepdim=True)  # (B, H, 1)
+    factor = None
+    if inputs.ssmax_scale is not None:
+        factor = ssmax_factor(inputs, q.shape[2], q.device)[None, :, first_row:first_row + rows]
+    return logit_upper_bound(q_norm, key_norm, high[None], low[None], factor, inputs.ssmax_scope)
+
+
+@pytest.mark.parametrize("prior", ["alibi", "ggd"])
+@pytest.mark.parametrize("scale", [None, "positive", "negative", "mixed"])
+@pytest.mark.parametrize("scope", ["logits", "content"])
+def test_the_bound_is_above_every_logit_of_its_block(prior, scale, scope):
+    g = torch.Generator().manual_seed(hash((prior, scale, scope)) % 1000)
+    keys, queries, rows, cols = 300, 64, 16, 37
+    q = torch.randn(2, HEADS, queries, DIM, generator=g) * 3.0
+    k = torch.randn(2, HEADS, keys, DIM, generator=g) * 3.0
+    scales = {None: None, "positive": torch.rand(HEADS, generator=g) + 0.2,
+              "negative": -(torch.rand(HEADS, generator=g) + 0.2), "mixed": torch.tensor([-0.7, 0.6, -0.05, 1.1])}[scale]
+    inputs = AttentionInputs(keys - queries, _table(prior, keys), scales, scope)
+    logits = _row_logits(q, k, inputs)
+    for first_row in (0, 16, 48):
+        for start in (0, 37, 111, keys - queries - cols):
+            upper = _bounds(q, k, inputs, first_row, rows, start, cols)  # (B, H, rows)
+            block = logits[:, :, first_row:first_row + rows, start:start + cols]
+            assert (block.amax(-1) <= upper.double() + 1e-4 * upper.abs().double()).all()
+
+
+def test_a_negative_factor_is_bounded_by_the_smallest_bias():
+    # l = (s + b) c with c < 0: the most negative bias gives the largest logit.
+    upper = logit_upper_bound(torch.tensor(1.0), torch.tensor(2.0), torch.tensor(-1.0), torch.tensor(-50.0),
+                              torch.tensor(-3.0), "logits")
+    assert upper.item() == pytest.approx(3 * 2 + 150)
+    content = logit_upper_bound(torch.tensor(1.0), torch.tensor(2.0), torch.tensor(-1.0), torch.tensor(-50.0),
+                                torch.tensor(-3.0), "content")
+    assert content.item() == pytest.approx(3 * 2 - 1)
+
+
+def test_the_margin_counts_every_key_the_row_sees():
+    positions = torch.tensor([0, 1023, 524287])
+    assert torch.allclose(skip_margin(positions), EPSILON_NATS + torch.log(positions.float() + 1))
+    # n keys each EPSILON_NATS below the row's logit: their mass is n 2^-40, more than allowed;
+    # the margin's log(n) refuses them, and accepts them a little further down.
+    lower = torch.tensor([0.0, 0.0, 0.0])
+    assert not negligible(lower - EPSILON_NATS - 0.5, lower, positions)[1:].any()
+    assert negligible(lower - skip_margin(positions) - 0.01, lower, positions).all()
+    assert not negligible(torch.tensor([-1e9]), torch.tensor([float("-inf")]), torch.tensor([10])).any()
+
+
+@pytest.mark.parametrize("scale", [None, "positive", "negative"])
+@pytest.mark.parametrize("scope", ["logits", "content"])
+def test_every_skip_leaves_less_than_epsilon_of_the_row(scale, scope):
+    # Rows walk key blocks nearest first; a block is left out when the bound allows it against
+    # the largest logit computed so far. The mass left out, in float64, stays below 2^-40 of the row.
+    g = torch.Generator().manual_seed(3)
+    keys, queries, cols = 2048, 64, 64
+    q = torch.randn(1, HEADS, queries, DIM, generator=g)
+    k = torch.randn(1, HEADS, keys, DIM, generator=g)
+    scales = {None: None, "positive": torch.rand(HEADS, generator=g) * 0.3 + 0.05,
+              "negative": -(torch.rand(HEADS, generator=g) * 0.3 + 0.05)}[scale]
+    inputs = AttentionInputs(keys - queries, _table("ggd", keys), scales, scope)
+    logits = _row_logits(q, k, inputs)[0]  # (H, Tq, Tk)
+    positions = torch.arange(keys - queries, keys)
+    skipped_any = False
+    lower = logits[:, :, keys - cols:].amax(-1).float()  # the diagonal block
+    left_out = torch.zeros(HEADS, queries, keys, dtype=torch.bool)
+    for start in range(keys - 2 * cols, -1, -cols):
+        upper = _bounds(q, k, inputs, 0, queries, start, cols)[0]  # (H, Tq)
+        skip = negligible(upper, lower, positions)  # (H, Tq)
+        left_out[:, :, start:start + cols] = skip[:, :, None]
+        lower = torch.where(skip, lower, torch.maximum(lower, logits[:, :, start:start + cols].amax(-1).float()))
+        skipped_any |= bool(skip.any())
+    total = torch.logsumexp(logits, -1)
+    mass = torch.logsumexp(logits.masked_fill(~left_out, float("-inf")), -1) - total
+    assert (mass < math.log(EPSILON)).all()
+    if scale != "negative":
+        assert skipped_any  # the case tests something: a steep head leaves its far past out
+    # The bound on the mass from the upper bounds alone agrees.
+    assert skipped_mass_bound(torch.tensor([[-100.0, -90.0]]), torch.tensor([10, 10]), torch.tensor([0.0])).item() < 1e-38
+
+
+def test_a_mode_other_than_auto_or_off_is_refused():
+    from bamctl.errors import BamctlError
+
+    assert block_skip.check_mode("off") == "off"
+    with pytest.raises(BamctlError, match="--block-skip must be one of auto, off"):
+        block_skip.check_mode("on")
+
+
+def test_only_a_distance_table_is_ever_skipped_on():
+    table = _table("alibi", 10)
+    assert block_skip.attempts(AttentionInputs(0, table, None), "auto")
+    assert not block_skip.attempts(AttentionInputs(0, table, None), "off")
+    assert not block_skip.attempts(AttentionInputs(0, None, torch.ones(HEADS)), "auto")  # no bias: nope, rope, ...
+
+
+def test_an_adversarial_block_is_kept_where_the_bias_alone_would_skip_it():
+    # One far key aligned with the query: its bias is 80 nats down, its content 100 nats up. A
+    # test on the bias alone (content bound 0) would leave its block out and lose nearly all the
+    # row's mass; the bound with the content term keeps it.
+    q = torch.zeros(1, 1, 1, DIM)
+    q[..., 0] = 10.0 * math.sqrt(math.sqrt(DIM))
+    k = torch.zeros(1, 1, 200, DIM)
+    k[0, 0, 5, 0] = 10.0 * math.sqrt(math.sqrt(DIM))  # s = 100 for key 5, 0 elsewhere
+    table = -torch.arange(200, dtype=torch.float32)[None, :] * (80.0 / 194)  # b(194) = -80
+    inputs = AttentionInputs(199, table, None)
+    logits = _row_logits(q, k, inputs)[0, 0, 0]
+    lower = logits[150:].max().float()[None]  # the near block: bias ~0, content 0
+    position = torch.tensor([199])
+    high, low = block_bias_range(table, 199, 1, torch.tensor([0]), 50)
+    bias_only = logit_upper_bound(torch.tensor(0.0), torch.tensor(0.0), high[0], low[0])
+    assert negligible(bias_only, lower, position).item()  # would skip, wrongly:
+    assert torch.softmax(logits, -1)[5] > 0.99
+    upper = _bounds(q, k, inputs, 0, 1, 0, 50)[0, 0]
+    assert not negligible(upper, lower, position).item()
