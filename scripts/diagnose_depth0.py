@@ -15,7 +15,9 @@ Development seeds only (100 and 101; the held-out ones stay unseen). One JSON li
 - ``--training-rows RECIPE``: no model; one JSON line counting, over every passkey row of the
   recipe's training (all steps), the rows whose needle directly follows the instruction (as at
   depth 0) or directly precedes the question (as at depth 1), overall and among prompts of at
-  least ``--long`` tokens (the filler after or before the needle is then long, as at 64k).
+  least ``--long`` tokens (the filler after or before the needle is then long, as at 64k), and
+  the rows that open with the needle (``passkey_needle_first``, step 24: the key at the row's
+  first positions).
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ def training_rows(recipe_file: str, long: int) -> None:
     pieces = passkey_pieces(batches.tokenizer, "12345", " ")
     first_key = len(pieces.task) + pieces.key_at[0]  # the first key digit when nothing precedes the needle
     after_needle = len(pieces.needle) - pieces.key_at[1] + len(pieces.question)  # second key's start to the answer
-    counts = {"rows": 0, "long": 0, "start": 0, "start_long": 0, "end": 0, "end_long": 0}
+    counts = {"rows": 0, "long": 0, "start": 0, "start_long": 0, "end": 0, "end_long": 0, "open": 0, "open_long": 0}
     for step in range(recipe.train.steps):
         for row in range(recipe.train.batch_size):
             _, kind, scored = batches.row(step, 0, row)
@@ -104,12 +106,15 @@ def training_rows(recipe_file: str, long: int) -> None:
             prompt = scored[-1] + 1 - KEY_DIGITS
             is_long = prompt >= long
             start, end = scored[0] == first_key, prompt - scored[KEY_DIGITS] == after_needle
+            opens = scored[0] == pieces.key_at[0]  # the row opens with the needle
             counts["rows"] += 1
             counts["long"] += is_long
             counts["start"] += start
             counts["start_long"] += start and is_long
             counts["end"] += end
             counts["end_long"] += end and is_long
+            counts["open"] += opens
+            counts["open_long"] += opens and is_long
     shares = {f"{key}_share": round(value / counts["rows"], 4) for key, value in counts.items() if key != "rows"}
     print(json.dumps({"recipe": recipe_file, "long_from": long, **counts, **shares}), flush=True)
 

@@ -203,14 +203,15 @@ def passkey_corpus_row(
 
 def passkey_padded_row(
     tokenizer: Tokenizer, n: int, seed: int, rng, *, min_length: int = 0, filler: TokenShards | None = None,
-    longest_fraction: float = 0.0, depth: float | None = None,
+    longest_fraction: float = 0.0, depth: float | None = None, needle_first: bool = False,
 ) -> tuple[list[int], list[int], int]:
     """A row of ``n`` tokens: a passkey prompt + answer of random length in [shortest, n], then
     filler that no loss sees. Returns (ids, key digit indices, prompt + answer length).
     ``min_length`` raises the shortest length drawn (0: the shortest prompt possible);
     ``filler``: running text around the needle instead of the protocol's sentences; ``depth``:
     the needle's depth instead of the uniform draw (``rng`` draws it all the same, so the
-    row's other draws do not move).
+    row's other draws do not move); ``needle_first``: the prompt at depth 0 with the needle
+    moved before the instruction (:func:`open_with_needle`).
 
     The answer must not always sit at the row's end: a model trained so learns where the
     answer is by position, and fails on a prompt only 4 tokens longer (measured with RoPE).
@@ -220,11 +221,13 @@ def passkey_padded_row(
     if longest_fraction and rng.random() < longest_fraction:
         length = n
     uniform = rng.random()
-    depth = uniform if depth is None else depth
+    depth = 0.0 if needle_first else uniform if depth is None else depth
     if filler is None:
         ids, key_at = passkey_row(tokenizer, length, seed, depth)
     else:
         ids, key_at = passkey_corpus_row(tokenizer, length, seed, depth, filler, rng.random())
+    if needle_first:
+        ids, key_at = open_with_needle(tokenizer, ids, key_at)
     pad = tokenizer.encode(" " + FILLER)
     ids = ids + (pad * (1 + (n - length) // max(len(pad), 1)))[: n - length]
     return ids, key_at, length
@@ -241,6 +244,29 @@ def end_depth(seed: int, global_row: int, fraction: float) -> float | None:
     if rng.random() >= fraction:
         return None
     return 0.0 if rng.random() < 0.5 else 1.0
+
+
+def open_with_needle(tokenizer: Tokenizer, ids: list[int], key_at: list[int]) -> tuple[list[int], list[int]]:
+    """A row whose needle directly follows the instruction (depth 0), with the two swapped: the
+    row opens with the needle, the instruction follows, the rest stays. Returns (ids, key digit
+    indices); the same length, key and answer positions."""
+    digits = len(key_at) // 3
+    key = tokenizer.decode([ids[i] for i in key_at[-digits:]]).strip()
+    pieces = passkey_pieces(tokenizer, key, " ")
+    task, needle = len(pieces.task), len(pieces.needle)
+    if list(ids[:task]) != pieces.task or list(ids[task : task + needle]) != pieces.needle:
+        raise BamctlError("passkey_needle_first: the row does not open with the instruction and the needle")
+    moved = pieces.needle + pieces.task + list(ids[task + needle :])
+    return moved, [start + i for start in pieces.key_at for i in range(digits)] + list(key_at[-digits:])
+
+
+def needle_first(seed: int, global_row: int, fraction: float) -> bool:
+    """Whether passkey row ``global_row`` is one of the ``fraction`` of rows that open with the
+    needle. A stream of its own, so the rest of the row is the row a recipe without it draws;
+    fraction 0 draws nothing."""
+    if not fraction:
+        return False
+    return sample_rng(seed, "train-needle-first", global_row).random() < fraction
 
 
 @dataclass
@@ -275,6 +301,7 @@ class BatchMaker:
             ids, key_at, used = passkey_padded_row(
                 self.tokenizer, n, seed, rng, min_length=d.passkey_min_length, filler=self.filler if corpus else None,
                 longest_fraction=d.passkey_longest_fraction, depth=end_depth(t.seed, global_row, d.passkey_depth_ends),
+                needle_first=needle_first(t.seed, global_row, d.passkey_needle_first),
             )
             if d.passkey_loss == "key":
                 return ids, "passkey", key_at

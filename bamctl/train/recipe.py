@@ -6,7 +6,8 @@ Sections (every key is required unless it has a default below):
     [model]     preset, pe, train_length, and any ModelConfig override (dim, n_layers, ...)
     [data]      text, passkey_fraction, vocab_size, passkey_seed_offset, passkey_loss,
                 passkey_filler, passkey_filler_fraction, passkey_min_length,
-                passkey_max_prompt, passkey_longest_fraction, passkey_depth_ends
+                passkey_max_prompt, passkey_longest_fraction, passkey_depth_ends,
+                passkey_needle_first
     [optim]     lr, betas, weight_decay, grad_clip, eps, positional_lr_scale, embedding_weight_decay,
                 embedding_lr_scale
     [schedule]  warmup_steps, min_lr_ratio   (linear warm-up, then cosine to min_lr_ratio * lr)
@@ -79,11 +80,17 @@ class DataSection:
     # sentence break), half each; the other rows draw the depth uniformly in [0, 1]. Drawn from
     # a stream of its own, so the rows' lengths and keys are those of the recipe without it.
     passkey_depth_ends: float = 0.0
+    # Share of passkey rows that open with the needle, the instruction after it (needle,
+    # instruction, filler, question, answer: the row's protocol prompt at depth 0 with its first
+    # two pieces swapped), so the key's digits sit at the row's first positions (4-8 and 13-17
+    # with GPT-2), where SSMax's log(i + 1) is smallest. Drawn from a stream of its own, so the
+    # rows' lengths and keys are those of the recipe without it.
+    passkey_needle_first: float = 0.0
 
 
 # Keys added after checkpoints were shipped: at these values they are left out of a recipe's
 # fingerprint, so a recipe that does not set them keeps the fingerprint it was trained under.
-_FINGERPRINT_DEFAULTS = {("data", "passkey_depth_ends"): 0.0}
+_FINGERPRINT_DEFAULTS = {("data", "passkey_depth_ends"): 0.0, ("data", "passkey_needle_first"): 0.0}
 
 
 @dataclass(frozen=True)
@@ -225,6 +232,7 @@ _TYPES = {
         "passkey_max_prompt": int,
         "passkey_longest_fraction": float,
         "passkey_depth_ends": float,
+        "passkey_needle_first": float,
     },
     OptimSection: {
         "lr": float,
@@ -310,6 +318,8 @@ def _check(recipe: Recipe, source: str) -> None:
         raise BamctlError(f"{source}: [data] passkey_longest_fraction must be in [0, 1], not {d.passkey_longest_fraction}")
     if not 0.0 <= d.passkey_depth_ends <= 1.0:
         raise BamctlError(f"{source}: [data] passkey_depth_ends must be in [0, 1], not {d.passkey_depth_ends}")
+    if not 0.0 <= d.passkey_needle_first <= 1.0:
+        raise BamctlError(f"{source}: [data] passkey_needle_first must be in [0, 1], not {d.passkey_needle_first}")
     if d.passkey_max_prompt and d.passkey_fraction < 1.0:
         raise BamctlError(f"{source}: [data] passkey_max_prompt needs passkey_fraction = 1 (text rows keep train_length + 1 tokens)")
     if d.text == "none" and d.passkey_fraction < 1.0:
