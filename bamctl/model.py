@@ -22,18 +22,7 @@ from torch import nn
 
 from bamctl.attention_math import AttentionInputs, dense_attention
 from bamctl.errors import BamctlError, did_you_mean
-from bamctl.positional import (
-    PE_REGISTRY,
-    SINUSOIDAL_LAYOUTS,
-    RopeScaling,
-    apply_rotary,
-    parse_pe_name,
-    pe_spec,
-    pe_label,
-    rotary_angles,
-    sinusoidal_encoding,
-    xpos_scale,
-)
+from bamctl.positional import PE_REGISTRY, SINUSOIDAL_LAYOUTS, RopeScaling, parse_pe_name, pe_label, pe_spec
 
 
 @dataclass
@@ -122,7 +111,7 @@ class ModelConfig:
         # A new sinusoidal model scales its token embeddings by sqrt(dim), as the PE's paper
         # defines it; the dataclass default stays 1.0 for checkpoints saved before the field.
         config = {**PRESETS[preset], "pe": base, "ssmax": ssmax, **overrides}
-        if pe_spec(base).absolute_input and "embedding_scale" not in overrides:
+        if pe_spec(base).scales_token_embeddings and "embedding_scale" not in overrides:
             config["embedding_scale"] = math.sqrt(config["dim"])
         return cls(**config)
 
@@ -191,10 +180,17 @@ class ForwardState:
 
 @dataclass(frozen=True)
 class ChunkPositions:
-    """Where one call's chunk sits: its first absolute position, and RoPE's angles for it."""
+    """Where one call's chunk sits: its first token's index, and the positions the model is told
+    its tokens are at (the token indices, unless the PE's ``position_ids`` hook says otherwise)."""
 
     start: int
-    rotary: tuple[torch.Tensor, torch.Tensor] | None  # cos, sin: each (T, Dh/2)
+    positions: torch.Tensor  # (T,)
+    position_ids: object | None = None  # the PE's hook, token indices (N,) -> positions (N,)
+
+    def up_to(self, end: int) -> torch.Tensor:
+        """The positions of tokens 0 .. end - 1: every key a chunk's queries see through the cache."""
+        indices = torch.arange(end, device=self.positions.device)
+        return indices if self.position_ids is None else self.position_ids(indices)
 
 
 class Attention(nn.Module):
@@ -206,11 +202,11 @@ class Attention(nn.Module):
         self.wk = nn.Linear(cfg.dim, cfg.dim, bias=False)
         self.wv = nn.Linear(cfg.dim, cfg.dim, bias=False)
         self.wo = nn.Linear(cfg.dim, cfg.dim, bias=False)
-        spec = pe_spec(cfg.pe, cfg.pe_source)
-        self.rotary = spec.rotary
-        self.xpos = spec.xpos
-        self.prior = spec.make_prior(cfg) if spec.make_prior else None
+        # The layer's PE module (bamctl.positional): named for the zoo's distance priors, whose
+        # parameter names (layers.N.attention.prior.theta_alpha ...) checkpoints keep.
+        self.prior = pe_spec(cfg.pe, cfg.pe_source).build(cfg)
         self.transforms_qk = callable(getattr(self.prior, "transform_qk", None))
+        self.transforms_after_cache = callable(getattr(self.prior, "transform_qk_after_cache", None))
         # SSMax's s_h, one per head and layer, initialised at ssmax_init (1, as in the SSMax paper).
         self.ssmax_scale = nn.Parameter(torch.full((cfg.n_heads,), float(cfg.ssmax_init))) if cfg.ssmax else None
         self.ssmax_scope = cfg.ssmax_scope
@@ -222,23 +218,16 @@ class Attention(nn.Module):
         k = self.wk(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
         v = self.wv(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
         q = self.wq(x[:, keep_from:]).view(B, Q, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, Q, Dh)
-        if self.rotary:
-            cos, sin = where.rotary
-            q, k = apply_rotary(q, cos[keep_from:], sin[keep_from:]), apply_rotary(k, cos, sin)
-        if self.transforms_qk:  # a plugin's rotation or scaling by position, before the keys are cached
-            positions = torch.arange(where.start, where.start + T, device=x.device)
-            q, k = self.prior.transform_qk(q, k, positions[keep_from:], positions)
+        if self.transforms_qk:  # rotations or scalings by position (RoPE), before the keys are cached
+            q, k = self.prior.transform_qk(q, k, where.positions[keep_from:], where.positions)
         if state.cache is not None:
             k, v = state.cache.store(self.layer_id, where.start, k, v)  # (B, H, start+T, Dh)
         elif where.start:
             raise ValueError("a chunk after position 0 needs a KV cache")
         if Q == 0:
             return x[:, T:]  # (B, 0, C): only this chunk's keys and values were wanted
-        if self.xpos:  # scaled around the first query, never in the cache: see positional.xpos_scale
-            first = where.start + keep_from
-            q = (q.float() * xpos_scale(torch.arange(Q, device=q.device), self.head_dim)).type_as(q)
-            offsets = first - torch.arange(k.shape[2], device=k.device)
-            k = (k.float() * xpos_scale(offsets, self.head_dim)).type_as(k)
+        if self.transforms_after_cache:  # relative to this chunk's queries (xPos's decay), never cached
+            q, k = self.prior.transform_qk_after_cache(q, k, where.positions[keep_from:], where.up_to(k.shape[2]))
         last = where.start + T - 1  # the largest distance any query of this chunk sees
         by_query = getattr(self.prior, "query_dependent", False)
         by_content = getattr(self.prior, "content_dependent", False)
@@ -276,9 +265,10 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(TransformerBlock(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
-        spec = pe_spec(cfg.pe, cfg.pe_source)  # found once: a plugin's file is not read again per chunk
-        self.absolute_input, self.rotary = spec.absolute_input, spec.rotary
-        self.rope_scaling: RopeScaling | None = None  # RoPE scaled at inference (set by the engine)
+        first = self.layers[0].attention.prior  # the PE hooks asked once per model, not per layer
+        self.embeds = first if callable(getattr(first, "embed", None)) else None
+        self.position_ids = first.position_ids if callable(getattr(first, "position_ids", None)) else None
+        self._rope_scaling: RopeScaling | None = None
         self.apply(self._init_weights)
         if cfg.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight  # one parameter, (V, C) in both roles
@@ -288,13 +278,23 @@ class Transformer(nn.Module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
+    @property
+    def rope_scaling(self) -> RopeScaling | None:
+        """RoPE scaled at inference (set by the engine for ``--rope-scaling``), given to every layer's PE."""
+        return self._rope_scaling
+
+    @rope_scaling.setter
+    def rope_scaling(self, scaling: RopeScaling | None) -> None:
+        self._rope_scaling = scaling
+        for layer in self.layers:
+            if hasattr(layer.attention.prior, "rope_scaling"):
+                layer.attention.prior.rope_scaling = scaling
+
     def positions(self, start: int, n_tokens: int) -> ChunkPositions:
-        """The positions of a chunk of ``n_tokens`` starting at absolute position ``start``."""
-        rotary = None
-        if self.rotary:
-            positions = torch.arange(start, start + n_tokens, device=self.output.weight.device)
-            rotary = rotary_angles(positions, self.config.head_dim, self.config.rope_base, self.rope_scaling)
-        return ChunkPositions(start, rotary)
+        """The positions of a chunk of ``n_tokens`` whose first token is token ``start``."""
+        indices = torch.arange(start, start + n_tokens, device=self.output.weight.device)
+        positions = indices if self.position_ids is None else self.position_ids(indices)
+        return ChunkPositions(start, positions, self.position_ids)
 
     def hidden(self, tokens: torch.Tensor, start: int, state: ForwardState, keep_from: int = 0) -> torch.Tensor:
         """Final-normed hidden states of a chunk's rows ``keep_from:``. tokens: (B, T) at absolute
@@ -306,13 +306,8 @@ class Transformer(nn.Module):
         """
         where = self.positions(start, tokens.shape[1])
         h = self.tok_embeddings(tokens) * self.config.embedding_scale  # (B, T, C)
-        embeds = self.layers[0].attention.prior  # a plugin's embed hook: input embeddings by position
-        if callable(getattr(embeds, "embed", None)):
-            h = embeds.embed(h, torch.arange(start, start + tokens.shape[1], device=tokens.device))
-        if self.absolute_input:
-            positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
-            cfg = self.config
-            h = h + sinusoidal_encoding(positions, cfg.dim, cfg.sinusoidal_base, cfg.sinusoidal_layout).to(h.dtype)
+        if self.embeds is not None:  # input embeddings by position (sinusoidal)
+            h = self.embeds.embed(h, where.positions)
         for layer in self.layers[:-1]:
             h = layer(h, where, state)
         return self.norm(self.layers[-1](h, where, state, keep_from))

@@ -1,24 +1,29 @@
-"""Positional encodings (PE) as data: a registry of what each one changes in the model.
+"""Positional encodings (PE): each one a module of the PE protocol, the zoo's and a user's alike.
 
-A PE can touch three places, and each entry says which:
+A PE is a ``torch.nn.Module`` class, built once per layer from the model's config, that
+implements the hooks of what it changes (docs/positional-plugins.md holds the protocol):
 
-- the input embeddings (``sinusoidal``: absolute sinusoids added to token embeddings),
-- queries and keys (``rope``: rotary embedding),
-- the attention logits, as a bias that depends only on the distance ``i - j`` between
-  query ``i`` and key ``j`` (``alibi``, ``bam``). Such a bias is a *prior* over offsets
-  (BAM paper, arXiv 2505.22842): the engine asks each layer's prior for a 1-D table
-  ``(H, max_distance + 1)`` and indexes it, so no ``n x n`` bias ever exists.
+- the input embeddings by position, ``embed`` (``sinusoidal``: absolute sinusoids);
+- queries and keys by position, ``transform_qk`` before the keys are cached (``rope``'s
+  rotation) and ``transform_qk_after_cache`` for every chunk's queries and all their keys
+  (``xpos``'s decay, measured from the chunk's first query);
+- the attention logits, by a bias that depends only on the distance ``i - j`` between query
+  ``i`` and key ``j`` (``alibi``, ``kerple``, ``t5``, ``bam``). Such a bias is a *prior* over
+  offsets (BAM paper, arXiv 2505.22842): the engine asks each layer's prior for a 1-D table
+  ``(H, max_distance + 1)`` and indexes it, so no ``n x n`` bias ever exists. A bias that
+  depends on the query's position too (``fire``) or on the content are kinds of their own;
+- what the model is told the positions are, ``position_ids`` (a training-time trick).
 
-``nope`` touches nothing but the causal mask. Any PE may add Scalable-Softmax (SSMax,
-arXiv 2501.19399) by the suffix ``-ssmax``: that is a model switch, not a PE.
+``nope`` changes nothing but is a module too. Any PE may add Scalable-Softmax (SSMax,
+arXiv 2501.19399) by the suffix ``-ssmax``: that is a model switch, not a PE. The zoo is
+registered below through ``zoo_entry``, which checks each class against the protocol as a
+plugin's is checked.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
-
 import torch
 from torch import nn
 
@@ -55,6 +60,10 @@ class ALiBiPrior(nn.Module):
         super().__init__()
         self.register_buffer("slopes", torch.tensor(alibi_slopes(n_heads)), persistent=False)
 
+    @classmethod
+    def from_config(cls, config) -> "ALiBiPrior":
+        return cls(config.n_heads)
+
     def distance_table(self, max_distance: int) -> torch.Tensor:
         distance = torch.arange(max_distance + 1, device=self.slopes.device, dtype=torch.float32)
         return -self.slopes[:, None].float() * distance  # (H, D+1)
@@ -72,6 +81,10 @@ class KerplePrior(nn.Module):
         super().__init__()
         self.log_r1 = nn.Parameter(torch.zeros(n_heads))  # r1 = 1
         self.log_r2 = nn.Parameter(torch.zeros(n_heads))  # r2 = 1: bias -log(1 + d) at the start
+
+    @classmethod
+    def from_config(cls, config) -> "KerplePrior":
+        return cls(config.n_heads)
 
     def distance_table(self, max_distance: int) -> torch.Tensor:
         distance = torch.arange(max_distance + 1, device=self.log_r1.device, dtype=torch.float32)
@@ -105,6 +118,10 @@ class T5Prior(nn.Module):
     def __init__(self, n_heads: int):
         super().__init__()
         self.bucket_bias = nn.Parameter(torch.zeros(n_heads, T5_BUCKETS))  # (H, buckets)
+
+    @classmethod
+    def from_config(cls, config) -> "T5Prior":
+        return cls(config.n_heads)
 
     def distance_table(self, max_distance: int) -> torch.Tensor:
         distance = torch.arange(max_distance + 1, device=self.bucket_bias.device)
@@ -158,6 +175,10 @@ class GGDPrior(nn.Module):
         self.theta_beta = nn.Parameter(beta)  # (H,)
         self.theta_mu = nn.Parameter(torch.zeros(n_heads), requires_grad=train_mu)  # (H,)
 
+    @classmethod
+    def from_config(cls, config) -> "GGDPrior":
+        return cls(config.n_heads, config.bam_init, config.bam_train_mu, config.bam_prior_form)
+
     @property
     def mu(self) -> torch.Tensor:
         return self.theta_mu.exp() - (-self.theta_mu).exp()
@@ -209,6 +230,10 @@ class FIREPrior(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(1, self.HIDDEN), nn.ReLU(), nn.Linear(self.HIDDEN, n_heads))
         self.log_c = nn.Parameter(torch.tensor(math.log(0.1)))  # c = 0.1, as the paper starts
         self.threshold = nn.Parameter(torch.tensor(float(train_length)))  # L, starting at the training length
+
+    @classmethod
+    def from_config(cls, config) -> "FIREPrior":
+        return cls(config.n_heads, config.train_length)
 
     def psi(self, x: torch.Tensor) -> torch.Tensor:
         """ψ(x) = log(c·x + 1), float32."""
@@ -382,37 +407,106 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return rotated.flatten(-2).type_as(x)
 
 
+class NoPE(nn.Module):
+    """No positional encoding: the causal mask alone tells a token what came before it."""
+
+    changes_nothing = True  # the protocol's empty case; a plugin without a hook is refused as a mistake
+
+    def __init__(self, config):
+        super().__init__()
+
+
+class Sinusoidal(nn.Module):
+    """Absolute sinusoids added to the token embeddings (Vaswani et al. 2017)."""
+
+    scale_token_embeddings = True  # a new model multiplies token embeddings by sqrt(dim) first (their section 3.4)
+
+    def __init__(self, config):
+        super().__init__()
+        self.dim, self.base, self.layout = config.dim, config.sinusoidal_base, config.sinusoidal_layout
+
+    def embed(self, h: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return h + sinusoidal_encoding(positions, self.dim, self.base, self.layout).to(h.dtype)
+
+
+class RoPE(nn.Module):
+    """Rotary embedding of queries and keys (Su et al. 2021), optionally scaled at inference
+    (``rope_scaling``, a ``RopeScaling`` the engine sets for ``--rope-scaling``)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.head_dim, self.base = config.head_dim, config.rope_base
+        self.rope_scaling: RopeScaling | None = None
+
+    def transform_qk(self, q, k, q_positions, k_positions):
+        cos, sin = rotary_angles(k_positions, self.head_dim, self.base, self.rope_scaling)
+        if q_positions.shape[0] <= k_positions.shape[0] and torch.equal(q_positions, k_positions[-q_positions.shape[0]:]):
+            q_cos, q_sin = cos[-q_positions.shape[0]:], sin[-q_positions.shape[0]:]  # the chunk's last rows: the same angles
+        else:
+            q_cos, q_sin = rotary_angles(q_positions, self.head_dim, self.base, self.rope_scaling)
+        return apply_rotary(q, q_cos, q_sin), apply_rotary(k, cos, sin)
+
+
+class XPos(RoPE):
+    """RoPE with an exponential decay of the scores with distance (xPos, Sun et al. 2022). The decay
+    is applied after the cache, for each chunk, around its first query: see ``xpos_scale``."""
+
+    def transform_qk_after_cache(self, q, k, q_positions, k_positions):
+        first = q_positions[0]
+        q = (q.float() * xpos_scale(q_positions - first, self.head_dim)).type_as(q)
+        k = (k.float() * xpos_scale(first - k_positions, self.head_dim)).type_as(k)
+        return q, k
+
+
 @dataclass(frozen=True)
 class PESpec:
-    """What one positional encoding does to the model."""
+    """One positional encoding: its class, of the PE protocol, and where a plugin's came from."""
 
     name: str
     summary: str
-    absolute_input: bool = False  # add sinusoids to token embeddings
-    rotary: bool = False  # rotate queries and keys
-    xpos: bool = False  # and scale them by xPos's exponential decay
-    make_prior: Callable[..., nn.Module] | None = None  # per-layer distance prior
+    module: type[nn.Module]  # built once per layer (``build``): the layer's ``attention.prior``
     source: dict | None = None  # a plugin's: where it was found, its file's digest and text (None: the zoo's)
 
+    def build(self, config) -> nn.Module:
+        """``Class.from_config(config)`` where the class has one (the zoo's keep plain constructors), else ``Class(config)``."""
+        from_config = getattr(self.module, "from_config", None)
+        return from_config(config) if callable(from_config) else self.module(config)
 
-PE_REGISTRY: dict[str, PESpec] = {
-    spec.name: spec
-    for spec in [
-        PESpec("nope", "no positional encoding; causal mask only"),
-        PESpec("sinusoidal", "absolute sinusoids added to the embeddings", absolute_input=True),
-        PESpec("rope", "rotary embedding of queries and keys", rotary=True),
-        PESpec("xpos", "rotary embedding with an exponential decay of the scores with distance (xPos)", rotary=True, xpos=True),
-        PESpec("alibi", "linear distance bias, fixed slopes (Laplace prior)", make_prior=lambda cfg: ALiBiPrior(cfg.n_heads)),
-        PESpec("kerple", "logarithmic distance bias -r1 log(1 + r2 d), learned per head (KERPLE)", make_prior=lambda cfg: KerplePrior(cfg.n_heads)),
-        PESpec("t5", "learned bias per head and log-spaced distance bucket (T5)", make_prior=lambda cfg: T5Prior(cfg.n_heads)),
-        PESpec("fire", "learned MLP of the log distance over the log query position (FIRE)", make_prior=lambda cfg: FIREPrior(cfg.n_heads, cfg.train_length)),
-        PESpec(
-            "bam",
-            "generalized-Gaussian prior, learned per head (GGD-BAM)",
-            make_prior=lambda cfg: GGDPrior(cfg.n_heads, cfg.bam_init, cfg.bam_train_mu, cfg.bam_prior_form),
-        ),
+    @property
+    def gives_bias(self) -> bool:
+        """Whether it adds a bias to the attention logits (by distance, query position or content)."""
+        return gives_bias(self.module)
+
+    @property
+    def scales_token_embeddings(self) -> bool:
+        return getattr(self.module, "scale_token_embeddings", False)
+
+
+def gives_bias(pe) -> bool:
+    """A PE class or module that adds a bias to the attention logits."""
+    return (getattr(pe, "query_dependent", False) or getattr(pe, "content_dependent", False)
+            or callable(getattr(pe, "distance_table", None)))
+
+
+def zoo_entry(name: str, summary: str, module: type[nn.Module]) -> PESpec:
+    check_plugin(module, f"positional encoding {name}")  # the zoo meets the protocol it offers
+    return PESpec(name, summary, module)
+
+
+def _zoo() -> dict[str, PESpec]:
+    entries = [
+        zoo_entry("nope", "no positional encoding; causal mask only", NoPE),
+        zoo_entry("sinusoidal", "absolute sinusoids added to the embeddings", Sinusoidal),
+        zoo_entry("rope", "rotary embedding of queries and keys", RoPE),
+        zoo_entry("xpos", "rotary embedding with an exponential decay of the scores with distance (xPos)", XPos),
+        zoo_entry("alibi", "linear distance bias, fixed slopes (Laplace prior)", ALiBiPrior),
+        zoo_entry("kerple", "logarithmic distance bias -r1 log(1 + r2 d), learned per head (KERPLE)", KerplePrior),
+        zoo_entry("t5", "learned bias per head and log-spaced distance bucket (T5)", T5Prior),
+        zoo_entry("fire", "learned MLP of the log distance over the log query position (FIRE)", FIREPrior),
+        zoo_entry("bam", "generalized-Gaussian prior, learned per head (GGD-BAM)", GGDPrior),
     ]
-}
+    return {entry.name: entry for entry in entries}
+
 
 SSMAX_SUFFIX = "-ssmax"
 
@@ -434,18 +528,18 @@ def parse_pe_name(name: str) -> tuple[str, bool]:
 
 # -- plugins: a PE of the user's, found by reference ----------------------------------------------
 #
-# A plugin is a torch.nn.Module class built once per layer as ``Class(config)`` (the model's
-# ModelConfig: n_heads, head_dim, train_length ...), with the hooks of the bias it gives:
-# ``distance_table(max_distance) -> (H, max_distance + 1)`` for a bias by distance alone (every
-# attention path takes it), or ``query_dependent = True`` and ``bias(q_positions, k_positions) ->
-# (H, Tq, Tk)`` for one that depends on the query's position too (native also needs its
-# ``kernel_form``, as FIRE gives). ``describe()`` (per-head values, for ``bamctl inspect``) is
-# optional. docs/positional-plugins.md holds the protocol and an example per kind.
+# A plugin is a class of the same protocol as the zoo's above: a torch.nn.Module built once per
+# layer as ``Class(config)`` (or ``Class.from_config(config)``), ``config`` the model's ModelConfig
+# (n_heads, head_dim, train_length ...), with the hooks of what it changes. The module
+# docstring lists them; docs/positional-plugins.md holds the protocol and an example per kind.
 
 PLUGIN_GROUP = "bamctl.positional_encodings"  # entry points of installed packages: name = "package.module:Class"
 PLUGIN_HOOKS = ("distance_table(max_distance), bias(q_positions, k_positions) with query_dependent = True, "
                 "content_bias(q, scores, q_positions, k_positions) with content_dependent = True, "
-                "transform_qk(q, k, q_positions, k_positions) or embed(h, positions)")
+                "transform_qk(q, k, q_positions, k_positions), transform_qk_after_cache(q, k, q_positions, k_positions), "
+                "embed(h, positions) or position_ids(token_indices)")
+# hooks a class may have alone (a bias's kinds are checked by their flags above)
+POSITION_HOOKS = ("distance_table", "transform_qk", "transform_qk_after_cache", "embed", "position_ids")
 
 
 def is_plugin_reference(name: str) -> bool:
@@ -498,11 +592,11 @@ def _plugin_spec(name: str, where: str | None, recorded: str | None) -> PESpec:
                           f"{digest_now or 'none'}, recorded {recorded}); restore that file, or make a new checkpoint")
     summary = (cls.__doc__ or cls.__name__).strip().splitlines()[0]
     source = {"where": found.where, "digest": digest_now, "text": found.source_text}
-    return PESpec(name, summary, make_prior=lambda cfg, cls=cls: cls(cfg), source=source)
+    return PESpec(name, summary, cls, source=source)
 
 
 def check_plugin(cls, who: str) -> None:
-    """A plugin meets the protocol: an nn.Module class with the hooks of one kind of bias."""
+    """A PE class meets the protocol: an nn.Module class with the hooks of what it changes."""
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         raise BamctlError(f"{who} is a {type(cls).__name__}, not a torch.nn.Module class")
     if getattr(cls, "content_dependent", False):
@@ -512,9 +606,12 @@ def check_plugin(cls, who: str) -> None:
     elif getattr(cls, "query_dependent", False):
         if not callable(getattr(cls, "bias", None)):
             raise BamctlError(f"{who} says query_dependent = True but has no bias(q_positions, k_positions) hook")
-    elif not any(callable(getattr(cls, hook, None)) for hook in ("distance_table", "transform_qk", "embed")):
+    elif not getattr(cls, "changes_nothing", False) and not any(callable(getattr(cls, hook, None)) for hook in POSITION_HOOKS):
         raise BamctlError(f"{who} has no hook of the PE protocol: give it {PLUGIN_HOOKS}")
 
 
 def pe_label(pe: str, ssmax: bool) -> str:
     return f"{pe}{SSMAX_SUFFIX}" if ssmax else pe
+
+
+PE_REGISTRY: dict[str, PESpec] = _zoo()

@@ -315,3 +315,75 @@ def test_bamctl_models_lists_the_pes_installed_packages_give(tmp_path, monkeypat
     out = capsys.readouterr().out
     assert exited.value.code == 0 and "bam-ssmax" in out
     assert "positional encodings of installed packages" in out and "mype.pe:Sandwich" in out and "mype 0.1" in out
+
+
+@pytest.mark.parametrize("name, cls", [("nope", "NoPE"), ("sinusoidal", "Sinusoidal"), ("rope", "RoPE"), ("xpos", "XPos"),
+                                       ("alibi", "ALiBiPrior"), ("kerple", "KerplePrior"), ("t5", "T5Prior"),
+                                       ("fire", "FIREPrior"), ("bam", "GGDPrior")])
+def test_the_zoo_is_the_protocols_first_user(name, cls):
+    """Each of the nine is a class of the protocol: named by its module path, as a user's plugin is,
+    it builds the zoo's model (same weights, same logits, whole and in chunks through the cache)."""
+    from bamctl.engine.stream import StreamingEngine
+
+    zoo, plugin = _model(name), _model(f"bamctl.positional:{cls}")
+    assert zoo.config.embedding_scale == plugin.config.embedding_scale  # sinusoidal's sqrt(dim) comes from its class
+    assert zoo.state_dict().keys() == plugin.state_dict().keys()
+    assert all(torch.equal(zoo.state_dict()[k], plugin.state_dict()[k]) for k in zoo.state_dict())
+    ids = torch.randint(0, 50257, (2, 300), generator=torch.Generator().manual_seed(2))
+    assert torch.equal(zoo(ids), plugin(ids))
+    chunked = [StreamingEngine(m, device="cpu", chunk_size=64, attention="dense").score_continuation(ids[0, :280].tolist(), ids[0, 280:].tolist())
+               for m in (zoo, plugin)]
+    assert chunked[0] == chunked[1]
+
+
+def test_position_ids_say_what_the_model_is_told_the_positions_are(tmp_path):
+    """Positions halved by the position-index hook on the zoo's RoPE are RoPE's linear position
+    interpolation by 2 (Chen et al. 2023), which bamctl computes another way (frequencies divided):
+    the same logits within float32 rounding, whole and streamed in chunks through the cache."""
+    from bamctl.engine.stream import StreamingEngine
+    from bamctl.positional import RopeScaling
+
+    (tmp_path / "halved.py").write_text(textwrap.dedent("""
+        from bamctl.positional import RoPE
+
+
+        class Halved(RoPE):
+            def position_ids(self, token_indices):
+                return token_indices / 2
+    """))
+    zoo, plugin, unscaled = _model("rope"), _model(f"{tmp_path / 'halved.py'}:Halved"), _model("rope")
+    with torch.no_grad():
+        for model in (zoo, plugin, unscaled):  # sharper attention than random weights give, so positions matter
+            for layer in model.layers:
+                layer.attention.wq.weight.mul_(30)
+                layer.attention.wk.weight.mul_(30)
+    zoo.rope_scaling = RopeScaling("linear", 2.0, 128)
+    ids = torch.randint(0, 50257, (1, 300), generator=torch.Generator().manual_seed(3))
+    same, other = ((m(ids) - plugin(ids)).abs().max().item() for m in (zoo, unscaled))
+    assert same < 1e-4 and other > 1e-2  # unscaled RoPE is another model
+    prompt, answer = ids[0, :290].tolist(), ids[0, 290:].tolist()
+    scaling = zoo.rope_scaling  # the engine sets the model's own (None unless given)
+    streamed = [StreamingEngine(m, device="cpu", chunk_size=64, rope_scaling=s).score_continuation(prompt, answer)
+                for m, s in ((zoo, scaling), (plugin, None))]
+    assert streamed[0][0] == streamed[1][0]
+    assert max(abs(a - b) for a, b in zip(streamed[0][1], streamed[1][1])) < 1e-4
+
+
+def test_randomized_positions_in_training_and_indices_in_evaluation():
+    """examples/positional/randomized_rope.py: in training, sorted distinct positions drawn up to
+    spread x train_length, new at each forward; in evaluation, the token indices (so the zoo's RoPE
+    logits exactly, the same weights)."""
+    model = _model(f"{EXAMPLES / 'randomized_rope.py'}:RandomizedRoPE")
+    hook = model.layers[0].attention.prior
+    indices = torch.arange(100)
+    model.train()
+    first, second = hook.position_ids(indices), hook.position_ids(indices)
+    for drawn in (first, second):
+        assert drawn.shape == (100,) and bool((drawn[1:] > drawn[:-1]).all()) and 0 <= int(drawn[0]) and int(drawn[-1]) < 8 * 128
+    assert not torch.equal(first, second)
+    ids = torch.randint(0, 50257, (1, 100), generator=torch.Generator().manual_seed(4))
+    trained_view = model(ids)
+    model.eval()
+    assert torch.equal(hook.position_ids(indices), indices)
+    assert torch.equal(model(ids), _model("rope").eval()(ids))
+    assert not torch.allclose(trained_view, model(ids), atol=1e-3)

@@ -19,7 +19,7 @@ from bamctl.model import ModelConfig
 from bamctl.positional import PE_REGISTRY
 from test_external_authors import DIM, HEADS, LAYERS, VOCAB, reference_logits, their_state_dict, write_checkpoint
 
-PRIOR_PES = [name for name, spec in PE_REGISTRY.items() if spec.make_prior is not None]
+PRIOR_PES = [name for name, spec in PE_REGISTRY.items() if spec.gives_bias]
 
 
 def _positional(name: str) -> bool:
