@@ -387,3 +387,26 @@ def test_randomized_positions_in_training_and_indices_in_evaluation():
     assert torch.equal(hook.position_ids(indices), indices)
     assert torch.equal(model(ids), _model("rope").eval()(ids))
     assert not torch.allclose(trained_view, model(ids), atol=1e-3)
+
+
+def test_the_docs_two_commands_train_a_plugin_and_compare_it_beside_the_nine(tmp_path, capsys, monkeypatch):
+    """docs/positional-plugins.md's two commands, as written there but for --steps 3 (train) and one
+    length and sample (compare): the plugin's column sits beside the nine references'."""
+    import shlex
+
+    from bamctl.cli import main
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "positional-plugins.md").read_text()
+    block = text.split("in two commands", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    train, compare = (shlex.split(line) for line in block.replace("\\\n", " ").strip().splitlines())
+    assert train[:2] == ["bamctl", "train"] and compare[:2] == ["bamctl", "compare"]
+    shutil.copytree(EXAMPLES, tmp_path / "examples" / "positional")
+    monkeypatch.chdir(tmp_path)
+    for argv in (train[1:] + ["--steps", "3"],
+                 compare[1:compare.index("--lengths")] + ["--lengths", "128", "--seed", "1", "--samples", "1", "--dir", "results"]):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 0, capsys.readouterr().err
+    rows = pd.read_parquet(tmp_path / "results")
+    assert set(rows["model"]) >= {"bam-ssmax", "nope", "sinusoidal", "rope", "alibi", "bam", "nope-ssmax", "rope-ssmax", "alibi-ssmax"}
+    assert len(set(rows["model"])) == 10 and len(rows) == 10 * 5  # the plugin's rows beside the nine's, 5 depths each
