@@ -112,3 +112,19 @@ def test_lm_evals_model_args_take_trust_remote_code(tmp_path):
     assert lm.served.info.model_hash == open_backend(f"hf:{folder}", RunOptions(device="cpu", trust_remote_code=True)).info.model_hash
     with pytest.raises(BamctlError, match="trust_remote_code takes True or False"):
         BamctlLM.create_from_arg_string(f"model=hf:{folder},device=cpu,trust_remote_code=yes")
+
+
+def test_inspect_reads_a_folder_with_its_own_code_with_the_flag_and_refuses_it_without(tmp_path, capsys):
+    from bamctl.cli import main
+
+    folder = remote_code_folder(tmp_path / "m")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        main(["inspect", f"hf:{folder}", "--json"])
+    assert exited.value.code == 2 and "--trust-remote-code" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        main(["inspect", f"hf:{folder}", "--json", "--trust-remote-code"])
+    out, err = capsys.readouterr()
+    assert exited.value.code == 0, err
+    said = json.loads(out)
+    assert said["model_type"] == "halved-llama" and said["parameters"] > 0

@@ -75,6 +75,7 @@ def inspect(
     length: Annotated[Optional[int], typer.Option(min=1, help="--attention-map: passkey prompt length in tokens (default: 4x the training length).")] = None,
     depth: Annotated[float, typer.Option(min=0.0, max=1.0, help="--attention-map: depth of the key in the prompt, 0 to 1.")] = 0.5,
     seed: Annotated[int, typer.Option(help="--attention-map: seed of the passkey sample.")] = 0,
+    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="hf:/vllm: a folder with modeling code of its own (config.json's auto_map): read its config by that code, as transformers' trust_remote_code=True does.")] = False,
 ) -> None:
     """Show a checkpoint's config, parameter count and, per layer and head, the learned prior.
 
@@ -88,7 +89,7 @@ def inspect(
 
     entry, rest = backend_for(model)
     if entry in (BACKENDS["hf"], BACKENDS["vllm"]):
-        _inspect_hf(rest, json_output)
+        _inspect_hf(rest, json_output, trust_remote_code)
         return
     checkpoint = _load_for_inspection(rest, authors=entry is BACKENDS["bam"])
     config = checkpoint.model.config
@@ -119,11 +120,11 @@ def _load_for_inspection(reference: str, authors: bool):
     return resolve_model(reference)
 
 
-def _inspect_hf(reference: str, json_output: bool) -> None:
+def _inspect_hf(reference: str, json_output: bool, trust_remote_code: bool = False) -> None:
     """What a Hugging Face model's files say: its config, positions, tokenizer and parameter count."""
     from bamctl.backends.hf_common import max_positions, positional_encoding, read_config, trained_length
 
-    config, folder, gguf_file = read_config(reference)
+    config, folder, gguf_file = read_config(reference, trust_remote_code)
     limit = max_positions(config)
     summary = {
         "path": str(folder / gguf_file) if gguf_file else str(folder),
@@ -131,7 +132,7 @@ def _inspect_hf(reference: str, json_output: bool) -> None:
         "positional encoding": positional_encoding(config),
         "max positions": limit,
         "training length": trained_length(config, limit),
-        "parameters": _hf_parameter_count(folder, gguf_file, config),
+        "parameters": _hf_parameter_count(folder, gguf_file, config, trust_remote_code),
         "config": config.to_dict(),
     }
     if json_output:
@@ -144,7 +145,7 @@ def _inspect_hf(reference: str, json_output: bool) -> None:
     stdout.print(table)
 
 
-def _hf_parameter_count(folder, gguf_file, config) -> int:
+def _hf_parameter_count(folder, gguf_file, config, trust_remote_code: bool = False) -> int:
     """Counted from the weight files' headers where they are safetensors, else by building the model empty."""
     import struct
 
@@ -160,7 +161,7 @@ def _hf_parameter_count(folder, gguf_file, config) -> int:
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
     return sum(p.numel() for p in model.parameters())
 
 
