@@ -8,7 +8,8 @@ taking turns so the machine's load falls on all alike; one untimed warm-up pass 
 - distance-only, on the native kernel, against the zoo's ``alibi``: ALiBi restated as a plugin
   (``examples/positional/alibi.py``: the same bias, so any gap is the plugin's own cost) and
   Sandwich (``examples/positional/sandwich.py``: another bias, which the kernel may skip
-  differently; the key blocks it skipped are shown);
+  differently; the share of key blocks skipped is shown), with the zoo's ``kerple`` (a bias
+  that falls slowly, as Sandwich's does) for scale;
 - content-dependent, CoPE (``examples/positional/cope.py``) on the one path that serves it,
   dense, against ``alibi`` on dense and on native.
 
@@ -32,7 +33,7 @@ from bamctl.tasks.registry import generate_samples
 from bamctl.tokenizer import get_tokenizer
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "positional"
-DISTANCE = [("alibi", "alibi", "native"), ("alibi as a plugin", f"{EXAMPLES / 'alibi.py'}:ALiBi", "native"),
+DISTANCE = [("alibi", "alibi", "native"), ("kerple", "kerple", "native"), ("alibi as a plugin", f"{EXAMPLES / 'alibi.py'}:ALiBi", "native"),
             ("sandwich (plugin)", f"{EXAMPLES / 'sandwich.py'}:Sandwich", "native")]
 CONTENT = [("alibi", "alibi", "native"), ("alibi", "alibi", "dense"), ("cope (plugin)", f"{EXAMPLES / 'cope.py'}:CoPE", "dense")]
 
