@@ -83,6 +83,7 @@ def evaluate(
     dtype: str | None = None,
     chunk_size: int | None = None,
     attention: str | None = None,
+    block_skip: str | None = None,
     tokenizer: str | None = None,
     chat_template: bool = False,
     sizing: str | None = None,

@@ -299,8 +299,11 @@ class Evaluation:
         tokens_per_s = sum(sample.n_tokens for sample in samples) / elapsed if elapsed > 0 else 0.0
         finished = datetime.now(timezone.utc)
         peak = _peak_memory_bytes(self.backend.device)
+        blocks = self.backend.block_counts()
+        if blocks is None or len(blocks) != len(samples):  # not counted, or not one count per sample
+            blocks = [None] * len(samples)
         rows = []
-        for (sample, todo), results in zip(batch, answered, strict=True):
+        for (sample, todo), results, counted in zip(batch, answered, blocks, strict=True):
             by_position = {result.get("position"): result for result in results}
             fitting = self.backend.fitting(sample.scoring, sample.n_tokens, answer_length(sample))
             request = request_digest(sample, self.backend.feeding, self.backend.stop_ids)
@@ -318,6 +321,8 @@ class Evaluation:
                     "seconds": seconds,
                     "tokens_per_s": tokens_per_s,
                     "peak_mem_bytes": peak,
+                    "skipped_blocks": None if counted is None else counted[0],
+                    "key_blocks": None if counted is None else counted[1],
                     "created_at": finished,
                 }
                 for row in todo

@@ -86,6 +86,8 @@ def fake_row(
         "device": "cpu",
         "dtype": "float32",
         "attention": "sdpa",
+        "skipped_blocks": None,
+        "key_blocks": None,
         "rope_scaling": None,
         "model_revision": None,
         "bamctl_version": "0.1.0",

@@ -160,3 +160,180 @@ def test_an_adversarial_block_is_kept_where_the_bias_alone_would_skip_it():
     assert torch.softmax(logits, -1)[5] > 0.99
     upper = _bounds(q, k, inputs, 0, 1, 0, 50)[0, 0]
     assert not negligible(upper, lower, position).item()
+
+
+# -- the kernels ------------------------------------------------------------------------------
+
+from bamctl.attention_math import dense_attention  # noqa: E402
+from bamctl.engine import attention as blockwise_module  # noqa: E402
+from bamctl.engine.attention import BlockwiseKernel, blockwise_attention  # noqa: E402
+from bamctl.engine.block_skip import BlockCounts  # noqa: E402
+from bamctl.engine import native  # noqa: E402
+from bamctl.engine.stream import StreamingEngine  # noqa: E402
+
+from test_engine import random_model, tokens  # noqa: E402
+
+BIAS_PES = ["alibi", "kerple", "t5", "bam", "alibi-ssmax", "bam-ssmax"]
+NO_BIAS_PES = ["nope", "rope", "xpos", "sinusoidal", "rope-ssmax", "fire"]  # fire: a bias, but no table
+RELATIVE = 1e-5  # the engine's tolerance on a perplexity row's NLL (and identical argmax)
+NATIVE, NATIVE_WHY = native.native_available()
+PATHS = ["blockwise"]
+
+
+def _steep(model):
+    """The random model with its GGD heads made steep (as trained BAM heads often are): far keys provably negligible."""
+    with torch.no_grad():
+        for layer in model.layers:
+            prior = layer.attention.prior
+            if hasattr(prior, "theta_alpha"):
+                prior.theta_alpha.fill_(1.0)
+    return model
+
+
+def _engine(model, kernel):
+    engine = StreamingEngine(model, device="cpu", dtype="float32", chunk_size=256, attention="blockwise")
+    engine.kernel = kernel
+    return engine
+
+
+def _kernel(path, mode="auto"):
+    """A kernel of ``path`` with small key blocks where they can be chosen (native's are 512)."""
+    return BlockwiseKernel(mode, block_size=64) if path == "blockwise" else native.NativeKernel(mode)
+
+
+def _assert_rows_equal(engine, reference, ids, window=256):
+    """Identical argmax; the NLL of every window of ``window`` tokens (a perplexity row's sum) within
+    RELATIVE. (A single token's NLL rounds like its logits, up to ~5e-4 at 4k on a shipped model,
+    skipping or not: a row sums hundreds of them.)"""
+    positions = list(range(0, len(ids), 97))
+    assert torch.equal(engine.logits_at(ids, positions).argmax(-1), reference.logits_at(ids, positions).argmax(-1))
+    got, want = engine.token_nll(ids), reference.token_nll(ids)
+    known = torch.isfinite(want)
+    assert torch.equal(known, torch.isfinite(got))
+    got, want = got.masked_fill(~known, 0).double(), want.masked_fill(~known, 0).double()
+    for start in range(0, len(want), window):
+        a, b = got[start:start + window].sum(), want[start:start + window].sum()
+        assert abs(a - b) <= RELATIVE * abs(b), (start, float(a), float(b))
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("pe", BIAS_PES)
+@torch.inference_mode()
+def test_skipping_gives_the_dense_rows_on_bias_models(pe, path):
+    model = _steep(random_model(pe, seed=3))
+    ids = tokens(1500 if path == "blockwise" else 2600, seed=3)
+    engine = _engine(model, _kernel(path))
+    dense = StreamingEngine(model, device="cpu", dtype="float32", chunk_size=256, attention="dense")
+    _assert_rows_equal(engine, dense, ids)
+    skipped, total = engine.last_block_counts[0]
+    assert total > 0
+    if pe in ("alibi", "bam", "alibi-ssmax", "bam-ssmax"):  # steep heads: the far past is left out
+        assert skipped > 0
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("pe", NO_BIAS_PES)
+@torch.inference_mode()
+def test_models_without_a_bias_table_never_attempt_a_skip(pe, path, monkeypatch):
+    # blockwise: the bound is never evaluated; native: no prior line, so its test returns at once.
+    def never(*args, **kwargs):
+        raise AssertionError("a skip was attempted")
+
+    monkeypatch.setattr(blockwise_module, "negligible", never)
+    monkeypatch.setattr(blockwise_module, "logit_upper_bound", never)
+    model = random_model(pe, seed=2)
+    engine = _engine(model, _kernel(path))
+    engine.token_nll(tokens(700 if path == "blockwise" else 1100, seed=2))
+    skipped, total = engine.last_block_counts[0]
+    assert skipped == 0 and total > 0
+
+
+@pytest.mark.parametrize("path", PATHS)
+@torch.inference_mode()
+def test_off_reads_every_block_and_counts_the_same_blocks(path):
+    model = _steep(random_model("bam-ssmax", seed=5))
+    ids = tokens(1200 if path == "blockwise" else 2600, seed=5)
+    auto = _engine(model, _kernel(path, "auto"))
+    off = _engine(model, _kernel(path, "off"))
+    a, b = auto.token_nll(ids), off.token_nll(ids)
+    assert off.last_block_counts[0][0] == 0 and auto.last_block_counts[0][0] > 0
+    assert off.last_block_counts[0][1] == auto.last_block_counts[0][1]
+    known = torch.isfinite(b)
+    assert abs(a[known].double().sum() - b[known].double().sum()) <= RELATIVE * abs(b[known].double().sum())
+
+
+def _adversarial(content=400.0, lead=20.0):
+    """One head, one query at position 1999; key 5 aligned with it (s = ``content``) under a bias
+    ``lead`` nats less negative than its content, every other key orthogonal (s = 0, norm 1). The
+    bias alone rules key 5's block out (its bias is far below everything near); its weight is > 0.99."""
+    dim, n = 16, 2000
+    root = math.sqrt(content * math.sqrt(dim))  # q . k / sqrt(Dh) = content for key 5
+    q = torch.zeros(1, 1, 1, dim)
+    q[..., 0] = root
+    k = torch.zeros(1, 1, n, dim)
+    k[..., 1] = 1.0
+    k[0, 0, 5] = 0.0
+    k[0, 0, 5, 0] = root
+    v = torch.randn(1, 1, n, dim, generator=torch.Generator().manual_seed(0))
+    table = -torch.arange(n, dtype=torch.float32)[None, :] * ((content - lead) / (n - 1 - 5))
+    return q, k, v, AttentionInputs(n - 1, table, None)
+
+
+def _counted(path, q, k, v, inputs, mode="auto"):
+    """(output, (skipped, total)) of one call on ``path``."""
+    if path == "native":
+        out, blocks = native.native_attention_blocks(q, k, v, inputs, mode)
+        return out, tuple(int(x) for x in blocks.sum(0))
+    counts = BlockCounts()
+    out = blockwise_attention(q, k, v, inputs, block_size=64, block_skip=mode, counts=counts)
+    return out, counts.take()[0]
+
+
+@pytest.mark.parametrize("path", ["blockwise"])
+@torch.inference_mode()
+def test_the_adversarial_block_is_kept_and_the_row_is_right(path):
+    if path == "native" and not NATIVE:
+        pytest.skip(f"the C++ kernel did not build here: {NATIVE_WHY}")
+    q, k, v, inputs = _adversarial()
+    weights = torch.softmax(_row_logits(q, k, inputs)[0, 0, 0], -1)
+    assert weights[5] > 0.99  # leaving key 5's block out would lose nearly all of the row
+    table = inputs.bias_table
+    assert table[0, 1999 - 5] < table[0, 1999 - 1023] - 100  # its bias: far below a block the kernel leaves out
+    out, (skipped, total) = _counted(path, q, k, v, inputs)
+    assert torch.allclose(out, dense_attention(q, k, v, inputs), atol=1e-5)
+    assert 0 < skipped < total - 1  # blocks between were left out (bias far down, content small); key 5's was not
+
+
+def test_rows_record_the_blocks_left_out(tmp_path):
+    import bamctl
+
+    common = dict(lengths=[2048], samples=1, depths=[0.5], quiet=True, dtype="float32")
+    auto = bamctl.evaluate("alibi", "passkey", attention="blockwise", dir=tmp_path / "a", **common)
+    off = bamctl.evaluate("alibi", "passkey", attention="blockwise", block_skip="off", dir=tmp_path / "b", **common)
+    dense = bamctl.evaluate("alibi", "passkey", attention="dense", dir=tmp_path / "c", **common)
+    assert (auto["skipped_blocks"] > 0).all() and (auto["skipped_blocks"] < auto["key_blocks"]).all()
+    assert (off["skipped_blocks"] == 0).all() and (off["key_blocks"] == auto["key_blocks"]).all()
+    assert dense["skipped_blocks"].isna().all() and dense["key_blocks"].isna().all()
+    assert list(auto["predicted"]) == list(off["predicted"]) == list(dense["predicted"])
+    assert auto["compute_version"].iloc[0] == off["compute_version"].iloc[0]  # one code, either mode
+
+
+SHIPPED_BIAS = ["alibi", "alibi-ssmax", "kerple", "t5", "bam", "bam-ssmax", "lm-alibi", "lm-bam", "lm-bam-ssmax",
+                "lm-kerple", "lm-t5"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SHIPPED_BIAS)
+@pytest.mark.parametrize("length", [4096, 16384])
+@torch.inference_mode()
+def test_shipped_bias_models_keep_their_rows_at_long_contexts(name, length):
+    from bamctl.catalog import resolve_model
+
+    model = resolve_model(name).model
+    generator = torch.Generator().manual_seed(length)
+    subset = model.config.token_subset
+    pool = torch.tensor(subset if subset is not None else range(model.config.vocab_size))
+    ids = pool[torch.randint(0, len(pool), (length,), generator=generator)].tolist()
+    auto = StreamingEngine(model, device="cpu", dtype="float32", attention="blockwise")
+    dense = StreamingEngine(model, device="cpu", dtype="float32", attention="dense", chunk_size=512)
+    _assert_rows_equal(auto, dense, ids)

@@ -110,6 +110,11 @@ class Backend(ABC):
         under another one is not reused (``bamctl.code_version``)."""
         return compute_version([type(self).__module__], self.compute_libraries)
 
+    def block_counts(self) -> list[tuple[int, int] | None] | None:
+        """Per request of the latest batch call, (key blocks the attention kernel left out, key blocks
+        it considered), for the row's ``skipped_blocks`` and ``key_blocks``; None: not counted here."""
+        return None
+
     def fitting(self, scoring: str, n_prompt: int, n_answer: int) -> Fitting:
         """How a request of this kind, with a prompt of ``n_prompt`` tokens and ``n_answer`` fed or
         generated after it, is fed. A back-end without a maximum length feeds it whole."""
@@ -201,6 +206,7 @@ class RunOptions:
     dtype: str | None = None  # auto, float32, bfloat16, float16; autocast-bfloat16 (bamctl's engine only)
     chunk_size: int | None = None  # tokens per prefill chunk
     attention: str | None = None  # bamctl's attention path (its own engine only)
+    block_skip: str | None = None  # bamctl's engine: auto (leave out key blocks the certified bound rules out) or off
     tokenizer: str | None = None  # a tokenizer name or local path replacing the model's own
     beyond_max: str | None = None  # past a model's configured max positions: warn or refuse
     chat_template: bool = False  # wrap prompts in the model's chat template
@@ -240,6 +246,7 @@ def positive(value: int, name: str) -> int:
 
 
 BEYOND_MAX = ("warn", "refuse")
+BLOCK_SKIP = ("auto", "off")  # bamctl.engine.block_skip.MODES (this module cannot import the engine)
 HF_ROPE_SCALINGS = ("linear", "yarn")  # what transformers' rope_type offers of ours (static NTK it does not)
 
 
@@ -260,10 +267,13 @@ class EngineOptions:
     attention: str = "auto"
     rope_scaling: str | None = None  # linear, ntk or yarn: RoPE scaled at inference ...
     rope_factor: float | None = None  # ... by this factor
+    block_skip: str = "auto"  # auto or off: certified key-block skipping (docs/engine.md)
 
     def __post_init__(self):
         positive(self.chunk_size, "chunk_size")
         check_rope_scaling(self.rope_scaling, self.rope_factor)
+        if self.block_skip not in BLOCK_SKIP:
+            raise BamctlError(f"--block-skip must be one of {', '.join(BLOCK_SKIP)}, not {self.block_skip!r}")
 
 
 BOS_POLICIES = ("auto", "always", "never")

@@ -31,6 +31,7 @@ class EngineBackend(Backend):
             chunk_size=options.chunk_size,
             attention=options.attention,
             rope_scaling=self.rope_scaling,
+            block_skip=options.block_skip,
         )
         self.info = ModelInfo(
             name=name,
@@ -68,6 +69,9 @@ class EngineBackend(Backend):
 
     def token_nlls(self, requests):
         return self.engine.token_nlls(requests)
+
+    def block_counts(self):
+        return list(self.engine.last_block_counts)
 
     def score_continuation(self, prompt_ids, target_ids) -> ContinuationScore:
         return self.score_continuations([(prompt_ids, target_ids)])[0]

@@ -55,6 +55,11 @@ class Attention(str, Enum):
     dense = "dense"
 
 
+class BlockSkip(str, Enum):
+    auto = "auto"
+    off = "off"
+
+
 class BeyondMax(str, Enum):
     warn = "warn"
     refuse = "refuse"
@@ -132,6 +137,11 @@ EVALUATION: list[Param] = [
         help="Attention kernel of bamctl's engine: auto (the default: flex on CUDA, native on CPU), native (our C++ CPU "
         "kernel), fused (torch's fused CPU kernel), flex (compiled FlexAttention), blockwise (online softmax over key "
         "blocks) or dense (reference; n x n memory).")),
+    Param("block_skip", Optional[BlockSkip], None, typer.Option(
+        rich_help_panel=ENGINE_PANEL,
+        help="Certified key-block skipping in bamctl's engine: auto (the default: a key block is left out only where a "
+        "bound proves its softmax mass below 2^-40 of each row's; models with a distance prior) or off (every key "
+        "block is read). Rows record the blocks left out (skipped_blocks).")),
     Param("rope_scaling", Optional[RopeScalingKind], None, typer.Option(
         rich_help_panel=ENGINE_PANEL,
         help="RoPE models: scale RoPE at inference, no training needed: linear (position interpolation), ntk "

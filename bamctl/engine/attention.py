@@ -2,7 +2,9 @@
 ``bamctl.attention_math`` (the formula is there).
 
 - ``blockwise``: walks key blocks with an online softmax (running max, running sum),
-  so the workspace is (Tq, block) whatever the context length.
+  so the workspace is (Tq, block) whatever the context length. With a bias table and
+  ``block_skip="auto"`` it walks each query block's key blocks nearest first and leaves out,
+  per head, those the certified bound of ``bamctl.engine.block_skip`` rules out.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ import math
 import torch
 
 from bamctl.attention_math import AttentionInputs, ssmax_factor
+from bamctl.engine.block_skip import BlockCounts, attempts, block_bias_range, logit_upper_bound, negligible
 
 EXP_FLOOR = -80.0  # see blockwise_attention
+QUERY_BLOCK = 512  # rows that share one skipping decision per head and key block
 
 
 def prior_line(table: torch.Tensor, top: int, length: int) -> torch.Tensor:
@@ -25,26 +29,36 @@ def prior_line(table: torch.Tensor, top: int, length: int) -> torch.Tensor:
     return table[:, distance]
 
 
-def _toeplitz_bias(table: torch.Tensor, base: int, tq: int, tb: int) -> torch.Tensor:
+def _toeplitz_bias(table: torch.Tensor, base: int, tq: int, tb: int, heads: torch.Tensor | None = None) -> torch.Tensor:
     """Bias for keys taken in reverse order: out[h, i, r] = table[h, clamp(base + i + r, 0)].
 
     A distance-only bias is Toeplitz; with the key block reversed it becomes a Hankel
     matrix, which is a strided *view* of one short vector (no (Tq, Tb) gather).
+    ``heads``: the table's rows to take, in this order (default: all).
     """
     index = torch.arange(base, base + tq + tb - 1, device=table.device).clamp_(min=0, max=table.shape[1] - 1)
-    line = table[:, index].contiguous()  # (H, Tq + Tb - 1)
-    return line.as_strided((table.shape[0], tq, tb), (line.stride(0), 1, 1))
+    line = table[:, index]  # (H, Tq + Tb - 1)
+    line = (line if heads is None else line[heads]).contiguous()
+    return line.as_strided((line.shape[0], tq, tb), (line.stride(0), 1, 1))
 
 
 def blockwise_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs, block_size: int = 1024
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs, block_size: int = 1024,
+    block_skip: str = "off", counts: BlockCounts | None = None,
 ) -> torch.Tensor:
     """Online-softmax attention over key blocks; never holds more than (Tq, block) logits.
 
     Each key block is walked in reverse order so that the prior is a strided view
     (see ``_toeplitz_bias``); the logits are then updated in place to keep memory
-    traffic low on CPUs.
+    traffic low on CPUs. ``block_skip="auto"``: leave out key blocks the certified bound rules
+    out (``_skipping_attention``); ``counts``: where to add, per sequence, the (head, query
+    block, key block) units considered and those left out.
     """
+    if attempts(inputs, block_skip):
+        return _skipping_attention(q, k, v, inputs, block_size, counts)
+    if counts is not None:
+        units = key_block_units(inputs.q_start, q.shape[2], block_size, q.shape[1])
+        counts.add([0] * q.shape[0], [units] * q.shape[0])
     tq = q.shape[2]
     q_start = inputs.q_start
     last_key = q_start + tq  # keys beyond the last query are never visible
@@ -93,3 +107,114 @@ def blockwise_attention(
         acc = acc * correction + weights @ v_block
         running_max = new_max
     return (acc / running_sum).to(q.dtype)
+
+
+def key_block_units(q_start: int, tq: int, block_size: int, heads: int) -> int:
+    """The (head, query block, key block) units a sequence's call considers, skipping or not: query
+    blocks of ``min(QUERY_BLOCK, block_size)`` rows, each over the key blocks up to its last query."""
+    rows = min(QUERY_BLOCK, block_size)
+    return heads * sum(-(-(q_start + min(r0 + rows, tq)) // block_size) for r0 in range(0, tq, rows))
+
+
+def _skipping_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs, block_size: int,
+    counts: BlockCounts | None,
+) -> torch.Tensor:
+    """``blockwise_attention`` with certified skipping (docs/engine.md, "Certified block skipping").
+
+    Queries go in blocks of ``QUERY_BLOCK`` rows (at most ``block_size``, so that a row's own key
+    lies in its first key block). Each query block walks key blocks ending at its last query,
+    nearest first; the first holds every row's diagonal and is always computed. Before each
+    further block, a head whose rows all pass ``negligible`` (the block's bound against the
+    largest logit each row has computed) leaves it out; the others compute it, for their heads
+    alone.
+    """
+    batch, heads, tq, dim = q.shape
+    bh = batch * heads
+    q_start = inputs.q_start
+    table = inputs.bias_table
+    scale_bias = inputs.ssmax_scale is not None and inputs.ssmax_scope == "logits"
+    qf = (q.float() * (1.0 / math.sqrt(dim))).reshape(bh, tq, dim)
+    factor = ssmax_factor(inputs, tq, q.device) if inputs.ssmax_scale is not None else None  # (H, Tq)
+    key_norm = k[:, :, : q_start + tq].float().norm(dim=-1).reshape(bh, -1)  # (BH, visible)
+    head_of = torch.arange(bh, device=q.device) % heads  # (BH,)
+    out = torch.empty(bh, tq, v.shape[-1], device=q.device)
+    skipped = torch.zeros(batch, dtype=torch.long)
+    total = torch.zeros(batch, dtype=torch.long)
+    rows_per_block = min(QUERY_BLOCK, block_size)
+    for r0 in range(0, tq, rows_per_block):
+        rows = min(rows_per_block, tq - r0)
+        first = q_start + r0
+        end = first + rows  # keys 0 .. end - 1 are seen by some row
+        stops = list(range(end, 0, -block_size))
+        starts = torch.tensor([stop - block_size for stop in stops], device=q.device)  # nominal: may reach below 0
+        high, low = block_bias_range(table, first, rows, starts, block_size)  # (H, n): over a superset of distances
+        high, low = high[head_of], low[head_of]  # (BH, n)
+        qb = qf[:, r0 : r0 + rows]  # (BH, rows, Dh)
+        q_norm = qb.norm(dim=-1)  # (BH, rows): |q| / sqrt(Dh)
+        fb = None if factor is None else factor[:, r0 : r0 + rows][head_of]  # (BH, rows)
+        positions = torch.arange(first, end, device=q.device)
+        running_max = torch.full((bh, rows, 1), float("-inf"), device=q.device)
+        running_sum = torch.zeros(bh, rows, 1, device=q.device)
+        acc = torch.zeros(bh, rows, v.shape[-1], device=q.device)
+        total += heads * len(stops)
+        for n, stop in enumerate(stops):
+            start = max(stop - block_size, 0)
+            tb = stop - start
+            active = None  # None: every head
+            if n > 0:  # the first block holds the diagonal: never left out
+                key_max = key_norm[:, start:stop].amax(-1, keepdim=True)  # (BH, 1)
+                upper = logit_upper_bound(q_norm, key_max, high[:, n : n + 1], low[:, n : n + 1], fb, inputs.ssmax_scope)
+                skip = negligible(upper, running_max[..., 0], positions).all(-1)  # (BH,)
+                if bool(skip.any()):
+                    skipped += skip.view(batch, heads).sum(-1).cpu()
+                    active = (~skip).nonzero()[:, 0]
+                    if active.numel() == 0:
+                        continue
+            idx = slice(None) if active is None else active
+            hb = head_of if active is None else head_of[active]
+            k_block = k[:, :, start:stop].float().reshape(bh, tb, dim)[idx].flip(1)  # reversed keys
+            v_block = v[:, :, start:stop].float().reshape(bh, tb, v.shape[-1])[idx].flip(1)
+            logits = qb[idx] @ k_block.transpose(-1, -2)  # (A, rows, Tb)
+            base = first - (stop - 1)  # distance of (row 0, reversed key 0)
+            bias = _toeplitz_bias(table, base, rows, tb, hb)  # (A, rows, Tb), a view
+            f = None if fb is None else fb[idx][:, :, None]
+            if scale_bias:
+                logits.add_(bias).mul_(f)
+            else:
+                if f is not None:
+                    logits.mul_(f)
+                logits.add_(bias)
+            future = None
+            if base < 0:
+                future = (torch.arange(rows, device=q.device)[:, None] + torch.arange(tb, device=q.device)[None, :]) < -base
+                logits.masked_fill_(future, float("-inf"))
+            old_max = running_max[idx]
+            new_max = torch.maximum(old_max, logits.amax(dim=-1, keepdim=True))
+            safe_max = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)
+            correction = torch.exp(old_max - safe_max)
+            weights = logits.sub_(safe_max).clamp_(min=EXP_FLOOR).exp_()
+            if future is not None:
+                weights.masked_fill_(future, 0.0)
+            new_sum = running_sum[idx] * correction + weights.sum(dim=-1, keepdim=True)
+            new_acc = acc[idx] * correction + weights @ v_block
+            if active is None:
+                running_max, running_sum, acc = new_max, new_sum, new_acc
+            else:
+                running_max[active], running_sum[active], acc[active] = new_max, new_sum, new_acc
+        out[:, r0 : r0 + rows] = acc / running_sum
+    if counts is not None:
+        counts.add(skipped.tolist(), total.tolist())
+    return out.view(batch, heads, tq, -1).to(q.dtype)
+
+
+class BlockwiseKernel:
+    """``blockwise_attention`` for one engine: its ``--block-skip`` and its own counts."""
+
+    def __init__(self, block_skip: str = "auto", block_size: int = 1024) -> None:
+        self.block_skip = block_skip
+        self.block_size = block_size
+        self.counts = BlockCounts()
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
+        return blockwise_attention(q, k, v, inputs, self.block_size, self.block_skip, self.counts)

@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from bamctl.attention_math import dense_attention
-from bamctl.engine.attention import blockwise_attention
+from bamctl.engine.attention import BlockwiseKernel
+from bamctl.engine.block_skip import check_mode
 from bamctl.engine.flex import FlexKernel, flex_available, require_flex
 from bamctl.engine.fused import FusedKernel, fused_available
 from bamctl.engine.native import NativeKernel, native_available
@@ -38,7 +39,7 @@ from bamctl.vocab import VocabSubset
 # (bamctl.attention_math).
 ATTENTION_PATHS: dict[str, Callable[[], Callable]] = {
     "dense": lambda: dense_attention,  # the reference: (Tq, Tk) logits
-    "blockwise": lambda: blockwise_attention,  # online softmax over key blocks, plain torch ops
+    "blockwise": BlockwiseKernel,  # online softmax over key blocks, plain torch ops
     "native": NativeKernel,  # our C++ CPU kernel: prior and SSMax inside the online softmax
     "fused": FusedKernel,  # torch's fused CPU kernel, prior as a strided mask
     "flex": FlexKernel,  # compiled FlexAttention: CUDA, or x86 CPUs
@@ -144,9 +145,13 @@ def _notice(message: str) -> None:
     print(f"note: {message}", file=sys.stderr)
 
 
-def kernel_for(name: str):
-    """A new kernel of the path ``name``, with state of its own."""
-    return ATTENTION_PATHS[name]()
+def kernel_for(name: str, block_skip: str = "auto"):
+    """A new kernel of the path ``name``, with state of its own; a kernel that skips key blocks
+    (it has a ``block_skip``) is given ``--block-skip``."""
+    kernel = ATTENTION_PATHS[name]()
+    if hasattr(kernel, "block_skip"):
+        kernel.block_skip = check_mode(block_skip)
+    return kernel
 
 
 def outside_autocast(kernel: Callable, device_type: str) -> Callable:
@@ -176,8 +181,12 @@ class StreamingEngine:
         chunk_size: int = 2048,
         attention: str = "auto",
         rope_scaling=None,
+        block_skip: str = "auto",
     ):
         """``rope_scaling``: a ``bamctl.positional.RopeScaling`` the engine runs a RoPE model with.
+
+        ``block_skip``: ``auto`` lets the kernels leave out key blocks whose softmax mass the
+        certified bound puts below 2^-40 of each row's (docs/engine.md); ``off`` reads them all.
 
         ``dtype``: the weights' dtype (``float32``, ``bfloat16``, ``float16``; the priors and
         SSMax scales stay float32 in every one), or ``autocast-bfloat16``: float32 weights, the
@@ -190,7 +199,12 @@ class StreamingEngine:
         self.precision = resolve_precision(dtype, self.device)
         self.dtype = self.precision.weights
         self.attention = _exact_for(model, resolve_attention(attention, self.device), attention == "auto")
-        self.kernel = kernel_for(self.attention)  # replaceable (tests give kernels small blocks)
+        self.block_skip = check_mode(block_skip)
+        self.kernel = kernel_for(self.attention, self.block_skip)  # replaceable (tests give kernels small blocks)
+        # Per request of the latest call (score_continuations, generate_many, token_nlls): (key blocks
+        # left out, key blocks considered), summed over layers, heads and query blocks; None where
+        # the kernel keeps no count (dense, fused).
+        self.last_block_counts: list[tuple[int, int] | None] = []
         self.chunk_size = chunk_size
         self.model = model.to(device=self.device).cast_keeping_positional(self.dtype).eval()
         self.model.rope_scaling = rope_scaling
@@ -232,6 +246,21 @@ class StreamingEngine:
 
     def _tokenizer_ids(self, ids: torch.Tensor) -> torch.Tensor:
         return ids if self.subset is None else self.subset.to_tokenizer(ids)
+
+    # -- key blocks left out, per request ------------------------------------------------
+    def _begin_counts(self, n: int) -> None:
+        self.last_block_counts = [None] * n
+        counts = getattr(self.kernel, "counts", None)
+        if counts is not None:
+            counts.take()  # whatever another call left
+
+    def _end_counts(self, requests: Sequence[int]) -> None:
+        """The kernel's counts since the last call, per sequence of the batch just run, to ``requests``."""
+        counts = getattr(self.kernel, "counts", None)
+        if counts is None:
+            return
+        for request, found in zip(requests, counts.take()):
+            self.last_block_counts[request] = found
 
     # -- the one loop everything else is built on ---------------------------------------
     def _stream(
@@ -285,7 +314,9 @@ class StreamingEngine:
                     if start <= p < start + hidden.shape[1]:
                         rows[b][p] = hidden[b, p - start]
 
+        self._begin_counts(len(batch))
         self._stream(batch, max(len(ids) for ids in batch), keep, first_needed=min(p[0] for p in wanted))
+        self._end_counts(range(len(batch)))
         return [self._logits(torch.stack([found[p] for p in asked])) for found, asked in zip(rows, positions)]
 
     def logits_at(self, ids: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
@@ -321,15 +352,18 @@ class StreamingEngine:
         prompt, None or a test of its tokens so far that ends it (a stop string reached)."""
         stopped = list(stopped) if stopped is not None else [None] * len(prompts)
         if max_new_tokens < 1:
+            self.last_block_counts = [None] * len(prompts)
             return [[] for _ in prompts]
         groups: dict[int, list[int]] = {}
         for index, prompt in enumerate(prompts):
             groups.setdefault(len(prompt), []).append(index)
         out: list[list[int]] = [[] for _ in prompts]
+        self._begin_counts(len(prompts))
         for indices in groups.values():
             for index, tokens in zip(indices, self._generate_equal([prompts[i] for i in indices], max_new_tokens, stop_ids,
                                                                    [stopped[i] for i in indices])):
                 out[index] = tokens
+            self._end_counts(indices)
         return out
 
     def _generate_equal(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_ids: Sequence[int],
@@ -403,6 +437,7 @@ class StreamingEngine:
         streamed = [b for b, (ids, _) in enumerate(requests) if len(ids) > 1]
         pieces: list[list[torch.Tensor]] = [[] for _ in requests]
         targets = {b: self._model_ids(requests[b][0]) for b in streamed}
+        self._begin_counts(len(requests))
         if streamed:
             def score(start: int, hidden: torch.Tensor) -> None:
                 for row, b in enumerate(streamed):
@@ -417,6 +452,7 @@ class StreamingEngine:
 
             batch = [requests[b][0] for b in streamed]
             self._stream(batch, max(len(ids) for ids in batch), score, first_needed=min(froms[b] for b in streamed) - 1)
+            self._end_counts(streamed)
         answers = []
         for b, (ids, score_from) in enumerate(requests):
             nll = torch.cat(pieces[b]) if pieces[b] else torch.zeros(0)

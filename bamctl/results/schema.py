@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 VERSION_KEY = b"bamctl.schema_version"
 
 
@@ -67,6 +67,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("device", pa.string(), False, "torch device the sample ran on, e.g. cpu, cuda:0 (`auto` resolved); never splits a table"),
     Column("dtype", pa.string(), False, "compute dtype the sample ran in, e.g. float32, bfloat16 (`auto` resolved); part of the resume key and of the summary group"),
     Column("attention", pa.string(), False, "attention code path that ran (bamctl's engine: native, fused, blockwise, flex or dense, `auto` resolved; hf: transformers' sdpa or eager; vllm); never splits a table"),
+    Column("skipped_blocks", pa.int64(), True, "key blocks the attention kernel left out for this sample (`--block-skip auto`: their softmax mass provably below 2^-40 of each row's, docs/engine.md), summed over layers, heads and query blocks; the sample's own sequence in its batch; 0 with `--block-skip off` or a model without a distance prior; null where the path keeps no count (dense, fused; hf:, vllm:, module back-ends) and in rows before version 8"),
+    Column("key_blocks", pa.int64(), True, "the key blocks (head, query block, key block) the kernel considered for this sample, `skipped_blocks` among them: their ratio is the share of attention's work left out; null where `skipped_blocks` is"),
     Column("bamctl_version", pa.string(), False, "bamctl version that wrote the row"),
     Column("git_revision", pa.string(), True, "git commit of bamctl (suffix +dirty with local changes); null outside a checkout"),
     Column("torch_version", pa.string(), False, "torch version"),
@@ -192,6 +194,9 @@ def upgrade(table: pa.Table, version: int) -> pa.Table:
     Before version 7 no model was named by its Hub id, so every row's ``model_revision`` is null
     (a local folder or bamctl's own model) and its identity is unchanged: such a row is reused
     as any other, when its request digest and compute version match.
+
+    Before version 8 no row counted the key blocks its kernel left out: ``skipped_blocks`` and
+    ``key_blocks`` read as null; nothing else changes.
     """
     if version < 5 and "fingerprint" in table.column_names:
         table = table.set_column(table.column_names.index("fingerprint"), "fingerprint", pa.nulls(table.num_rows, pa.string()))
@@ -199,7 +204,8 @@ def upgrade(table: pa.Table, version: int) -> pa.Table:
         if version < 6 and name in table.column_names:
             table = table.set_column(table.column_names.index(name), name, pa.nulls(table.num_rows, pa.string()))
     if version >= 2:
-        # version 2 lacked `fingerprint`, version 3 `rope_scaling`, version 6 `model_revision`: all read as null
+        # version 2 lacked `fingerprint`, version 3 `rope_scaling`, version 6 `model_revision`, version 7
+        # `skipped_blocks` and `key_blocks`: all read as null
         return table
     rows = table.to_pylist()
     for row in rows:
