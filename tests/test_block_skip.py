@@ -177,7 +177,7 @@ BIAS_PES = ["alibi", "kerple", "t5", "bam", "alibi-ssmax", "bam-ssmax"]
 NO_BIAS_PES = ["nope", "rope", "xpos", "sinusoidal", "rope-ssmax", "fire"]  # fire: a bias, but no table
 RELATIVE = 1e-5  # the engine's tolerance on a perplexity row's NLL (and identical argmax)
 NATIVE, NATIVE_WHY = native.native_available()
-PATHS = ["blockwise"]
+PATHS = ["blockwise", pytest.param("native", marks=pytest.mark.skipif(not NATIVE, reason=f"no C++ kernel: {NATIVE_WHY}"))]
 
 
 def _steep(model):
@@ -289,7 +289,7 @@ def _counted(path, q, k, v, inputs, mode="auto"):
     return out, counts.take()[0]
 
 
-@pytest.mark.parametrize("path", ["blockwise"])
+@pytest.mark.parametrize("path", ["blockwise", "native"])
 @torch.inference_mode()
 def test_the_adversarial_block_is_kept_and_the_row_is_right(path):
     if path == "native" and not NATIVE:
@@ -316,6 +316,10 @@ def test_rows_record_the_blocks_left_out(tmp_path):
     assert dense["skipped_blocks"].isna().all() and dense["key_blocks"].isna().all()
     assert list(auto["predicted"]) == list(off["predicted"]) == list(dense["predicted"])
     assert auto["compute_version"].iloc[0] == off["compute_version"].iloc[0]  # one code, either mode
+    if NATIVE:  # the default path on a CPU counts too
+        default = bamctl.evaluate("alibi", "passkey", dir=tmp_path / "d", **common)
+        assert (default["attention"] == "native").all() and (default["skipped_blocks"] > 0).all()
+        assert list(default["predicted"]) == list(dense["predicted"])
 
 
 SHIPPED_BIAS = ["alibi", "alibi-ssmax", "kerple", "t5", "bam", "bam-ssmax", "lm-alibi", "lm-bam", "lm-bam-ssmax",

@@ -40,6 +40,7 @@ import torch
 from bamctl.attention_math import AttentionInputs, dense_attention, ssmax_factor
 from bamctl.code_version import native_source
 from bamctl.engine.attention import blockwise_attention, prior_line
+from bamctl.engine.block_skip import BlockCounts
 from bamctl.engine.fused import fused_attention, needs_grad
 
 SOURCE = Path(__file__).with_name("csrc") / "bam_attention.cpp"
@@ -189,25 +190,38 @@ def _warn_fallback(why: str) -> None:
     print(f"warning: {why}; using the fused attention path", file=sys.stderr)
 
 
-def native_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
+def native_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs,
+                     block_skip: str = "auto") -> torch.Tensor:
     """Drop-in for the other kernels on CPUs. q: (B, H, Tq, Dh), k/v: (B, H, Tk, Dh)."""
-    return native_attention_counted(q, k, v, inputs)[0]
+    return native_attention_blocks(q, k, v, inputs, block_skip)[0]
 
 
 def native_attention_counted(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs, block_skip: str = "auto"
 ) -> tuple[torch.Tensor, int, int]:
-    """The attention output, the key blocks skipped (weights provably 0) and the key blocks visited."""
+    """The attention output, the key blocks left out and the key blocks visited, over the batch."""
+    out, blocks = native_attention_blocks(q, k, v, inputs, block_skip)
+    if blocks is None:
+        return out, 0, 0
+    return out, int(blocks[:, 0].sum()), int(blocks[:, 1].sum())
+
+
+def native_attention_blocks(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs, block_skip: str = "auto"
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The attention output and, per sequence, (key blocks left out, key blocks considered): a (B, 2)
+    tensor, or None where another path ran. ``block_skip="auto"``: the certified skipping of
+    docs/engine.md (bamctl.engine.block_skip's bound, in C++); ``off``: every key block is read."""
     query_prior = inputs.query_prior
     if needs_grad(q, k, v, inputs) or _prior_needs_grad(query_prior):
-        return dense_attention(q, k, v, inputs), 0, 0  # the kernel has no backward
+        return dense_attention(q, k, v, inputs), None  # the kernel has no backward
     ok, why = native_available()
     if not ok or q.device.type != "cpu":
         if not ok:
             _warn_fallback(why)
         if query_prior is not None:  # the fused kernel takes a distance prior only
-            return blockwise_attention(q, k, v, inputs), 0, 0
-        return fused_attention(q, k, v, inputs), 0, 0
+            return blockwise_attention(q, k, v, inputs, block_skip=block_skip), None
+        return fused_attention(q, k, v, inputs), None
     tq, head_dim = q.shape[2], q.shape[3]
     q0 = inputs.q_start
     qf = q.float() * (1.0 / math.sqrt(head_dim))
@@ -235,12 +249,12 @@ def native_attention_counted(
             form.breaks.float().contiguous(), form.slopes.float().contiguous(), form.offsets.float().contiguous(),
             prior_scale, q0,
         )
-        return out.to(q.dtype), int(blocks[0]), int(blocks[1])
+        return out.to(q.dtype), blocks
     prior = None
     if inputs.bias_table is not None:  # prior[h, t] = b_h(L - 1 - t), L = q0 + tq: keys walk it forward
         prior = prior_line(inputs.bias_table, q0 + tq - 1, q0 + tq).float().contiguous()
-    out, _lse, blocks = _extension().bam_attention(qf, kf, vf, prior, prior_scale, q0)
-    return out.to(q.dtype), int(blocks[0]), int(blocks[1])
+    out, _lse, blocks = _extension().bam_attention(qf, kf, vf, prior, prior_scale, q0, block_skip == "auto")
+    return out.to(q.dtype), blocks
 
 
 def _prior_needs_grad(prior) -> bool:
@@ -251,14 +265,19 @@ def _prior_needs_grad(prior) -> bool:
 
 
 class NativeKernel:
-    """``native_attention`` for one engine, which keeps its own count of key blocks skipped and visited."""
+    """``native_attention`` for one engine: its ``--block-skip``, its own totals of key blocks
+    skipped and visited, and its counts per sequence (``counts``, read per request by the engine)."""
 
-    def __init__(self) -> None:
+    def __init__(self, block_skip: str = "auto") -> None:
+        self.block_skip = block_skip
         self.skipped_blocks = 0
         self.visited_blocks = 0
+        self.counts = BlockCounts()
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
-        out, skipped, visited = native_attention_counted(q, k, v, inputs)
-        self.skipped_blocks += skipped
-        self.visited_blocks += visited
+        out, blocks = native_attention_blocks(q, k, v, inputs, self.block_skip)
+        if blocks is not None:
+            self.skipped_blocks += int(blocks[:, 0].sum())
+            self.visited_blocks += int(blocks[:, 1].sum())
+            self.counts.add(blocks[:, 0].tolist(), blocks[:, 1].tolist())
         return out

@@ -30,13 +30,14 @@
 //   past each breakpoint is found once per query block (a binary search on psi), and a row
 //   is then a few runs of one fused multiply-add each, with no search per key.
 //
-// Exact skipping: a key block that lies wholly in the past of a query block is skipped
-// when, for every query r of the block, an upper bound of its logits there (see
-// block_is_negligible: it holds for either sign of p_r) lies more than kSkipMargin below
-// the largest logit r has already seen. Its softmax weights would be below
-// exp(-110) ~ 1e-48 of that logit's: exactly 0 in float32, as in the reference. Key blocks
-// are walked nearest first so that this largest logit is known early; a steep prior (most
-// BAM heads learn one) then never reads the far past. A negative factor over a prior that
+// Certified skipping (docs/engine.md, "Certified block skipping"; bamctl/engine/block_skip.py
+// holds the same bound in Python): with skipping on, a key block that lies wholly in the past
+// of a query block is skipped when, for every query r of the block (absolute position i), an
+// upper bound of its logits there (see block_is_negligible: it holds for either sign of p_r)
+// lies more than kEpsilonNats + log(i + 1) below the largest logit r has already computed.
+// Row r sees i + 1 keys, so the weights left out sum to less than 2^-40 of the row's total.
+// Key blocks are walked nearest first so that this largest logit is known early; a steep
+// prior (most BAM heads learn one) then never reads the far past. A negative factor over a prior that
 // falls with distance reverses that: its largest logits lie in the far past, whose blocks
 // the bound never rules out, and the near ones are read before anything larger is known;
 // such a head reads every key, as blockwise and the reference do.
@@ -77,7 +78,8 @@ void gemm(bool transpose_a, int64_t m, int64_t n, int64_t k, const float* a, int
 }
 
 constexpr int64_t kKeyBlock = 512;
-constexpr float kSkipMargin = 110.f;  // exp(-110) underflows float32 to 0
+constexpr float kEpsilonNats = 27.725887f;  // 40 ln 2: the skipped mass stays below 2^-40 of a row's
+constexpr float kSlack = 1e-5f;  // relative: rounding in the bound and in the logit it is compared with
 
 int64_t query_block(int64_t queries) {
   return queries >= 768 ? 256 : (queries >= 192 ? 64 : 32);
@@ -147,10 +149,10 @@ float exp_and_sum(float* row, float top, int64_t n) {
   return sum;
 }
 
-// Whether key block [j0, j0 + cols), wholly in the past of the `rows` queries of a block,
-// can be skipped exactly: for every row r an upper bound of its logits over the block lies
-// more than kSkipMargin below top[r], the largest logit r has already seen, so every weight
-// there would be exactly 0 in float32. `prior` points at the first of the rows + cols - 1
+// Whether key block [j0, j0 + cols), wholly in the past of the `rows` queries of a block
+// (the first at absolute position `first`), can be left out: for every row r an upper bound
+// of its logits over the block lies more than kEpsilonNats + log(first + r + 1) below top[r],
+// the largest logit r has already computed. `prior` points at the first of the rows + cols - 1
 // prior entries the block reads (t = line - 1 - i + j over its rows and keys); `row_scale`
 // at the rows' prior multipliers p_r (null: 1).
 //
@@ -164,7 +166,7 @@ float exp_and_sum(float* row, float top, int64_t n) {
 // never ruled out on the strength of smaller logits seen nearer. (With p = 1, q_r may carry
 // a content-only SSMax factor of either sign: |q_r| includes it.)
 bool block_is_negligible(const float* keys, int64_t key_stride, int64_t dim, int64_t j0, int64_t cols,
-                         const float* prior, int64_t rows, const float* q_norm, const float* row_scale,
+                         const float* prior, int64_t rows, int64_t first, const float* q_norm, const float* row_scale,
                          const float* top) {
   float key_max = 0.f;
   for (int64_t j = 0; j < cols; ++j) key_max = std::max(key_max, norm(keys + (j0 + j) * key_stride, dim));
@@ -172,8 +174,9 @@ bool block_is_negligible(const float* keys, int64_t key_stride, int64_t dim, int
   for (int64_t r = 0; r < rows; ++r) {
     const float p = row_scale ? row_scale[r] : 1.f;
     const float bound = std::fabs(p) * q_norm[r] * key_max + (p >= 0.f ? p * prior_max : p * prior_min);
-    const float slack = 1e-5f * (std::fabs(bound) + std::fabs(top[r]));  // rounding in both
-    if (!(bound + kSkipMargin + slack < top[r])) return false;
+    const float slack = kSlack * (std::fabs(bound) + std::fabs(top[r]));  // rounding in both
+    const float margin = kEpsilonNats + std::log(static_cast<float>(first + r + 1));
+    if (!(std::isfinite(bound) && bound + margin + slack < top[r])) return false;
   }
   return true;
 }
@@ -224,6 +227,7 @@ struct DistancePrior {
       line_ = prior_.line ? prior_.line + h * prior_.length : nullptr;
       scale_ = prior_.row_scale ? prior_.row_scale + h * prior_.queries + r0 : nullptr;
       rows_ = rows;
+      first_ = first;
       visible_ = first + rows;
       if (line_ != nullptr) {
         for (int64_t r = 0; r < rows; ++r) q_norm_[r] = norm(q + r * q_stride, dim);
@@ -232,7 +236,7 @@ struct DistancePrior {
 
     bool negligible(const float* keys, int64_t key_stride, int64_t dim, int64_t j0, int64_t cols, const float* top) const {
       return line_ != nullptr && block_is_negligible(keys, key_stride, dim, j0, cols, line_ + (prior_.length - visible_ + j0),
-                                                     rows_, q_norm_.data(), scale_, top);
+                                                     rows_, first_, q_norm_.data(), scale_, top);
     }
 
     float add(float* row, int64_t r, int64_t i, int64_t j0, int64_t n) const {
@@ -245,7 +249,7 @@ struct DistancePrior {
     std::vector<float> q_norm_;
     const float* line_ = nullptr;
     const float* scale_ = nullptr;
-    int64_t rows_ = 0, visible_ = 0;
+    int64_t rows_ = 0, first_ = 0, visible_ = 0;
   };
 };
 
@@ -292,8 +296,8 @@ struct PiecewisePrior {
       }
     }
 
-    // No key block is tested for skipping: FIRE's bias is f over x in [0, 1], learned with no
-    // pull towards steepness, and a range of 110 logits that skipping needs would be unusual;
+    // No key block is tested for skipping: FIRE's bias depends on the query too, so no table
+    // bounds a block's; and it is f over x in [0, 1], learned with no pull towards steepness:
     // the test would cost on every block and rarely skip one.
     bool negligible(const float*, int64_t, int64_t, int64_t, int64_t, const float*) const { return false; }
 
@@ -333,9 +337,10 @@ const float* row_scale_of(const c10::optional<at::Tensor>& prior_scale, int64_t 
 
 template <class Bias>
 std::vector<at::Tensor> flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Bias& bias,
-                                        int64_t q_start) {
+                                        int64_t q_start, bool skip) {
   const int64_t batch = q.size(0), heads = q.size(1), queries = q.size(2), dim = q.size(3);
-  std::atomic<int64_t> skipped{0}, visited{0};
+  std::vector<std::atomic<int64_t>> skipped(batch), visited(batch);  // per sequence of the batch
+  for (int64_t b = 0; b < batch; ++b) skipped[b] = 0, visited[b] = 0;
   auto out = at::empty({batch, heads, queries, dim}, q.options());
   auto lse = at::empty({batch, heads, queries}, q.options());
   const float* q_data = q.data_ptr<float>();
@@ -372,7 +377,7 @@ std::vector<at::Tensor> flash_attention(const at::Tensor& q, const at::Tensor& k
       for (int64_t j0 = (visible - 1) / kKeyBlock * kKeyBlock; j0 >= 0; j0 -= kKeyBlock) {  // nearest first
         const int64_t cols = std::min(kKeyBlock, visible - j0);
         ++local_visited;
-        if (j0 + cols <= first &&  // wholly in the past of every row: may skip
+        if (skip && j0 + cols <= first &&  // wholly in the past of every row: may skip
             task_bias.negligible(kp, k.stride(2), dim, j0, cols, top.data())) {
           ++local_skipped;
           continue;
@@ -402,8 +407,8 @@ std::vector<at::Tensor> flash_attention(const at::Tensor& q, const at::Tensor& k
         // acc (rows x dim) += weights (rows x cols) . v_block (cols x dim)
         gemm(false, dim, rows, cols, vp + j0 * v.stride(2), v.stride(2), scores.data(), cols, 1.f, acc.data(), dim);
       }
-      skipped += local_skipped;
-      visited += local_visited;
+      skipped[b] += local_skipped;
+      visited[b] += local_visited;
       for (int64_t r = 0; r < rows; ++r) {
         const float inv = 1.f / total[r];
         float* o = out_data + ((b * heads + h) * queries + r0 + r) * dim;
@@ -413,7 +418,13 @@ std::vector<at::Tensor> flash_attention(const at::Tensor& q, const at::Tensor& k
       }
     }
   });
-  return {out, lse, at::tensor({skipped.load(), visited.load()}, at::kLong)};
+  auto counts = at::empty({batch, 2}, at::kLong);  // (skipped, visited) per sequence
+  auto count = counts.accessor<int64_t, 2>();
+  for (int64_t b = 0; b < batch; ++b) {
+    count[b][0] = skipped[b].load();
+    count[b][1] = visited[b].load();
+  }
+  return {out, lse, counts};
 }
 
 }  // namespace
@@ -424,7 +435,8 @@ std::vector<at::Tensor> bam_attention(
     const at::Tensor& v,  // (B, H, Tk, Dh) float32; last dim contiguous
     const c10::optional<at::Tensor>& prior_rev,    // (H, L) float32 contiguous, or none
     const c10::optional<at::Tensor>& prior_scale,  // (H, Tq) float32 contiguous, or none (= 1)
-    int64_t q_start) {
+    int64_t q_start,
+    bool skip) {  // certified skipping (--block-skip auto)
   check_qkv(q, k, v, q_start);
   const int64_t heads = q.size(1), queries = q.size(2);
   DistancePrior prior;
@@ -436,7 +448,7 @@ std::vector<at::Tensor> bam_attention(
   }
   prior.row_scale = row_scale_of(prior_scale, heads, queries);
   prior.queries = queries;
-  return flash_attention(q, k, v, prior, q_start);
+  return flash_attention(q, k, v, prior, q_start, skip);
 }
 
 std::vector<at::Tensor> piecewise_attention(
@@ -470,7 +482,7 @@ std::vector<at::Tensor> piecewise_attention(
   prior.pieces = m + 1;
   prior.row_scale = row_scale_of(prior_scale, heads, queries);
   prior.queries = queries;
-  return flash_attention(q, k, v, prior, q_start);
+  return flash_attention(q, k, v, prior, q_start, false);  // FIRE: no table bounds a block's bias
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
