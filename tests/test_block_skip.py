@@ -341,3 +341,78 @@ def test_shipped_bias_models_keep_their_rows_at_long_contexts(name, length):
     auto = StreamingEngine(model, device="cpu", dtype="float32", attention="blockwise")
     dense = StreamingEngine(model, device="cpu", dtype="float32", attention="dense", chunk_size=512)
     _assert_rows_equal(auto, dense, ids)
+
+
+# -- FlexAttention: a per-head block mask from the same bound (on the CPU, flex's eager form) --
+
+from bamctl.engine import flex  # noqa: E402
+
+needs_flex = pytest.mark.skipif(not flex.flex_available()[0], reason="FlexAttention needs torch >= 2.5 on CUDA or an x86 CPU")
+
+
+@pytest.fixture
+def eager_flex(monkeypatch):
+    """flex_attention run by dynamo's eager backend: the same block mask and score_mod, no compiler."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    eager = torch.compile(flex_attention, dynamic=False, backend="eager")
+    monkeypatch.setattr(flex, "_compiled", lambda: eager)
+
+
+@pytest.mark.parametrize("scale", [None, "positive", "negative"])
+@pytest.mark.parametrize("scope", ["logits", "content"])
+@torch.inference_mode()
+def test_the_flex_mask_leaves_out_less_than_epsilon_of_every_row(scale, scope):
+    g = torch.Generator().manual_seed(11)
+    keys, queries = 2048, 384  # query blocks 13..15 of 128; q_start = 1664
+    q = torch.randn(2, HEADS, queries, DIM, generator=g)
+    k = torch.randn(2, HEADS, keys, DIM, generator=g)
+    scales = {None: None, "positive": torch.rand(HEADS, generator=g) * 0.3 + 0.05,
+              "negative": -(torch.rand(HEADS, generator=g) * 0.3 + 0.05)}[scale]
+    inputs = AttentionInputs(keys - queries, _table("ggd", keys), scales, scope)
+    skip = flex.skipping_blocks(q, k, inputs, queries)  # (B, H, Qb, KVb)
+    assert skip.shape == (2, HEADS, 3, 16)
+    diagonal = torch.arange(13, 16)
+    assert not skip[..., diagonal[:, None] <= torch.arange(16)[None, :]].any()  # the diagonal and beyond: never
+    logits = _row_logits(q, k, inputs)  # (B, H, Tq, Tk)
+    left_out = skip.repeat_interleave(128, 2).repeat_interleave(128, 3)  # (B, H, Tq, Tk)
+    mass = torch.logsumexp(logits.masked_fill(~left_out, float("-inf")), -1) - torch.logsumexp(logits, -1)
+    assert (mass < math.log(EPSILON)).all()
+    if scale != "negative":
+        assert skip.any()
+
+
+@needs_flex
+@pytest.mark.parametrize("pe", ["alibi", "bam-ssmax", "t5"])
+@torch.inference_mode()
+def test_flex_skipping_gives_the_dense_rows(pe, eager_flex):
+    model = _steep(random_model(pe, seed=6))
+    ids = tokens(1100, seed=6)
+    engine = StreamingEngine(model, device="cpu", dtype="float32", chunk_size=256, attention="flex")
+    off = StreamingEngine(model, device="cpu", dtype="float32", chunk_size=256, attention="flex", block_skip="off")
+    dense = StreamingEngine(model, device="cpu", dtype="float32", chunk_size=256, attention="dense")
+    _assert_rows_equal(engine, dense, ids)
+    skipped, total = engine.last_block_counts[0]
+    off.token_nll(ids)
+    assert off.last_block_counts[0] == (0, total)
+    if pe != "t5":
+        assert skipped > 0
+
+
+@needs_flex
+@torch.inference_mode()
+def test_flex_keeps_the_adversarial_block(eager_flex):
+    # 128 queries at 1792..1919, all aligned with key 5 (s = 400, bias about -350 there): it carries
+    # the rows, and only the bound's content term keeps its block in the mask.
+    q, k, v, inputs = _adversarial()
+    q = q.expand(1, 1, 128, q.shape[-1]).contiguous()
+    inputs = AttentionInputs(1792, inputs.bias_table, None)
+    weights = torch.softmax(_row_logits(q, k[:, :, :1920], inputs)[0, 0], -1)
+    assert (weights[:, 5] > 0.99).all()
+    skip = flex.skipping_blocks(q, k[:, :, :2048] if k.shape[2] >= 2048 else torch.nn.functional.pad(k, (0, 0, 0, 48)), inputs, 128)
+    assert not skip[0, 0, 0, 0] and skip[0, 0, 0].any()  # key 5's block kept, blocks between left out
+    cache_k, cache_v = (torch.nn.functional.pad(t, (0, 0, 0, 48)) for t in (k, v))  # 2048: whole blocks
+    counts = BlockCounts()
+    out = flex.flex_attention_kernel(q, cache_k[:, :, :1920], cache_v[:, :, :1920], inputs, block_skip="auto", counts=counts)
+    assert counts.take() == [(int(skip.sum()), 15)]  # the flex path ran: 15 key blocks up to the diagonal
+    assert torch.allclose(out, dense_attention(q, k[:, :, :1920], v[:, :, :1920], inputs), atol=1e-5)

@@ -13,6 +13,12 @@ CPUs. Every distinct shape is one compilation (seconds), so shapes are kept few:
 
 Decoding steps (a handful of queries) go to the blockwise kernel, which is as fast
 there and needs no compilation.
+
+With a distance table and ``block_skip="auto"`` the block mask is per head: a key block in a
+query block's past is left out of it where the certified bound of ``bamctl.engine.block_skip``
+rules it out (``skipping_blocks``). FlexAttention computes a row in one pass, so the lower bound
+on each row's maximum is taken beforehand: the largest logit of its diagonal block, computed
+here with the reference's formula (one 128 x 128 tile per query block).
 """
 
 from __future__ import annotations
@@ -22,8 +28,9 @@ import math
 
 import torch
 
-from bamctl.attention_math import AttentionInputs
+from bamctl.attention_math import AttentionInputs, ssmax_factor
 from bamctl.engine.attention import blockwise_attention
+from bamctl.engine.block_skip import BlockCounts, attempts, logit_upper_bound, negligible
 from bamctl.errors import BamctlError
 
 BLOCK = 128  # FlexAttention's default block size, for queries and keys
@@ -86,25 +93,111 @@ def _causal_block_mask(q_start: int, offset: torch.Tensor, n_query_blocks: int, 
     )
 
 
+def _block_range(table: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(max, min), each (H, n), of the bias over the distances a query block and a key block ``t``
+    blocks before it can hold, ``128 t - 127 .. 128 t + 127`` (clamped to the table, as the
+    reference clamps: a distance past it reads its last entry)."""
+    heads, size = table.shape
+    blocks = n + 1
+    padded = torch.cat([table, table[:, -1:].expand(heads, max(blocks * BLOCK - size, 0))], 1)[:, : blocks * BLOCK]
+    tiles = padded.view(heads, blocks, BLOCK)
+    high, low = tiles.amax(-1), tiles.amin(-1)  # over distances 128 t .. 128 t + 127
+    previous_high = torch.cat([high[:, :1], high[:, :-1]], 1)  # block t - 1 (for t = 0: itself; distances < 0 clamp to 0)
+    previous_low = torch.cat([low[:, :1], low[:, :-1]], 1)
+    return torch.maximum(high, previous_high)[:, :n], torch.minimum(low, previous_low)[:, :n]
+
+
+def skipping_blocks(q: torch.Tensor, k: torch.Tensor, inputs: AttentionInputs, tq: int) -> torch.Tensor:
+    """(B, H, Qb, KVb) bool: key block ``j`` left out for query block ``r`` (queries ``q_start + 128 r
+    ...``; ``q_start`` a multiple of 128) by the certified bound, against the largest logit of each
+    row's diagonal block. ``q``: (B, H, 128 Qb, Dh), padded past its ``tq`` real rows; ``k``: (B, H,
+    128 KVb, Dh). Only blocks wholly in a query block's past are ever True."""
+    batch, heads, rows, dim = q.shape
+    n_q, n_kv = rows // BLOCK, k.shape[2] // BLOCK
+    first = inputs.q_start // BLOCK  # the first query block's diagonal key block
+    qf = q.float() * (1.0 / math.sqrt(dim))
+    positions = torch.arange(inputs.q_start, inputs.q_start + rows, device=q.device)
+    factor = ssmax_factor(inputs, rows, q.device) if inputs.ssmax_scale is not None else None  # (H, T)
+    table = inputs.bias_table
+    last = table.shape[1] - 1
+    # The lower bound: each row's largest logit over its diagonal block (keys up to itself).
+    diag_k = k[:, :, first * BLOCK : (first + n_q) * BLOCK].float().reshape(batch, heads, n_q, BLOCK, dim)
+    scores = qf.view(batch, heads, n_q, BLOCK, dim) @ diag_k.transpose(-1, -2)  # (B, H, Qb, 128, 128)
+    offsets = torch.arange(BLOCK, device=q.device)
+    distance = offsets[:, None] - offsets[None, :]  # (128, 128): query minus key within the tile
+    bias = table[:, distance.clamp(0, last)][:, None]  # (H, 1, 128, 128)
+    if factor is None:
+        logits = scores + bias
+    else:
+        f = factor.view(heads, n_q, BLOCK, 1)
+        logits = (scores + bias) * f if inputs.ssmax_scope == "logits" else scores * f + bias
+    lower = logits.masked_fill(distance < 0, float("-inf")).amax(-1).reshape(batch, heads, rows)  # (B, H, T)
+    # The upper bound of every row over every key block, and the test.
+    key_max = k.float().norm(dim=-1).view(batch, heads, n_kv, BLOCK).amax(-1)  # (B, H, KVb)
+    high, low = _block_range(table, first + n_q)  # by block distance t = diagonal - j
+    diagonal = torch.arange(first, first + n_q, device=q.device)  # (Qb,)
+    j = torch.arange(n_kv, device=q.device)
+    t = (diagonal[:, None] - j[None, :]).clamp(0, first + n_q - 1)  # (Qb, KVb)
+    per_row = lambda x: x[:, :, None, :].expand(-1, -1, BLOCK, -1).reshape(heads, rows, n_kv)  # noqa: E731
+    upper = logit_upper_bound(
+        qf.norm(dim=-1)[..., None], key_max[:, :, None, :], per_row(high[:, t])[None], per_row(low[:, t])[None],
+        None if factor is None else factor[None, :, :, None], inputs.ssmax_scope,
+    )  # (B, H, T, KVb)
+    skip = negligible(upper, lower[..., None], positions[:, None])
+    skip |= (torch.arange(rows, device=q.device) >= tq)[:, None]  # padding rows: never in the way
+    skip = skip.view(batch, heads, n_q, BLOCK, n_kv).all(3)
+    return skip & (j[None, :] < diagonal[:, None])
+
+
+def _skipping_block_mask(skip: torch.Tensor, q_start: int, offset: torch.Tensor, device):
+    """The causal block mask with, per head, the key blocks of ``skip`` (B, H, Qb, KVb) left out."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    batch, heads, n_q, n_kv = skip.shape
+    first = q_start // BLOCK
+    diagonal = torch.arange(first, first + n_q, device=device, dtype=torch.int32)
+    j = torch.arange(n_kv, device=device, dtype=torch.int32)
+    keep = (j[None, :] < diagonal[:, None]) & ~skip  # (B, H, Qb, KVb): full blocks read
+    order = torch.where(keep, j, j + n_kv).argsort(dim=-1).to(torch.int32)  # kept blocks first, in order
+    partial = torch.zeros(batch, heads, n_q, n_kv, device=device, dtype=torch.int32)
+    partial[..., 0] = diagonal
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return kv_idx <= q_idx + offset
+
+    return BlockMask.from_kv_blocks(
+        kv_num_blocks=torch.ones(batch, heads, n_q, device=device, dtype=torch.int32),
+        kv_indices=partial,
+        full_kv_num_blocks=keep.sum(-1).to(torch.int32),
+        full_kv_indices=order.contiguous(),
+        BLOCK_SIZE=BLOCK,
+        mask_mod=mask_mod,
+    )
+
+
 def flex_attention_kernel(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs, failed_shapes: set | None = None
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs, failed_shapes: set | None = None,
+    block_skip: str = "off", counts: BlockCounts | None = None,
 ) -> torch.Tensor:
     """Drop-in for ``blockwise_attention``: q (B, H, Tq, Dh), k/v (B, H, Tk, Dh) views of a KV cache.
 
     ``failed_shapes``: shapes the compiler failed on, which go straight to the blockwise
-    kernel next time (see ``FlexKernel``); None remembers nothing.
+    kernel next time (see ``FlexKernel``); None remembers nothing. ``block_skip``: ``auto`` leaves
+    out the key blocks the certified bound rules out, per head; ``counts``: where to add, per
+    sequence, the (head, query block, key block) units considered and those left out.
     """
     failed_shapes = set() if failed_shapes is None else failed_shapes
     tq = q.shape[2]
+    fallback = lambda: blockwise_attention(q, k, v, inputs, block_skip=block_skip, counts=counts)  # noqa: E731
     if tq < MIN_QUERIES or inputs.q_start % BLOCK:
-        return blockwise_attention(q, k, v, inputs)
+        return fallback()
     q_start = inputs.q_start
     visible = q_start + tq
     # Keys: the cache's storage beyond the view holds zeros or stale values; masked.
     capacity = _capacity(k)
     kv_len = math.ceil(min(1 << max(visible - 1, 1).bit_length(), capacity) / BLOCK) * BLOCK
     if kv_len > capacity:  # the engine rounds its cache up to whole blocks; others may not
-        return blockwise_attention(q, k, v, inputs)
+        return fallback()
     k_full, v_full = _widen(k, kv_len), _widen(v, kv_len)
     tq_pad = math.ceil(tq / BLOCK) * BLOCK
     q_pad = q if tq_pad == tq else torch.nn.functional.pad(q, (0, 0, 0, tq_pad - tq))
@@ -129,13 +222,19 @@ def flex_attention_kernel(
         def score_mod(score, b, h, q_idx, kv_idx):
             return score * (scale[h] * log_n[q_idx]) + table[h, (q_idx + offset - kv_idx).clamp(0, last)]
 
-    block_mask = _causal_block_mask(q_start, offset, tq_pad // BLOCK, kv_len // BLOCK, device)
+    n_q = tq_pad // BLOCK
+    if attempts(inputs, block_skip):
+        skip = skipping_blocks(q_pad, k_full, inputs, tq)
+        block_mask = _skipping_block_mask(skip, q_start, offset, device)
+    else:
+        skip = None
+        block_mask = _causal_block_mask(q_start, offset, n_q, kv_len // BLOCK, device)
     compute = torch.float32 if q.device.type == "cpu" else q.dtype
     if scale is not None:
         scale = scale.to(torch.float32)
-    shape = (tq_pad, kv_len, tuple(k.shape), table is None, scale is None, inputs.ssmax_scope)
+    shape = (tq_pad, kv_len, tuple(k.shape), table is None, scale is None, inputs.ssmax_scope, skip is None)
     if shape in failed_shapes:
-        return blockwise_attention(q, k, v, inputs)
+        return fallback()
     try:
         out = _compiled()(
             q_pad.to(compute), k_full.to(compute), v_full.to(compute), score_mod=score_mod, block_mask=block_mask
@@ -144,7 +243,11 @@ def flex_attention_kernel(
         failed_shapes.add(shape)
         _warn_once(f"FlexAttention failed to compile for {tq_pad} queries x {kv_len} keys "
                    f"({type(err).__name__}); using the blockwise path for this shape")
-        return blockwise_attention(q, k, v, inputs)
+        return fallback()
+    if counts is not None:
+        units = q.shape[1] * sum(q_start // BLOCK + r + 1 for r in range(n_q))
+        left_out = [0] * q.shape[0] if skip is None else skip.sum((1, 2, 3)).tolist()
+        counts.add(left_out, [units] * q.shape[0])
     return out[:, :, :tq].to(q.dtype)
 
 
@@ -166,13 +269,16 @@ def _widen(t: torch.Tensor, length: int) -> torch.Tensor:
 
 
 class FlexKernel:
-    """``flex_attention_kernel`` for one engine, which remembers the shapes that failed to compile."""
+    """``flex_attention_kernel`` for one engine, which remembers the shapes that failed to compile,
+    and keeps its ``--block-skip`` and its counts."""
 
-    def __init__(self) -> None:
+    def __init__(self, block_skip: str = "auto") -> None:
         self.failed_shapes: set = set()
+        self.block_skip = block_skip
+        self.counts = BlockCounts()
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
-        return flex_attention_kernel(q, k, v, inputs, self.failed_shapes)
+        return flex_attention_kernel(q, k, v, inputs, self.failed_shapes, self.block_skip, self.counts)
 
 
 def require_flex() -> None:
