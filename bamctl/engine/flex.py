@@ -132,21 +132,27 @@ def skipping_blocks(q: torch.Tensor, k: torch.Tensor, inputs: AttentionInputs, t
         f = factor.view(heads, n_q, BLOCK, 1)
         logits = (scores + bias) * f if inputs.ssmax_scope == "logits" else scores * f + bias
     lower = logits.masked_fill(distance < 0, float("-inf")).amax(-1).reshape(batch, heads, rows)  # (B, H, T)
-    # The upper bound of every row over every key block, and the test.
-    key_max = k.float().norm(dim=-1).view(batch, heads, n_kv, BLOCK).amax(-1)  # (B, H, KVb)
+    # The upper bound of every row over every key block, and the test: one query block at a time,
+    # so the workspace is (B, H, 128, KVb), not (B, H, Tq, KVb).
+    key_max = k.float().norm(dim=-1).view(batch, heads, n_kv, BLOCK).amax(-1)[:, :, None, :]  # (B, H, 1, KVb)
     high, low = _block_range(table, first + n_q)  # by block distance t = diagonal - j
-    diagonal = torch.arange(first, first + n_q, device=q.device)  # (Qb,)
+    q_norm = qf.norm(dim=-1)  # (B, H, T)
+    padding = torch.arange(rows, device=q.device) >= tq  # padding rows: never in the way
     j = torch.arange(n_kv, device=q.device)
-    t = (diagonal[:, None] - j[None, :]).clamp(0, first + n_q - 1)  # (Qb, KVb)
-    per_row = lambda x: x[:, :, None, :].expand(-1, -1, BLOCK, -1).reshape(heads, rows, n_kv)  # noqa: E731
-    upper = logit_upper_bound(
-        qf.norm(dim=-1)[..., None], key_max[:, :, None, :], per_row(high[:, t])[None], per_row(low[:, t])[None],
-        None if factor is None else factor[None, :, :, None], inputs.ssmax_scope,
-    )  # (B, H, T, KVb)
-    skip = negligible(upper, lower[..., None], positions[:, None])
-    skip |= (torch.arange(rows, device=q.device) >= tq)[:, None]  # padding rows: never in the way
-    skip = skip.view(batch, heads, n_q, BLOCK, n_kv).all(3)
-    return skip & (j[None, :] < diagonal[:, None])
+    skip = torch.zeros(batch, heads, n_q, n_kv, dtype=torch.bool, device=q.device)
+    for r in range(n_q):
+        diagonal = first + r
+        if diagonal == 0:
+            continue
+        t = diagonal - j[:diagonal]  # (J,): key blocks wholly in the past
+        rows_r = slice(r * BLOCK, (r + 1) * BLOCK)
+        upper = logit_upper_bound(
+            q_norm[:, :, rows_r, None], key_max[..., :diagonal], high[None, :, None, t], low[None, :, None, t],
+            None if factor is None else factor[None, :, rows_r, None], inputs.ssmax_scope,
+        )  # (B, H, 128, J)
+        passed = negligible(upper, lower[:, :, rows_r, None], positions[rows_r, None]) | padding[rows_r, None]
+        skip[:, :, r, :diagonal] = passed.all(2)
+    return skip
 
 
 def _skipping_block_mask(skip: torch.Tensor, q_start: int, offset: torch.Tensor, device):
