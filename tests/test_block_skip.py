@@ -327,10 +327,11 @@ SHIPPED_BIAS = ["alibi", "alibi-ssmax", "kerple", "t5", "bam", "bam-ssmax", "lm-
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("name", SHIPPED_BIAS)
 @pytest.mark.parametrize("length", [4096, 16384])
 @torch.inference_mode()
-def test_shipped_bias_models_keep_their_rows_at_long_contexts(name, length):
+def test_shipped_bias_models_keep_their_rows_at_long_contexts(name, length, path):
     from bamctl.catalog import resolve_model
 
     model = resolve_model(name).model
@@ -338,9 +339,10 @@ def test_shipped_bias_models_keep_their_rows_at_long_contexts(name, length):
     subset = model.config.token_subset
     pool = torch.tensor(subset if subset is not None else range(model.config.vocab_size))
     ids = pool[torch.randint(0, len(pool), (length,), generator=generator)].tolist()
-    auto = StreamingEngine(model, device="cpu", dtype="float32", attention="blockwise")
+    auto = StreamingEngine(model, device="cpu", dtype="float32", attention=path)
     dense = StreamingEngine(model, device="cpu", dtype="float32", attention="dense", chunk_size=512)
     _assert_rows_equal(auto, dense, ids)
+    assert auto.last_block_counts[0][1] > 0
 
 
 # -- FlexAttention: a per-head block mask from the same bound (on the CPU, flex's eager form) --
