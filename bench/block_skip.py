@@ -16,6 +16,7 @@ passkey at 64k, ``bam-ssmax`` passkey at 512k (one prompt), and ``rope`` and ``n
     python bench/block_skip.py                         # every case (hours on 2 cores; 512k alone ~25 min x 2)
     python bench/block_skip.py --scale 16              # each length / 16: a quick look
     python bench/block_skip.py --cases alibi,lm-bam --attention blockwise
+    python bench/block_skip.py --counts-only --scale 4 --max-length 16k   # blocks left out, no timing
 
 The machine's load average is printed before and after: the timings mean something only on an
 idle machine. ``--threads N`` sets torch's threads (default: torch's own).
@@ -109,6 +110,18 @@ def run_case(model: str, task: str, length: int, attention: str | None, repeats:
                 auto_attn=auto["attention_s"], off_attn=off["attention_s"], agree=agree, n_tokens=sample.n_tokens)
 
 
+def count_case(model: str, task: str, length: int, attention: str | None) -> tuple[str, int, int]:
+    """(path, key blocks left out, key blocks considered) of one pass with skipping on: no timing,
+    so a machine's load does not matter."""
+    from bamctl.backends import open_backend
+    from bamctl.backends.base import RunOptions
+
+    backend = open_backend(model, RunOptions(attention=attention, dtype="float32"))
+    _ask(backend, task, _sample(backend, task, length))
+    skipped, total = backend.engine.last_block_counts[0]
+    return backend.attention, skipped, total
+
+
 def _length(n: int) -> str:
     return f"{n // 1024}k" if n % 1024 == 0 else str(n)
 
@@ -133,6 +146,8 @@ def main() -> None:
     parser.add_argument("--scale", type=int, default=1, help="divide every length by this (a quick look)")
     parser.add_argument("--attention", default=None, help="the engine's path (default: auto's choice)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--counts-only", action="store_true", help="only the blocks left out (one pass, skipping on)")
+    parser.add_argument("--max-length", default=None, help="leave out cases longer than this (e.g. 64k)")
     parser.add_argument("--repeats", type=int, default=None,
                         help="passes per mode, alternating, best counts (default: 2, and 1 from 256k on)")
     args = parser.parse_args()
@@ -140,6 +155,18 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     keep = {name for name in args.cases.split(",") if name}
     cases = [(m, t, max(n // args.scale, 256)) for m, t, n in CASES if not keep or m in keep]
+    if args.max_length:
+        from bamctl.lengths import parse_lengths
+
+        top = max(parse_lengths(args.max_length))
+        cases = [case for case in cases if case[2] <= top]
+    if args.counts_only:
+        print("| model | task | length | path | blocks skipped |\n|---|---|---|---|---|")
+        for model, task, length in cases:
+            path, skipped, total = count_case(model, task, length, args.attention)
+            print(f"| {model} | {task} | {_length(length)} | {path} | {skipped:,} / {total:,} ({skipped / max(total, 1):.1%}) |",
+                  flush=True)
+        return
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {os.cpu_count()} CPUs, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads; command: {' '.join(sys.argv)}", flush=True)
     warmed = set()
