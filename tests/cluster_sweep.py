@@ -13,7 +13,10 @@ from bamctl.cli import main
 from bamctl.model import ModelConfig
 from bamctl.results.store import ResultStore
 
-VOLATILE = ["run_id", "created_at", "seconds", "tokens_per_s", "peak_mem_bytes", "git_revision"]
+# skipped_blocks and key_blocks count the work of the batch a sample ran in (its padding, its
+# chunks' query blocks), as seconds time it: other batches or shards count otherwise
+VOLATILE = ["run_id", "created_at", "seconds", "tokens_per_s", "peak_mem_bytes", "git_revision", "skipped_blocks",
+            "key_blocks"]
 KEYS = ["model", "task", "protocol", "setting", "length", "depth", "seed", "sample", "position"]
 SWEEP = ["--task", "passkey", "--lengths", "128", "--samples", "2", "--depths", "0,0.5,1", "--device", "cpu"]
 ROWS = 2 * 3 * 2  # models x depths x samples
