@@ -209,7 +209,8 @@ def passkey(args) -> int:
         f"passkey, one teacher-forced sample, random {args.preset} BAM+SSMax ({model.n_params():,} parameters), "
         f"{str(engine.dtype).removeprefix('torch.')}, {engine.attention} attention, chunk {args.chunk_size}, "
         f"{_device_name(engine.device)}; bf16 matmul measured at {rate / 1e12:.3g} TFLOP/s",
-        ["length", "cold s", "warm s", "floor s", "warm / floor", "warm tok/s", "peak GiB", "estimate GiB", "flex fell back"],
+        ["length", "cold s", "warm s", "floor s", "warm / floor", "warm tok/s", "peak GiB", "estimate GiB", "flex fell back",
+         "key blocks left out"],
     )
     tokenizer = get_tokenizer(config.tokenizer)
     for n in parse_lengths(args.lengths):
@@ -226,8 +227,15 @@ def passkey(args) -> int:
             "warm tok/s": n / warm, "peak GiB": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
             "estimate GiB": estimate / 2**30,
             "flex fell back": ("yes" if engine.kernel.failed_shapes else "no") if engine.attention == "flex" else "",
+            "key blocks left out": _left_out(engine),
         })
     return 0
+
+
+def _left_out(engine) -> str:
+    """The last request's key blocks left out by the certified bound (--block-skip auto), of those considered."""
+    found = (getattr(engine, "last_block_counts", None) or [None])[0]
+    return "" if found is None else f"{found[0]:,} of {found[1]:,}"
 
 
 def batches(args) -> int:

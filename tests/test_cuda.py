@@ -104,6 +104,27 @@ def test_attention_path_matches_float32_dense_reference(path, dtype, length, sco
         assert relative < 1e-2, f"relative error {relative:.2e}"
 
 
+@pytest.mark.parametrize("length", LENGTHS, ids=lambda n: f"{n // 1024}k" if n >= 1024 else str(n))
+def test_flex_leaves_out_the_blocks_the_bound_rules_out_and_keeps_the_numbers(length):
+    """FlexAttention's per-head block mask from the certified bound (bamctl.engine.block_skip): the
+    steep head's far key blocks are left out, the flat head's never, and the output is the dense
+    float32 reference's, as with every block read (--block-skip off)."""
+    g = torch.Generator().manual_seed(length + 1)
+    q, k, v = (torch.randn(1, HEADS, length, HEAD_DIM, generator=g).to(DEVICE) for _ in range(3))
+    q, k = q * QK_SCALE, k * QK_SCALE
+    table = steep_and_flat_prior(length - 1).to(DEVICE)
+    scale = torch.tensor([1.0, 0.6], device=DEVICE)
+    inputs = AttentionInputs(q_start=0, bias_table=table, ssmax_scale=scale, ssmax_scope="logits")
+    skipping, reading = kernel_for("flex", "auto"), kernel_for("flex", "off")
+    got, every_block = skipping(q, k, v, inputs), reading(q, k, v, inputs)
+    assert not skipping.failed_shapes and not reading.failed_shapes, "FlexAttention fell back to the blockwise path"
+    (left_out, considered), = skipping.counts.take()
+    assert 0 < left_out < considered and reading.counts.take() == [(0, considered)]
+    expected = reference_attention(q, k, v, 0, table, scale, "logits")
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, every_block, atol=1e-6, rtol=1e-6)
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="auto picks flex on CUDA only (native on CPUs)")
 def test_auto_picks_flex_on_cuda():
     from bamctl.checkpoint import new_random_model
