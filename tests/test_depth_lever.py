@@ -1,11 +1,11 @@
-"""[data] passkey_needle_first (baselines record, step 24): a share of passkey rows opens with the needle."""
+"""[data] passkey_needle_first (baselines record, step 24): a share of passkey rows opens with the needle. Its
+default and resumption are held with the other late recipe keys in tests/test_train_data.py."""
 
 import copy
 
 import pytest
 import torch
 
-from bamctl.errors import BamctlError
 from bamctl.tasks.passkey import passkey_pieces
 from bamctl.tokenizer import get_tokenizer
 from bamctl.train import PASSKEY_SEED_OFFSET, prepare, recipe_from_dict
@@ -63,27 +63,3 @@ def test_needle_first_rows_open_with_the_needle_and_keep_length_key_and_the_rest
             depth0, _ = passkey_row(tokenizer, length, PASSKEY_SEED_OFFSET + g, 0.0)
             assert list(ids[needle + task : length]) == depth0[task + needle :]
     assert opened >= 8
-
-
-def test_needle_first_default_keeps_the_rows_and_the_recipe_fingerprint():
-    without = _retrieval_only()
-    explicit = _retrieval_only(passkey_needle_first=0.0)
-    assert without.data.passkey_needle_first == 0.0
-    assert explicit.fingerprint() == without.fingerprint()
-    assert _retrieval_only(passkey_needle_first=0.2).fingerprint() != without.fingerprint()
-    a, b = prepare(without).batches, prepare(explicit).batches
-    for step in range(4):
-        assert all(torch.equal(x, y) for x, y in zip(a.batch(step), b.batch(step)))
-    stored = without.to_dict()  # a checkpoint's config.json written before the key existed
-    del stored["data"]["passkey_needle_first"]
-    assert recipe_from_dict(stored).fingerprint() == without.fingerprint()
-    with pytest.raises(BamctlError, match="passkey_needle_first must be in"):
-        _retrieval_only(passkey_needle_first=1.5)
-
-
-def test_needle_first_batches_are_pure_so_a_resumed_run_sees_the_same_data():
-    recipe = _retrieval_only(passkey_needle_first=0.2)
-    first, second = prepare(recipe).batches, prepare(recipe).batches
-    ahead = [first.batch(step) for step in range(6)]
-    resumed = second.batch(5)
-    assert torch.equal(ahead[5][0], resumed[0]) and torch.equal(ahead[5][1], resumed[1])

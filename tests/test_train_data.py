@@ -288,27 +288,33 @@ def test_depth_ends_rows_hold_the_needle_at_the_end_drawn_and_keep_their_length_
     assert min(at_start) < max(at_start)
 
 
-def test_depth_ends_batches_are_pure_so_a_resumed_run_sees_the_same_data():
-    recipe = _retrieval_only(passkey_depth_ends=0.3)
+# Recipe keys added after checkpoints shipped (each a lever of the baselines record), at a value that draws
+LATE_KEYS = [("passkey_depth_ends", 0.3), ("passkey_needle_first", 0.2)]
+
+
+@pytest.mark.parametrize("key, value", LATE_KEYS)
+def test_late_keys_batches_are_pure_so_a_resumed_run_sees_the_same_data(key, value):
+    recipe = _retrieval_only(**{key: value})
     first, second = prepare(recipe).batches, prepare(recipe).batches
     ahead = [first.batch(step) for step in range(6)]
     resumed = second.batch(5)  # a run resumed at step 5 computes no earlier batch
     assert torch.equal(ahead[5][0], resumed[0]) and torch.equal(ahead[5][1], resumed[1])
 
 
-def test_depth_ends_default_keeps_the_rows_and_the_recipe_fingerprint():
+@pytest.mark.parametrize("key, value", LATE_KEYS)
+def test_late_keys_default_keeps_the_rows_and_the_recipe_fingerprint(key, value):
     without = _retrieval_only()
-    explicit = _retrieval_only(passkey_depth_ends=0.0)
-    assert without.data.passkey_depth_ends == 0.0
+    explicit = _retrieval_only(**{key: 0.0})
+    assert getattr(without.data, key) == 0.0
     assert explicit.fingerprint() == without.fingerprint()
-    assert _retrieval_only(passkey_depth_ends=0.3).fingerprint() != without.fingerprint()
+    assert _retrieval_only(**{key: value}).fingerprint() != without.fingerprint()
     a, b = prepare(without).batches, prepare(explicit).batches
     for step in range(4):
         assert all(torch.equal(x, y) for x, y in zip(a.batch(step), b.batch(step)))
     # a stored recipe that predates the key (a shipped checkpoint's config.json) keeps its fingerprint
     stored = without.to_dict()
-    del stored["data"]["passkey_depth_ends"]
+    del stored["data"][key]
     assert recipe_from_dict(stored).fingerprint() == without.fingerprint()
-    with pytest.raises(BamctlError, match="passkey_depth_ends must be in"):
-        _retrieval_only(passkey_depth_ends=1.5)
+    with pytest.raises(BamctlError, match=f"{key} must be in"):
+        _retrieval_only(**{key: 1.5})
 
