@@ -73,9 +73,8 @@ def main() -> None:
                 best[i] = min(best[i], one_pass(runner, sample))
         reference = {path: best[i] for i, (label, path, _) in enumerate(runners) if label == "alibi"}
         for (label, path, runner), seconds in zip(runners, best):
-            skipped = getattr(runner.kernel, "skipped_blocks", None)
-            visited = getattr(runner.kernel, "visited_blocks", None)
-            share = f"{skipped / (skipped + visited):.0%}" if skipped is not None and skipped + visited else "-"
+            counted = runner.last_block_counts[0]  # the last pass's: (left out, considered), None on dense
+            share = f"{counted[0] / counted[1]:.0%}" if counted and counted[1] else "-"
             print(f"| {length:,} | {label} | {path} | {seconds:.2f} | {seconds / reference[path]:.2f} | {share} |", flush=True)
 
 

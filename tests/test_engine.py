@@ -251,8 +251,9 @@ def test_each_engine_owns_its_kernel_state():
         assert first.kernel is not second.kernel
         a = first.logits_at(ids, [2999])
         if isinstance(first.kernel, NativeKernel):
-            assert first.kernel.skipped_blocks > 0 and first.kernel.visited_blocks > first.kernel.skipped_blocks
-            assert second.kernel.skipped_blocks == second.kernel.visited_blocks == 0
+            (skipped, considered), = first.last_block_counts
+            assert 0 < skipped < considered
+            assert second.last_block_counts == [] and second.kernel.counts.take() == []
         if isinstance(first.kernel, FusedKernel):
             assert first.kernel.scratch and not second.kernel.scratch  # SSMax over the logits materialises tiles
         assert torch.equal(second.logits_at(ids, [2999]), a)

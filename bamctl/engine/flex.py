@@ -30,7 +30,7 @@ import torch
 
 from bamctl.attention_math import AttentionInputs, ssmax_factor
 from bamctl.engine.attention import blockwise_attention
-from bamctl.engine.block_skip import BlockCounts, attempts, logit_upper_bound, negligible
+from bamctl.engine.block_skip import BlockCounts, attempts, block_bias_range, logit_upper_bound, negligible
 from bamctl.errors import BamctlError
 
 BLOCK = 128  # FlexAttention's default block size, for queries and keys
@@ -93,20 +93,6 @@ def _causal_block_mask(q_start: int, offset: torch.Tensor, n_query_blocks: int, 
     )
 
 
-def _block_range(table: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(max, min), each (H, n), of the bias over the distances a query block and a key block ``t``
-    blocks before it can hold, ``128 t - 127 .. 128 t + 127`` (clamped to the table, as the
-    reference clamps: a distance past it reads its last entry)."""
-    heads, size = table.shape
-    blocks = n + 1
-    padded = torch.cat([table, table[:, -1:].expand(heads, max(blocks * BLOCK - size, 0))], 1)[:, : blocks * BLOCK]
-    tiles = padded.view(heads, blocks, BLOCK)
-    high, low = tiles.amax(-1), tiles.amin(-1)  # over distances 128 t .. 128 t + 127
-    previous_high = torch.cat([high[:, :1], high[:, :-1]], 1)  # block t - 1 (for t = 0: itself; distances < 0 clamp to 0)
-    previous_low = torch.cat([low[:, :1], low[:, :-1]], 1)
-    return torch.maximum(high, previous_high)[:, :n], torch.minimum(low, previous_low)[:, :n]
-
-
 def skipping_blocks(q: torch.Tensor, k: torch.Tensor, inputs: AttentionInputs, tq: int) -> torch.Tensor:
     """(B, H, Qb, KVb) bool: key block ``j`` left out for query block ``r`` (queries ``q_start + 128 r
     ...``; ``q_start`` a multiple of 128) by the certified bound, against the largest logit of each
@@ -135,7 +121,11 @@ def skipping_blocks(q: torch.Tensor, k: torch.Tensor, inputs: AttentionInputs, t
     # The upper bound of every row over every key block, and the test: one query block at a time,
     # so the workspace is (B, H, 128, KVb), not (B, H, Tq, KVb).
     key_max = k.float().norm(dim=-1).view(batch, heads, n_kv, BLOCK).amax(-1)[:, :, None, :]  # (B, H, 1, KVb)
-    high, low = _block_range(table, first + n_q)  # by block distance t = diagonal - j
+    # by block distance t = diagonal - j: the distances 128 t - 127 .. 128 t + 127 a query block and
+    # the key block t blocks before it can hold, from a query block placed t blocks after key block 0
+    ahead = first + n_q
+    distances = torch.arange(ahead, device=q.device)
+    high, low = block_bias_range(table, ahead * BLOCK, BLOCK, (ahead - distances) * BLOCK, BLOCK)
     q_norm = qf.norm(dim=-1)  # (B, H, T)
     padding = torch.arange(rows, device=q.device) >= tq  # padding rows: never in the way
     j = torch.arange(n_kv, device=q.device)

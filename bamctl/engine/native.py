@@ -265,19 +265,15 @@ def _prior_needs_grad(prior) -> bool:
 
 
 class NativeKernel:
-    """``native_attention`` for one engine: its ``--block-skip``, its own totals of key blocks
-    skipped and visited, and its counts per sequence (``counts``, read per request by the engine)."""
+    """``native_attention`` for one engine: its ``--block-skip`` and its counts per sequence of key
+    blocks left out and considered (``counts``, read per request by the engine), as blockwise and flex keep them."""
 
     def __init__(self, block_skip: str = "auto") -> None:
         self.block_skip = block_skip
-        self.skipped_blocks = 0
-        self.visited_blocks = 0
         self.counts = BlockCounts()
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
         out, blocks = native_attention_blocks(q, k, v, inputs, self.block_skip)
         if blocks is not None:
-            self.skipped_blocks += int(blocks[:, 0].sum())
-            self.visited_blocks += int(blocks[:, 1].sum())
             self.counts.add(blocks[:, 0].tolist(), blocks[:, 1].tolist())
         return out
