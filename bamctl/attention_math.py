@@ -58,9 +58,11 @@ class AttentionInputs:
     # kernels; its ``kernel_form(q positions, max distance)`` -> PiecewiseBias the native one.
     # fused and flex are refused it (bamctl.engine.stream).
     query_prior: QueryPrior | None = None
-    # A prior that depends on the content (CoPE's contextual positions): its ``content_bias(q, scores,
-    # q positions, k positions)`` -> (B, H, Tq, Tk), ``scores`` the scaled dot products with future
-    # keys at -inf, serves the dense kernel only (the engine refuses it the others).
+    # A prior that depends on the content (CoPE's contextual positions), in one of two forms: its
+    # ``content_bias(q, scores, q positions, k positions)`` -> (B, H, Tq, Tk), ``scores`` the scaled
+    # dot products with future keys at -inf, serves the dense kernel; its ``content_scan(q, scores,
+    # q positions, k positions, carry)`` -> (bias, carry), the same bias for key blocks given nearest
+    # first, serves dense and blockwise (see ``content_bias``). The engine refuses it the others.
     content_prior: ContentPrior | None = None
 
     @property
@@ -85,6 +87,30 @@ class ContentPrior(Protocol):
                      k_positions: torch.Tensor) -> torch.Tensor: ...
 
 
+class ContentScan(Protocol):
+    def content_scan(self, q: torch.Tensor, scores: torch.Tensor, q_positions: torch.Tensor,
+                     k_positions: torch.Tensor, carry) -> tuple[torch.Tensor, object]: ...
+
+
+def scans_content(prior) -> bool:
+    """A content-dependent prior given as a scan over key blocks, nearest first: blockwise can walk it."""
+    return callable(getattr(prior, "content_scan", None))
+
+
+def content_bias(prior: ContentPrior | ContentScan, q: torch.Tensor, scores: torch.Tensor, q_positions: torch.Tensor,
+                 k_positions: torch.Tensor) -> torch.Tensor:
+    """(B, H, Tq, Tk) bias of a content-dependent prior over whole rows (``scores``: future keys at -inf).
+
+    A scan sees the keys nearest first, each block's keys in decreasing position (what
+    CoPE's count of open gates between a key and its query needs: a running sum from the query
+    back); over whole rows that is one block, the keys reversed, and a carry of None.
+    """
+    if not scans_content(prior):
+        return prior.content_bias(q, scores, q_positions, k_positions)
+    bias, _ = prior.content_scan(q, scores.flip(-1), q_positions, k_positions.flip(0), None)
+    return bias.flip(-1)
+
+
 def ssmax_factor(inputs: AttentionInputs, n_queries: int, device) -> torch.Tensor:
     """(H, Tq) SSMax's c_h(i) = s_h * log(i + 1) for queries q_start .. q_start + Tq - 1."""
     positions = torch.arange(inputs.q_start, inputs.q_start + n_queries, device=device, dtype=torch.float32)
@@ -102,7 +128,7 @@ def _logits(
         bias = inputs.bias_for(q_positions, k_positions)  # (H, Tq, Tk)
     if inputs.content_prior is not None:
         future = (q_positions[:, None] - k_positions[None, :]) < 0
-        bias = inputs.content_prior.content_bias(q, scores.masked_fill(future, float("-inf")), q_positions, k_positions)
+        bias = content_bias(inputs.content_prior, q, scores.masked_fill(future, float("-inf")), q_positions, k_positions)
     if inputs.ssmax_scale is None:
         return scores if bias is None else scores + bias
     factor = ssmax_factor(inputs, scores.shape[2], scores.device)[:, :, None]  # (H, Tq, 1)

@@ -210,38 +210,100 @@ def _cope_as_published(query, attn_logits, pos_emb, npos_max):
     return logits_ceil * w + logits_floor * (1 - w)
 
 
-def test_a_content_dependent_plugin_streams_on_dense_as_its_papers_code_computes(tmp_path):
-    """CoPE through the engine in chunks equals one full forward whose attention adds the paper's own
-    CoPE to the logits; every path but dense is refused by name."""
+def _trained_like(model):
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.attention.prior.pos_emb.normal_(0, 1.0, generator=torch.Generator().manual_seed(layer.attention.layer_id))
+    return model
+
+
+# CoPE's bias over whole rows, through the paper's listing restated above: a plugin of the
+# content_bias kind (dense only), with the example's parameters, so both build the same weights.
+COPE_AS_PUBLISHED = """
+import torch
+from test_pe_plugins import _cope_as_published
+
+
+class PublishedCoPE(torch.nn.Module):
+    content_dependent = True
+
+    def __init__(self, config, npos_max: int = 64):
+        super().__init__()
+        self.npos_max = npos_max
+        self.pos_emb = torch.nn.Parameter(torch.zeros(config.head_dim, npos_max))
+
+    def content_bias(self, q, scores, q_positions, k_positions):
+        return _cope_as_published(q.float(), scores, self.pos_emb[None].float(), self.npos_max)
+"""
+
+
+def test_a_content_scan_on_blockwise_computes_the_papers_cope_on_dense(tmp_path, monkeypatch):
+    """The example's CoPE, a scan over key blocks nearest first, streamed in chunks on the blockwise
+    path with blocks of 32 keys (so the count crosses blocks), gives the answers of a model whose
+    bias is the paper's listing over whole rows, on dense, in one full forward; whatever the path, the
+    scan over one block is the listing's bias."""
     import math
 
+    from bamctl.attention_math import content_bias
+    from bamctl.engine.attention import BlockwiseKernel
     from bamctl.engine.stream import StreamingEngine
     from bamctl.tasks import generate_samples
     from bamctl.tokenizer import get_tokenizer
 
-    model = _model(COPE)
-    with torch.no_grad():
-        for layer in model.layers:
-            layer.attention.prior.pos_emb.normal_(0, 1.0)  # trained-like: a bias that matters
-    prior = model.layers[0].attention.prior
+    (tmp_path / "published_cope.py").write_text(COPE_AS_PUBLISHED)
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    ours, published = _trained_like(_model(COPE)), _trained_like(_model(f"{tmp_path / 'published_cope.py'}:PublishedCoPE"))
+    assert all(torch.equal(ours.state_dict()[k], published.state_dict()[k]) for k in ours.state_dict())
+    prior = ours.layers[0].attention.prior
     q, k = torch.randn(1, 4, 50, 16), torch.randn(1, 4, 50, 16)
-    scores = (q @ k.transpose(-1, -2)) / math.sqrt(16)
-    scores = scores.masked_fill(torch.ones(50, 50).triu(1).bool(), float("-inf"))
-    ours = prior.content_bias(q, scores, torch.arange(50), torch.arange(50))
-    assert torch.allclose(ours, _cope_as_published(q, scores, prior.pos_emb[None], prior.npos_max), atol=1e-6)
-    engine = StreamingEngine(model, device="cpu", chunk_size=64)
-    assert engine.attention == "dense"  # auto: the one path that serves it
-    for path in ("native", "blockwise", "fused"):
-        with pytest.raises(BamctlError, match=f"--attention {path} cannot compute .* depends on the content"):
-            StreamingEngine(model, device="cpu", attention=path)
+    scores = ((q @ k.transpose(-1, -2)) / math.sqrt(16)).masked_fill(torch.ones(50, 50).triu(1).bool(), float("-inf"))
+    assert torch.allclose(content_bias(prior, q, scores, torch.arange(50), torch.arange(50)),
+                          _cope_as_published(q, scores, prior.pos_emb[None], prior.npos_max), atol=1e-6)
+    engine = StreamingEngine(ours, device="cpu", chunk_size=64)
+    assert engine.attention == "blockwise"  # auto: the fastest path that walks a scan
+    engine.kernel = BlockwiseKernel(block_size=32)
     sample = next(generate_samples("passkey", [300], 1, 0, get_tokenizer("gpt2")))
     chunked = engine.score_continuation(sample.input_ids, sample.target_ids)
     ids = torch.tensor([sample.input_ids + sample.target_ids[:-1]])
     with torch.no_grad():
-        logprobs = torch.log_softmax(model(ids)[0, len(sample.input_ids) - 1:], -1)  # one full forward
+        logprobs = torch.log_softmax(published(ids)[0, len(sample.input_ids) - 1:], -1)  # dense, one full forward
     assert chunked[0] == logprobs.argmax(-1).tolist()
     wanted = logprobs.gather(1, torch.tensor(sample.target_ids)[:, None])[:, 0].tolist()
     assert max(abs(a - b) for a, b in zip(chunked[1], wanted)) < 1e-4
+
+
+@pytest.mark.parametrize("scope", ["logits", "content"])
+@pytest.mark.parametrize("q_start,queries", [(0, 100), (60, 40), (99, 1)])
+def test_the_blockwise_kernel_walks_a_content_scan_as_dense_computes_it(scope, q_start, queries):
+    """Across block edges, with SSMax of either sign in either scope, and a chunk of queries after a
+    cache: blockwise with blocks of 16 keys equals the dense reference."""
+    from bamctl.attention_math import AttentionInputs, dense_attention
+    from bamctl.engine.attention import blockwise_attention
+
+    prior = _trained_like(_model(COPE)).layers[0].attention.prior
+    generator = torch.Generator().manual_seed(q_start)
+    q, k, v = (torch.randn(2, 4, n, 16, generator=generator) for n in (queries, 100, 100))
+    for scale in (None, torch.tensor([0.5, 1.0, -0.3, 2.0])):
+        inputs = AttentionInputs(q_start=q_start, bias_table=None, ssmax_scale=scale, ssmax_scope=scope, content_prior=prior)
+        dense, blockwise = dense_attention(q, k, v, inputs), blockwise_attention(q, k, v, inputs, block_size=16)
+        assert (dense - blockwise).abs().max() < 5e-4  # float32 counts summed in two orders, times |q.e| ~ 4
+
+
+def test_a_whole_row_content_bias_runs_on_dense_and_is_refused_elsewhere_by_name(tmp_path, monkeypatch):
+    from bamctl.engine.stream import StreamingEngine
+
+    (tmp_path / "published_cope.py").write_text(COPE_AS_PUBLISHED)
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    published, ours = _model(f"{tmp_path / 'published_cope.py'}:PublishedCoPE"), _model(COPE)
+    assert StreamingEngine(published, device="cpu").attention == "dense"
+    for path in ("native", "blockwise", "fused"):
+        with pytest.raises(BamctlError, match=f"--attention {path} cannot compute .* depends on the content.*: use "
+                                              "--attention dense .*content_scan"):
+            StreamingEngine(published, device="cpu", attention=path)
+    for path in ("native", "fused"):
+        with pytest.raises(BamctlError, match=f"--attention {path} cannot compute .*: use --attention blockwise or dense$"):
+            StreamingEngine(ours, device="cpu", attention=path)
+    assert StreamingEngine(ours, device="cpu", attention="dense").attention == "dense"
 
 
 def test_a_content_dependent_plugin_trains(tmp_path):

@@ -2,7 +2,9 @@
 ``bamctl.attention_math`` (the formula is there).
 
 - ``blockwise``: walks key blocks with an online softmax (running max, running sum),
-  so the workspace is (Tq, block) whatever the context length. With a bias table and
+  so the workspace is (Tq, block) whatever the context length. A content-dependent prior given
+  as a scan (CoPE's count of open gates) has its key blocks walked nearest first, carrying its
+  state from block to block. With a bias table and
   ``block_skip="auto"`` it walks each query block's key blocks nearest first and leaves out,
   per head, those the certified bound of ``bamctl.engine.block_skip`` rules out.
 """
@@ -13,7 +15,7 @@ import math
 
 import torch
 
-from bamctl.attention_math import AttentionInputs, ssmax_factor
+from bamctl.attention_math import AttentionInputs, scans_content, ssmax_factor
 from bamctl.engine.block_skip import BlockCounts, attempts, block_bias_range, logit_upper_bound, negligible
 
 EXP_FLOOR = -80.0  # see blockwise_attention
@@ -70,19 +72,31 @@ def blockwise_attention(
     running_max = torch.full((*q.shape[:3], 1), float("-inf"), device=q.device)  # (B, H, Tq, 1)
     running_sum = torch.zeros_like(running_max)
     acc = torch.zeros(*q.shape[:3], v.shape[-1], device=q.device)  # (B, H, Tq, Dh)
-    for start in range(0, last_key, block_size):
+    q_positions = torch.arange(q_start, q_start + tq, device=q.device)
+    starts = range(0, last_key, block_size)
+    scan, carry = inputs.content_prior, None  # a content scan wants the nearest keys first
+    if scan is not None:
+        if not scans_content(scan):
+            raise ValueError("blockwise attention takes a content-dependent prior only as content_scan")
+        starts = reversed(starts)
+    for start in starts:
         stop = min(start + block_size, last_key)
         tb = stop - start
         k_block = k[:, :, start:stop].float().flip(2)  # reversed: key r is at position stop - 1 - r
         v_block = v[:, :, start:stop].float().flip(2)
         logits = qf @ k_block.transpose(-1, -2)  # (B, H, Tq, Tb)
         base = q_start - (stop - 1)  # distance of (query 0, reversed key 0)
+        future = None
+        if base < 0:  # this block holds keys in the future of some queries
+            future = (torch.arange(tq, device=q.device)[:, None] + torch.arange(tb, device=q.device)[None, :]) < -base
         bias = None
         if inputs.query_prior is not None:  # depends on the query's position: computed for this block
-            q_positions = torch.arange(q_start, q_start + tq, device=q.device)
             bias = inputs.query_prior.bias(q_positions, torch.arange(stop - 1, start - 1, -1, device=q.device))  # reversed keys
         elif inputs.bias_table is not None:
             bias = _toeplitz_bias(inputs.bias_table, base, tq, tb)
+        elif scan is not None:  # reads the scores: taken before SSMax's factor, as the dense reference does
+            scores = logits if future is None else logits.masked_fill(future, float("-inf"))
+            bias, carry = scan.content_scan(q, scores, q_positions, torch.arange(stop - 1, start - 1, -1, device=q.device), carry)
         if scale_bias and bias is not None:  # SSMax scope "logits": (content + prior) * factor
             logits.add_(bias).mul_(factor)
         else:  # scope "content" (the authors' ALiBi + SSMax) or no SSMax: content * factor + prior
@@ -90,9 +104,7 @@ def blockwise_attention(
                 logits.mul_(factor)
             if bias is not None:
                 logits.add_(bias)
-        future = None
-        if base < 0:  # this block holds keys in the future of some queries
-            future = (torch.arange(tq, device=q.device)[:, None] + torch.arange(tb, device=q.device)[None, :]) < -base
+        if future is not None:
             logits.masked_fill_(future, float("-inf"))
         new_max = torch.maximum(running_max, logits.amax(dim=-1, keepdim=True))
         # Rows that have seen only masked keys keep max = -inf; exp(-inf - -inf) would be NaN.

@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from bamctl.attention_math import dense_attention
+from bamctl.attention_math import dense_attention, scans_content
 from bamctl.engine.attention import BlockwiseKernel
 from bamctl.engine.block_skip import check_mode
 from bamctl.engine.flex import FlexKernel, flex_available, require_flex
@@ -75,6 +75,8 @@ def resolve_attention(name: str, device: torch.device) -> str:
 # that is exact to 1e-4 for factors >= 0 only. The native kernel forms (score + prior) * factor
 # in the reference's order, exact for either sign.
 FOLDING_PATHS = ("fused",)
+# Paths that walk a content-dependent prior given as a scan over key blocks (CoPE's), fastest first.
+CONTENT_SCAN_PATHS = ("blockwise", "dense")
 # Paths that take a prior as a function of (query, key) positions, not only of the distance (FIRE).
 QUERY_DEPENDENT_PATHS = ("native", "blockwise", "dense")
 
@@ -91,12 +93,19 @@ def _exact_for(model: Transformer, attention: str, chosen_by_auto: bool) -> str:
     blockwise path instead (it picks fused only on a CPU where native cannot be built); asked
     for, such a path is refused with one line.
     """
-    if any(getattr(layer.attention.prior, "content_dependent", False) for layer in model.layers):
-        if attention != "dense" and not chosen_by_auto:
-            raise BamctlError(f"--attention {attention} cannot compute {model.config.label}'s prior, which depends on the "
-                              "content (its keys between each query and key): use --attention dense (memory: one chunk "
-                              "of queries against every key, so --chunk-size bounds it)")
-        return "dense"
+    by_content = [layer.attention.prior for layer in model.layers if getattr(layer.attention.prior, "content_dependent", False)]
+    if by_content:
+        # blockwise walks a scan (content_scan) block by block; a bias over whole rows (content_bias) needs dense
+        paths = CONTENT_SCAN_PATHS if all(scans_content(prior) for prior in by_content) else ("dense",)
+        if attention not in paths:
+            if not chosen_by_auto:
+                memory = ("" if len(paths) > 1 else " (memory: one chunk of queries against every key, so --chunk-size "
+                          "bounds it; a content_scan hook would serve blockwise)")
+                raise BamctlError(f"--attention {attention} cannot compute {model.config.label}'s prior, which depends on "
+                                  f"the content (its keys between each query and key): use --attention "
+                                  f"{' or '.join(paths)}{memory}")
+            attention = paths[0]
+        return attention
     by_query = [layer.attention.prior for layer in model.layers if getattr(layer.attention.prior, "query_dependent", False)]
     if by_query:
         # native takes such a prior in its piecewise-linear form (FIRE's kernel_form); a plugin may not give one

@@ -1,4 +1,5 @@
-"""CoPE as a PE plugin: a bias that depends on the content, so it runs on the dense attention path.
+"""CoPE as a PE plugin: a bias that depends on the content, given as a scan so that it runs on the
+blockwise attention path as well as on dense.
 
     bamctl new --pe examples/positional/cope.py:CoPE --preset tiny --out models/cope
 """
@@ -19,15 +20,18 @@ class CoPE(torch.nn.Module):
         self.npos_max, self.n_heads = npos_max, config.n_heads
         self.pos_emb = torch.nn.Parameter(torch.zeros(config.head_dim, npos_max))  # (Dh, P)
 
-    def content_bias(self, q, scores, q_positions, k_positions):
-        """q (B, H, Tq, Dh), scores (B, H, Tq, Tk) with future keys at -inf -> bias (B, H, Tq, Tk)."""
-        gates = torch.sigmoid(scores)  # 0 for a future key
-        positions = gates.flip(-1).cumsum(-1).flip(-1).clamp(max=self.npos_max - 1)  # p_ij
+    def content_scan(self, q, scores, q_positions, k_positions, carry):
+        """q (B, H, Tq, Dh); scores (B, H, Tq, Tb): a block of keys nearest first, future keys at -inf;
+        carry: the gates counted in the blocks before (None first) -> (bias (B, H, Tq, Tb), carry)."""
+        counted = torch.sigmoid(scores).cumsum(-1)  # a future key's gate is 0
+        if carry is not None:
+            counted = counted + carry
+        positions = counted.clamp(max=self.npos_max - 1)  # p_ij
         floor = positions.floor()
         by_integer = q.float() @ self.pos_emb.float()  # (B, H, Tq, P): q_i . e[p] at each integer p
         lower, upper = by_integer.gather(-1, floor.long()), by_integer.gather(-1, positions.ceil().long())
         weight = positions - floor
-        return upper * weight + lower * (1 - weight)
+        return upper * weight + lower * (1 - weight), counted[..., -1:]
 
     def describe(self) -> dict:
         # one table of position embeddings, shared by the heads: its mean norm, in each head's row
