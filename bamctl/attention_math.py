@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
@@ -58,12 +58,14 @@ class AttentionInputs:
     # kernels; its ``kernel_form(q positions, max distance)`` -> PiecewiseBias the native one.
     # fused and flex are refused it (bamctl.engine.stream).
     query_prior: QueryPrior | None = None
-    # A prior that depends on the content (CoPE's contextual positions), in one of two forms: its
-    # ``content_bias(q, scores, q positions, k positions)`` -> (B, H, Tq, Tk), ``scores`` the scaled
-    # dot products with future keys at -inf, serves the dense kernel; its ``content_scan(q, scores,
-    # q positions, k positions, carry)`` -> (bias, carry), the same bias for key blocks given nearest
-    # first, serves dense and blockwise (see ``content_bias``). The engine refuses it the others.
-    content_prior: ContentPrior | None = None
+    # A prior that depends on the content, in one of three forms (see ``content_bias``): a bias over
+    # whole rows, ``content_bias(q, scores, q positions, k positions)`` -> (B, H, Tq, Tk), ``scores``
+    # the scaled dot products with future keys at -inf (dense); the same as a scan over key blocks
+    # given nearest first, ``content_scan(q, scores, q positions, k positions, carry)`` -> (bias,
+    # carry) (CoPE's count; dense, blockwise); or pair by pair, ``pair_bias(q, k, q positions)`` ->
+    # a function of (score, b, h, q position, k position), FlexAttention's ``score_mod`` form
+    # (dense, blockwise, flex). The engine refuses it the other paths.
+    content_prior: ContentPrior | ContentScan | PairBias | None = None
 
     @property
     def bias_for(self):
@@ -92,19 +94,40 @@ class ContentScan(Protocol):
                      k_positions: torch.Tensor, carry) -> tuple[torch.Tensor, object]: ...
 
 
+class PairBias(Protocol):
+    def pair_bias(self, q: torch.Tensor, k: torch.Tensor, q_positions: torch.Tensor) -> Callable: ...
+
+
 def scans_content(prior) -> bool:
     """A content-dependent prior given as a scan over key blocks, nearest first: blockwise can walk it."""
     return callable(getattr(prior, "content_scan", None))
 
 
-def content_bias(prior: ContentPrior | ContentScan, q: torch.Tensor, scores: torch.Tensor, q_positions: torch.Tensor,
-                 k_positions: torch.Tensor) -> torch.Tensor:
+def pairs_content(prior) -> bool:
+    """A content-dependent prior given pair by pair (a ``score_mod``): every tile of keys can take it."""
+    return callable(getattr(prior, "pair_bias", None))
+
+
+def pair_tile(bias_of: Callable, scores: torch.Tensor, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+    """``bias_of(score, b, h, q position, k position)`` over a tile ``scores`` (B, H, Tq, Tk), with
+    index grids that broadcast, as FlexAttention's eager form evaluates a ``score_mod``."""
+    batch, heads = scores.shape[:2]
+    b = torch.arange(batch, device=scores.device)[:, None, None, None]
+    h = torch.arange(heads, device=scores.device)[None, :, None, None]
+    bias = bias_of(scores, b, h, q_positions[None, None, :, None], k_positions[None, None, None, :])
+    return bias.expand_as(scores)
+
+
+def content_bias(prior: ContentPrior | ContentScan | PairBias, q: torch.Tensor, k: torch.Tensor, scores: torch.Tensor,
+                 q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
     """(B, H, Tq, Tk) bias of a content-dependent prior over whole rows (``scores``: future keys at -inf).
 
     A scan sees the keys nearest first, each block's keys in decreasing position (what
     CoPE's count of open gates between a key and its query needs: a running sum from the query
     back); over whole rows that is one block, the keys reversed, and a carry of None.
     """
+    if pairs_content(prior):
+        return pair_tile(prior.pair_bias(q, k, q_positions), scores, q_positions, k_positions)
     if not scans_content(prior):
         return prior.content_bias(q, scores, q_positions, k_positions)
     bias, _ = prior.content_scan(q, scores.flip(-1), q_positions, k_positions.flip(0), None)
@@ -119,16 +142,16 @@ def ssmax_factor(inputs: AttentionInputs, n_queries: int, device) -> torch.Tenso
 
 def _logits(
     scores: torch.Tensor, q_positions: torch.Tensor, k_positions: torch.Tensor, inputs: AttentionInputs,
-    q: torch.Tensor | None = None,
+    q: torch.Tensor | None = None, k: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Turn scaled dot products (B, H, Tq, Tk) into logits for queries and keys at these positions
-    (``q``: the queries, for a prior that reads the content)."""
+    (``q``, ``k``: the queries and keys, for a prior that reads the content)."""
     bias = None
     if inputs.bias_for is not None:
         bias = inputs.bias_for(q_positions, k_positions)  # (H, Tq, Tk)
     if inputs.content_prior is not None:
         future = (q_positions[:, None] - k_positions[None, :]) < 0
-        bias = content_bias(inputs.content_prior, q, scores.masked_fill(future, float("-inf")), q_positions, k_positions)
+        bias = content_bias(inputs.content_prior, q, k, scores.masked_fill(future, float("-inf")), q_positions, k_positions)
     if inputs.ssmax_scale is None:
         return scores if bias is None else scores + bias
     factor = ssmax_factor(inputs, scores.shape[2], scores.device)[:, :, None]  # (H, Tq, 1)
@@ -146,7 +169,7 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, inputs: AttentionInputs)
     k_positions = torch.arange(tk, device=q.device)
     signed = q_positions[:, None] - k_positions[None, :]  # (Tq, Tk)
     scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    logits = _logits(scores, q_positions, k_positions, inputs, q)
+    logits = _logits(scores, q_positions, k_positions, inputs, q, k)
     logits = logits.masked_fill(signed < 0, float("-inf"))
     return torch.softmax(logits, dim=-1)
 

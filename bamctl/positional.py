@@ -535,8 +535,8 @@ def parse_pe_name(name: str) -> tuple[str, bool]:
 
 PLUGIN_GROUP = "bamctl.positional_encodings"  # entry points of installed packages: name = "package.module:Class"
 PLUGIN_HOOKS = ("distance_table(max_distance), bias(q_positions, k_positions) with query_dependent = True, "
-                "content_bias(q, scores, q_positions, k_positions) or content_scan(q, scores, q_positions, k_positions, "
-                "carry) with content_dependent = True, "
+                "content_bias(q, scores, q_positions, k_positions), content_scan(q, scores, q_positions, k_positions, "
+                "carry) or pair_bias(q, k, q_positions) with content_dependent = True, "
                 "transform_qk(q, k, q_positions, k_positions), transform_qk_after_cache(q, k, q_positions, k_positions), "
                 "embed(h, positions) or position_ids(token_indices)")
 # hooks a class may have alone (a bias's kinds are checked by their flags above)
@@ -601,9 +601,10 @@ def check_plugin(cls, who: str) -> None:
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         raise BamctlError(f"{who} is a {type(cls).__name__}, not a torch.nn.Module class")
     if getattr(cls, "content_dependent", False):
-        if not any(callable(getattr(cls, hook, None)) for hook in ("content_bias", "content_scan")):
-            raise BamctlError(f"{who} says content_dependent = True but has no content_bias(q, scores, q_positions, "
-                              "k_positions) nor content_scan(q, scores, q_positions, k_positions, carry) hook")
+        if not any(callable(getattr(cls, hook, None)) for hook in ("content_bias", "content_scan", "pair_bias")):
+            raise BamctlError(f"{who} says content_dependent = True but has none of its hooks: content_bias(q, scores, "
+                              "q_positions, k_positions), content_scan(q, scores, q_positions, k_positions, carry), "
+                              "pair_bias(q, k, q_positions)")
     elif getattr(cls, "query_dependent", False):
         if not callable(getattr(cls, "bias", None)):
             raise BamctlError(f"{who} says query_dependent = True but has no bias(q_positions, k_positions) hook")

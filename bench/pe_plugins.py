@@ -10,8 +10,9 @@ taking turns so the machine's load falls on all alike; one untimed warm-up pass 
   Sandwich (``examples/positional/sandwich.py``: another bias, which the kernel may skip
   differently; the share of key blocks skipped is shown), with the zoo's ``kerple`` (a bias
   that falls slowly, as Sandwich's does) for scale;
-- content-dependent, CoPE (``examples/positional/cope.py``) on the one path that serves it,
-  dense, against ``alibi`` on dense and on native.
+- content-dependent, against ``alibi`` on the same path and on native: CoPE
+  (``examples/positional/cope.py``, a scan) on dense and blockwise, Cable
+  (``examples/positional/cable.py``, pair by pair) on dense, blockwise and compiled flex.
 
     OMP_NUM_THREADS=1 python bench/pe_plugins.py --lengths 16k,64k --repeats 2
     OMP_NUM_THREADS=1 python bench/pe_plugins.py --content --lengths 4k,16k --repeats 2
@@ -35,7 +36,10 @@ from bamctl.tokenizer import get_tokenizer
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "positional"
 DISTANCE = [("alibi", "alibi", "native"), ("kerple", "kerple", "native"), ("alibi as a plugin", f"{EXAMPLES / 'alibi.py'}:ALiBi", "native"),
             ("sandwich (plugin)", f"{EXAMPLES / 'sandwich.py'}:Sandwich", "native")]
-CONTENT = [("alibi", "alibi", "native"), ("alibi", "alibi", "dense"), ("cope (plugin)", f"{EXAMPLES / 'cope.py'}:CoPE", "dense")]
+COPE, CABLE = f"{EXAMPLES / 'cope.py'}:CoPE", f"{EXAMPLES / 'cable.py'}:Cable"
+CONTENT = [("alibi", "alibi", "native"), ("alibi", "alibi", "dense"), ("alibi", "alibi", "blockwise"), ("alibi", "alibi", "flex"),
+           ("cope (plugin)", COPE, "dense"), ("cope (plugin)", COPE, "blockwise"),
+           ("cable (plugin)", CABLE, "dense"), ("cable (plugin)", CABLE, "blockwise"), ("cable (plugin)", CABLE, "flex")]
 
 
 def engine(pe: str, attention: str, chunk_size: int) -> StreamingEngine:
@@ -53,7 +57,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", default="16k,64k")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--content", action="store_true", help="CoPE on dense against alibi, instead of the distance-only rows")
+    parser.add_argument("--content", action="store_true", help="the content-dependent rows (CoPE, Cable) instead of the distance-only ones")
     parser.add_argument("--chunk-size", type=int, default=2048)
     args = parser.parse_args()
     rows = CONTENT if args.content else DISTANCE

@@ -3,6 +3,7 @@
 import signal
 
 import pytest
+import torch
 
 # Started as a background job of a non-interactive shell (`bash .ci/run &`), pytest inherits
 # SIGINT ignored, and so does every process a test starts: the tests that stop one with SIGINT,
@@ -37,3 +38,14 @@ def chat_tok():
             return "<|user|>\n", "<|end|>\n<|assistant|>\n"
 
     return ChatGPT2()
+
+
+@pytest.fixture
+def eager_flex(monkeypatch):
+    """flex_attention run by dynamo's eager backend: the same block mask and score_mod, no compiler."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from bamctl.engine import flex
+
+    eager = torch.compile(flex_attention, dynamic=False, backend="eager")
+    monkeypatch.setattr(flex, "_compiled", lambda: eager)

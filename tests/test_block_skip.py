@@ -352,15 +352,6 @@ from bamctl.engine import flex  # noqa: E402
 needs_flex = pytest.mark.skipif(not flex.flex_available()[0], reason="FlexAttention needs torch >= 2.5 on CUDA or an x86 CPU")
 
 
-@pytest.fixture
-def eager_flex(monkeypatch):
-    """flex_attention run by dynamo's eager backend: the same block mask and score_mod, no compiler."""
-    from torch.nn.attention.flex_attention import flex_attention
-
-    eager = torch.compile(flex_attention, dynamic=False, backend="eager")
-    monkeypatch.setattr(flex, "_compiled", lambda: eager)
-
-
 @pytest.mark.parametrize("scale", [None, "positive", "negative"])
 @pytest.mark.parametrize("scope", ["logits", "content"])
 @torch.inference_mode()
@@ -418,3 +409,23 @@ def test_flex_keeps_the_adversarial_block(eager_flex):
     out = flex.flex_attention_kernel(q, cache_k[:, :, :1920], cache_v[:, :, :1920], inputs, block_skip="auto", counts=counts)
     assert counts.take() == [(int(skip.sum()), 15)]  # the flex path ran: 15 key blocks up to the diagonal
     assert torch.allclose(out, dense_attention(q, k[:, :, :1920], v[:, :, :1920], inputs), atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, task", [("alibi", "passkey"), ("bam-ssmax", "passkey"), ("lm-bam", "niah_single_1"),
+                                        ("lm-bam-ssmax", "niah_multikey_2"), ("lm-bam", "ppl"), ("lm-alibi", "ppl")])
+@pytest.mark.parametrize("length", [4096, 16384])
+def test_shipped_rows_with_skipping_are_the_dense_rows(name, task, length, tmp_path):
+    """Result rows, as a run stores them: the default path (native on a CPU, skipping on) against
+    dense, which skips nothing: the same answers (greedy generations on RULER) and window NLLs."""
+    import bamctl
+
+    common = dict(task=task, lengths=[length], samples=1, quiet=True, dtype="float32")
+    skipping = bamctl.evaluate(name, dir=tmp_path / "auto", **common)
+    dense = bamctl.evaluate(name, attention="dense", dir=tmp_path / "dense", **common)
+    order = [c for c in ("depth", "seed", "sample", "position") if c in dense.columns]
+    skipping, dense = (rows.sort_values(order).reset_index(drop=True) for rows in (skipping, dense))
+    assert skipping["skipped_blocks"].sum() > 0 and dense["skipped_blocks"].isna().all()
+    assert list(skipping["predicted"]) == list(dense["predicted"]) and list(skipping["score"]) == list(dense["score"])
+    if task == "ppl":
+        assert ((skipping["nll"] - dense["nll"]).abs() <= RELATIVE * dense["nll"].abs()).all()

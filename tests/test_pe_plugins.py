@@ -88,6 +88,7 @@ def test_a_checkpoint_moved_to_another_folder_finds_its_plugin_by_the_name_it_wa
     ("import torch\nclass Mine(torch.nn.Module):\n    def __init__(self, config):\n        super().__init__()\n",
      "has no hook of the PE protocol: give it distance_table(max_distance)"),
     ("import torch\nclass Mine(torch.nn.Module):\n    query_dependent = True\n", "has no bias(q_positions, k_positions) hook"),
+    ("import torch\nclass Mine(torch.nn.Module):\n    content_dependent = True\n", "has none of its hooks: content_bias("),
     ("class Mine:\n    def distance_table(self, d):\n        pass\n", "not a torch.nn.Module class"),
     ("raise ImportError('needs my_lib')\n", "raised ImportError: needs my_lib"),
 ])
@@ -257,7 +258,7 @@ def test_a_content_scan_on_blockwise_computes_the_papers_cope_on_dense(tmp_path,
     prior = ours.layers[0].attention.prior
     q, k = torch.randn(1, 4, 50, 16), torch.randn(1, 4, 50, 16)
     scores = ((q @ k.transpose(-1, -2)) / math.sqrt(16)).masked_fill(torch.ones(50, 50).triu(1).bool(), float("-inf"))
-    assert torch.allclose(content_bias(prior, q, scores, torch.arange(50), torch.arange(50)),
+    assert torch.allclose(content_bias(prior, q, k, scores, torch.arange(50), torch.arange(50)),
                           _cope_as_published(q, scores, prior.pos_emb[None], prior.npos_max), atol=1e-6)
     engine = StreamingEngine(ours, device="cpu", chunk_size=64)
     assert engine.attention == "blockwise"  # auto: the fastest path that walks a scan
@@ -304,6 +305,73 @@ def test_a_whole_row_content_bias_runs_on_dense_and_is_refused_elsewhere_by_name
         with pytest.raises(BamctlError, match=f"--attention {path} cannot compute .*: use --attention blockwise or dense$"):
             StreamingEngine(ours, device="cpu", attention=path)
     assert StreamingEngine(ours, device="cpu", attention="dense").attention == "dense"
+
+
+CABLE = f"{EXAMPLES / 'cable.py'}:Cable"
+
+
+def test_a_pair_bias_that_starts_as_alibi_gives_the_zoos_alibi(tmp_path):
+    """The Cable example at its start (every rate its head's ALiBi slope) is ALiBi computed another
+    way: the zoo's ALiBi on the native kernel and Cable pair by pair on blockwise give the same rows."""
+    from bamctl.engine.stream import StreamingEngine
+    from bamctl.tasks import generate_samples
+    from bamctl.tokenizer import get_tokenizer
+
+    zoo, cable = _model("alibi"), _model(CABLE)
+    assert all(torch.equal(zoo.state_dict()[k], cable.state_dict()[k]) for k in zoo.state_dict())
+    sample = next(generate_samples("passkey", [600], 1, 0, get_tokenizer("gpt2")))
+    engines = [StreamingEngine(m, device="cpu", chunk_size=128) for m in (zoo, cable)]
+    assert [e.attention for e in engines] == ["native", "blockwise"]
+    answers = [e.score_continuation(sample.input_ids, sample.target_ids) for e in engines]
+    assert answers[0][0] == answers[1][0] and max(abs(a - b) for a, b in zip(answers[0][1], answers[1][1])) < 1e-4
+
+
+def _cable_trained_like():
+    model = _model(CABLE)
+    with torch.no_grad():
+        for layer in model.layers:
+            prior = layer.attention.prior
+            prior.weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(layer.attention.layer_id))
+            prior.offset.add_(1.0)
+    return model
+
+
+@pytest.mark.parametrize("path", ["flex", "blockwise"])
+@torch.inference_mode()
+def test_a_pair_bias_streams_on_flex_and_blockwise_as_one_dense_forward(path, eager_flex):
+    """Cable with rates that vary by token: chunks of 256 queries through a KV cache, on flex (a
+    score_mod over padded queries and widened keys) and on blockwise, equal one full forward (dense)."""
+    from bamctl.engine import flex
+    from bamctl.engine.stream import StreamingEngine
+
+    if path == "flex" and not flex.flex_available()[0]:
+        pytest.skip("FlexAttention needs torch >= 2.5 on CUDA or an x86 CPU")
+    model = _cable_trained_like()
+    ids = torch.randint(0, 50257, (1, 1100), generator=torch.Generator().manual_seed(3))
+    engine = StreamingEngine(model, device="cpu", dtype="float32", chunk_size=256, attention=path)
+    streamed = engine.token_nll(ids[0].tolist())
+    logprobs = torch.log_softmax(model(ids)[0, :-1].float(), -1)
+    wanted = -logprobs.gather(1, ids[0, 1:, None])[:, 0]
+    assert torch.allclose(torch.as_tensor(streamed)[-wanted.shape[0]:].float(), wanted, atol=1e-4)
+
+
+def test_a_pair_bias_is_refused_by_name_on_the_paths_without_tiles():
+    from bamctl.engine import flex
+    from bamctl.engine.stream import StreamingEngine
+
+    model = _model(CABLE)
+    can = "flex, blockwise or dense" if flex.flex_available()[0] else "blockwise or dense"
+    for path in ("native", "fused"):
+        with pytest.raises(BamctlError, match=f"--attention {path} cannot compute .*: use --attention {can}$"):
+            StreamingEngine(model, device="cpu", attention=path)
+
+
+def test_a_pair_bias_trains():
+    model = _model(CABLE)
+    ids = torch.randint(0, 50257, (2, 40))
+    torch.nn.functional.cross_entropy(model(ids)[:, :-1].flatten(0, 1), ids[:, 1:].flatten()).backward()
+    prior = model.layers[0].attention.prior
+    assert prior.weight.grad.abs().sum() > 0 and prior.offset.grad.abs().sum() > 0
 
 
 def test_a_content_dependent_plugin_trains(tmp_path):

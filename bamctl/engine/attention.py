@@ -4,7 +4,7 @@
 - ``blockwise``: walks key blocks with an online softmax (running max, running sum),
   so the workspace is (Tq, block) whatever the context length. A content-dependent prior given
   as a scan (CoPE's count of open gates) has its key blocks walked nearest first, carrying its
-  state from block to block. With a bias table and
+  state from block to block; one given pair by pair is evaluated on each tile. With a bias table and
   ``block_skip="auto"`` it walks each query block's key blocks nearest first and leaves out,
   per head, those the certified bound of ``bamctl.engine.block_skip`` rules out.
 """
@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from bamctl.attention_math import AttentionInputs, scans_content, ssmax_factor
+from bamctl.attention_math import AttentionInputs, pair_tile, pairs_content, scans_content, ssmax_factor
 from bamctl.engine.block_skip import BlockCounts, attempts, block_bias_range, logit_upper_bound, negligible
 
 EXP_FLOOR = -80.0  # see blockwise_attention
@@ -74,11 +74,15 @@ def blockwise_attention(
     acc = torch.zeros(*q.shape[:3], v.shape[-1], device=q.device)  # (B, H, Tq, Dh)
     q_positions = torch.arange(q_start, q_start + tq, device=q.device)
     starts = range(0, last_key, block_size)
-    scan, carry = inputs.content_prior, None  # a content scan wants the nearest keys first
-    if scan is not None:
-        if not scans_content(scan):
-            raise ValueError("blockwise attention takes a content-dependent prior only as content_scan")
-        starts = reversed(starts)
+    scan, carry, pair = None, None, None
+    if inputs.content_prior is not None:
+        if pairs_content(inputs.content_prior):  # pair by pair: one function for every tile of this call
+            pair = inputs.content_prior.pair_bias(q, k[:, :, :last_key], q_positions)
+        elif scans_content(inputs.content_prior):  # a scan wants the nearest keys first
+            scan = inputs.content_prior
+            starts = reversed(starts)
+        else:
+            raise ValueError("blockwise attention takes a content-dependent prior as content_scan or pair_bias only")
     for start in starts:
         stop = min(start + block_size, last_key)
         tb = stop - start
@@ -94,9 +98,13 @@ def blockwise_attention(
             bias = inputs.query_prior.bias(q_positions, torch.arange(stop - 1, start - 1, -1, device=q.device))  # reversed keys
         elif inputs.bias_table is not None:
             bias = _toeplitz_bias(inputs.bias_table, base, tq, tb)
-        elif scan is not None:  # reads the scores: taken before SSMax's factor, as the dense reference does
+        elif scan is not None or pair is not None:  # reads the scores: before SSMax's factor, as the reference
             scores = logits if future is None else logits.masked_fill(future, float("-inf"))
-            bias, carry = scan.content_scan(q, scores, q_positions, torch.arange(stop - 1, start - 1, -1, device=q.device), carry)
+            k_positions = torch.arange(stop - 1, start - 1, -1, device=q.device)
+            if scan is not None:
+                bias, carry = scan.content_scan(q, scores, q_positions, k_positions, carry)
+            else:
+                bias = pair_tile(pair, scores, q_positions, k_positions)
         if scale_bias and bias is not None:  # SSMax scope "logits": (content + prior) * factor
             logits.add_(bias).mul_(factor)
         else:  # scope "content" (the authors' ALiBi + SSMax) or no SSMax: content * factor + prior

@@ -2,7 +2,8 @@
 
 ``torch.compile(flex_attention)`` fuses the prior and SSMax into the attention kernel
 (``score_mod``) and skips key blocks in a query's future (a ``BlockMask``), so it never
-builds a (Tq, Tk) tensor. Compiled, it runs on CUDA and, for inference only, on x86
+builds a (Tq, Tk) tensor. A content-dependent prior given pair by pair (``pair_bias``) is
+a ``score_mod`` already, and enters the same way. Compiled, it runs on CUDA and, for inference only, on x86
 CPUs. Every distinct shape is one compilation (seconds), so shapes are kept few:
 
 - queries are padded to a multiple of the block size (one chunk shape per run);
@@ -202,21 +203,32 @@ def flex_attention_kernel(
     log_n = torch.log(torch.arange(q_start, q_start + tq_pad, device=device, dtype=torch.float32) + 1.0)
     table, scale = inputs.bias_table, inputs.ssmax_scale
     last = (table.shape[1] - 1) if table is not None else 0
+    if inputs.content_prior is not None:  # pair by pair (the engine sends no other content prior here)
+        # over the padded queries and the widened keys, so that every index flex asks for exists
+        pair = inputs.content_prior.pair_bias(q_pad, k_full, torch.arange(q_start, q_start + tq_pad, device=device))
 
-    if table is None and scale is None:
+        def bias_at(score, b, h, q_idx, kv_idx):
+            return pair(score, b, h, q_idx + offset, kv_idx)
+    elif table is not None:
+        def bias_at(score, b, h, q_idx, kv_idx):
+            return table[h, (q_idx + offset - kv_idx).clamp(0, last)]
+    else:
+        bias_at = None
+
+    if bias_at is None and scale is None:
         score_mod = None
     elif scale is None:
         def score_mod(score, b, h, q_idx, kv_idx):
-            return score + table[h, (q_idx + offset - kv_idx).clamp(0, last)]
-    elif table is None:
+            return score + bias_at(score, b, h, q_idx, kv_idx)
+    elif bias_at is None:
         def score_mod(score, b, h, q_idx, kv_idx):
             return score * (scale[h] * log_n[q_idx])
     elif inputs.ssmax_scope == "logits":
         def score_mod(score, b, h, q_idx, kv_idx):
-            return (score + table[h, (q_idx + offset - kv_idx).clamp(0, last)]) * (scale[h] * log_n[q_idx])
+            return (score + bias_at(score, b, h, q_idx, kv_idx)) * (scale[h] * log_n[q_idx])
     else:
         def score_mod(score, b, h, q_idx, kv_idx):
-            return score * (scale[h] * log_n[q_idx]) + table[h, (q_idx + offset - kv_idx).clamp(0, last)]
+            return score * (scale[h] * log_n[q_idx]) + bias_at(score, b, h, q_idx, kv_idx)
 
     n_q = tq_pad // BLOCK
     if attempts(inputs, block_skip):
@@ -228,7 +240,8 @@ def flex_attention_kernel(
     compute = torch.float32 if q.device.type == "cpu" else q.dtype
     if scale is not None:
         scale = scale.to(torch.float32)
-    shape = (tq_pad, kv_len, tuple(k.shape), table is None, scale is None, inputs.ssmax_scope, skip is None)
+    shape = (tq_pad, kv_len, tuple(k.shape), table is None, scale is None, inputs.ssmax_scope, skip is None,
+             inputs.content_prior is None)
     if shape in failed_shapes:
         return fallback()
     try:

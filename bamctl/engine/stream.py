@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from bamctl.attention_math import dense_attention, scans_content
+from bamctl.attention_math import dense_attention, pairs_content, scans_content
 from bamctl.engine.attention import BlockwiseKernel
 from bamctl.engine.block_skip import check_mode
 from bamctl.engine.flex import FlexKernel, flex_available, require_flex
@@ -75,8 +75,10 @@ def resolve_attention(name: str, device: torch.device) -> str:
 # that is exact to 1e-4 for factors >= 0 only. The native kernel forms (score + prior) * factor
 # in the reference's order, exact for either sign.
 FOLDING_PATHS = ("fused",)
-# Paths that walk a content-dependent prior given as a scan over key blocks (CoPE's), fastest first.
+# Paths that take a content-dependent prior given as a scan over key blocks (CoPE's), or pair by
+# pair (a score_mod), fastest first (flex on CUDA; on CPUs auto keeps to blockwise, which needs no compiler).
 CONTENT_SCAN_PATHS = ("blockwise", "dense")
+PAIR_BIAS_PATHS = ("flex", "blockwise", "dense")
 # Paths that take a prior as a function of (query, key) positions, not only of the distance (FIRE).
 QUERY_DEPENDENT_PATHS = ("native", "blockwise", "dense")
 
@@ -95,16 +97,15 @@ def _exact_for(model: Transformer, attention: str, chosen_by_auto: bool) -> str:
     """
     by_content = [layer.attention.prior for layer in model.layers if getattr(layer.attention.prior, "content_dependent", False)]
     if by_content:
-        # blockwise walks a scan (content_scan) block by block; a bias over whole rows (content_bias) needs dense
-        paths = CONTENT_SCAN_PATHS if all(scans_content(prior) for prior in by_content) else ("dense",)
+        paths = _content_paths(by_content)
         if attention not in paths:
             if not chosen_by_auto:
                 memory = ("" if len(paths) > 1 else " (memory: one chunk of queries against every key, so --chunk-size "
-                          "bounds it; a content_scan hook would serve blockwise)")
+                          "bounds it; a content_scan or pair_bias hook would serve blockwise)")
                 raise BamctlError(f"--attention {attention} cannot compute {model.config.label}'s prior, which depends on "
-                                  f"the content (its keys between each query and key): use --attention "
-                                  f"{' or '.join(paths)}{memory}")
-            attention = paths[0]
+                                  f"the content: use --attention {', '.join(paths[:-1]) + ' or ' if len(paths) > 1 else ''}"
+                                  f"{paths[-1]}{memory}")
+            attention = "blockwise" if "blockwise" in paths else "dense"  # auto: flex is kept where auto chose it
         return attention
     by_query = [layer.attention.prior for layer in model.layers if getattr(layer.attention.prior, "query_dependent", False)]
     if by_query:
@@ -134,6 +135,16 @@ def _exact_for(model: Transformer, attention: str, chosen_by_auto: bool) -> str:
         f"--attention {attention} is exact only for SSMax scales >= 0 where SSMax scales the prior too, "
         f"and {what}; use --attention native or blockwise"
     )
+
+
+def _content_paths(priors: list) -> tuple[str, ...]:
+    """The paths that compute these content-dependent priors: pair by pair (a ``score_mod``) every
+    tile-walking path; a scan over key blocks blockwise and dense; a bias over whole rows dense only."""
+    if all(pairs_content(prior) for prior in priors):
+        return PAIR_BIAS_PATHS if flex_available()[0] else PAIR_BIAS_PATHS[1:]
+    if all(scans_content(prior) or pairs_content(prior) for prior in priors):
+        return CONTENT_SCAN_PATHS
+    return ("dense",)
 
 
 def _negative_scale_on_a_prior(model: Transformer) -> tuple[int, int, float] | None:
