@@ -426,6 +426,9 @@ def test_shipped_rows_with_skipping_are_the_dense_rows(name, task, length, tmp_p
     order = [c for c in ("depth", "seed", "sample", "position") if c in dense.columns]
     skipping, dense = (rows.sort_values(order).reset_index(drop=True) for rows in (skipping, dense))
     assert skipping["skipped_blocks"].sum() > 0 and dense["skipped_blocks"].isna().all()
-    assert list(skipping["predicted"]) == list(dense["predicted"]) and list(skipping["score"]) == list(dense["score"])
-    if task == "ppl":
-        assert ((skipping["nll"] - dense["nll"]).abs() <= RELATIVE * dense["nll"].abs()).all()
+    assert list(skipping["predicted"]) == list(dense["predicted"])
+    if task == "ppl":  # a window's perplexity and summed NLL: the engine's tolerance
+        for column in ("score", "nll"):
+            assert ((skipping[column] - dense[column]).abs() <= RELATIVE * dense[column].abs()).all()
+    else:
+        assert list(skipping["score"]) == list(dense["score"])
