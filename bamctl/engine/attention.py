@@ -99,7 +99,8 @@ def blockwise_attention(
         elif inputs.bias_table is not None:
             bias = _toeplitz_bias(inputs.bias_table, base, tq, tb)
         elif scan is not None or pair is not None:  # reads the scores: before SSMax's factor, as the reference
-            scores = logits if future is None else logits.masked_fill(future, float("-inf"))
+            # a copy: the logits change in place below, and a carry may hold a view of what it was given
+            scores = logits.clone() if future is None else logits.masked_fill(future, float("-inf"))
             k_positions = torch.arange(stop - 1, start - 1, -1, device=q.device)
             if scan is not None:
                 bias, carry = scan.content_scan(q, scores, q_positions, k_positions, carry)
