@@ -125,6 +125,34 @@ def test_flex_leaves_out_the_blocks_the_bound_rules_out_and_keeps_the_numbers(le
     torch.testing.assert_close(got, every_block, atol=1e-6, rtol=1e-6)
 
 
+def test_a_content_bias_pair_by_pair_compiles_as_flexs_score_mod():
+    """A plugin's pair_bias (the Cable example: rates read from the keys, summed between key and
+    query) inside flex's compiled kernel, against the dense reference on the same device."""
+    from pathlib import Path
+
+    from bamctl.attention_math import dense_attention
+    from bamctl.checkpoint import new_random_model
+    from bamctl.model import ModelConfig
+
+    cable = Path(__file__).resolve().parents[1] / "examples" / "positional" / "cable.py"
+    prior = new_random_model(ModelConfig.from_preset("micro", f"{cable}:Cable"), seed=0).layers[0].attention.prior
+    with torch.no_grad():
+        prior.weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
+    prior = prior.to(DEVICE)
+    length, heads = LENGTHS[0], prior.weight.shape[0]
+    g = torch.Generator().manual_seed(length + 2)
+    q, k, v = (torch.randn(1, heads, length, prior.weight.shape[1], generator=g).to(DEVICE) * QK_SCALE for _ in range(3))
+    half = length // 2
+    inputs = AttentionInputs(q_start=half, bias_table=None, ssmax_scale=torch.full((heads,), 0.6, device=DEVICE),
+                             content_prior=prior)
+    kernel = kernel_for("flex")
+    with torch.no_grad():
+        got = kernel(q[:, :, half:], k, v, inputs)
+        expected = dense_attention(q[:, :, half:], k, v, inputs)
+    assert not kernel.failed_shapes, "FlexAttention fell back to the blockwise path"
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="auto picks flex on CUDA only (native on CPUs)")
 def test_auto_picks_flex_on_cuda():
     from bamctl.checkpoint import new_random_model
