@@ -432,3 +432,22 @@ def test_shipped_rows_with_skipping_are_the_dense_rows(name, task, length, tmp_p
             assert ((skipping[column] - dense[column]).abs() <= RELATIVE * dense[column].abs()).all()
     else:
         assert list(skipping["score"]) == list(dense["score"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not NATIVE, reason=f"no C++ kernel: {NATIVE_WHY}")
+@pytest.mark.parametrize("name", SHIPPED_BIAS)
+@torch.inference_mode()
+def test_shipped_bias_models_keep_their_rows_at_64k(name):
+    """At 64k, skipping against the same native kernel reading every block (``off``), which the
+    4k and 16k cases above hold to dense: dense itself at 64k costs minutes a model."""
+    from bamctl.catalog import resolve_model
+
+    model = resolve_model(name).model
+    subset = model.config.token_subset
+    pool = torch.tensor(subset if subset is not None else range(model.config.vocab_size))
+    ids = pool[torch.randint(0, len(pool), (65536,), generator=torch.Generator().manual_seed(64))].tolist()
+    auto = StreamingEngine(model, device="cpu", dtype="float32", attention="native")
+    off = StreamingEngine(model, device="cpu", dtype="float32", attention="native", block_skip="off")
+    _assert_rows_equal(auto, off, ids, window=1024)
+    assert off.last_block_counts[0][0] == 0
