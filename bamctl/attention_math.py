@@ -128,10 +128,10 @@ def content_bias(prior: ContentPrior | ContentScan | PairBias, q: torch.Tensor, 
     """
     if pairs_content(prior):
         return pair_tile(prior.pair_bias(q, k, q_positions), scores, q_positions, k_positions)
-    if not scans_content(prior):
-        return prior.content_bias(q, scores, q_positions, k_positions)
-    bias, _ = prior.content_scan(q, scores.flip(-1), q_positions, k_positions.flip(0), None)
-    return bias.flip(-1)
+    if scans_content(prior):
+        bias, _ = prior.content_scan(q, scores.flip(-1), q_positions, k_positions.flip(0), None)
+        return bias.flip(-1)
+    return prior.content_bias(q, scores, q_positions, k_positions)
 
 
 def ssmax_factor(inputs: AttentionInputs, n_queries: int, device) -> torch.Tensor:

@@ -3,7 +3,6 @@
 import signal
 
 import pytest
-import torch
 
 # Started as a background job of a non-interactive shell (`bash .ci/run &`), pytest inherits
 # SIGINT ignored, and so does every process a test starts: the tests that stop one with SIGINT,
@@ -43,6 +42,7 @@ def chat_tok():
 @pytest.fixture
 def eager_flex(monkeypatch):
     """flex_attention run by dynamo's eager backend: the same block mask and score_mod, no compiler."""
+    import torch
     from torch.nn.attention.flex_attention import flex_attention
 
     from bamctl.engine import flex

@@ -103,8 +103,7 @@ def _exact_for(model: Transformer, attention: str, chosen_by_auto: bool) -> str:
                 memory = ("" if len(paths) > 1 else " (memory: one chunk of queries against every key, so --chunk-size "
                           "bounds it; a content_scan or pair_bias hook would serve blockwise)")
                 raise BamctlError(f"--attention {attention} cannot compute {model.config.label}'s prior, which depends on "
-                                  f"the content: use --attention {', '.join(paths[:-1]) + ' or ' if len(paths) > 1 else ''}"
-                                  f"{paths[-1]}{memory}")
+                                  f"the content: use --attention {_either(paths)}{memory}")
             attention = "blockwise" if "blockwise" in paths else "dense"  # auto: flex is kept where auto chose it
         return attention
     by_query = [layer.attention.prior for layer in model.layers if getattr(layer.attention.prior, "query_dependent", False)]
@@ -118,7 +117,7 @@ def _exact_for(model: Transformer, attention: str, chosen_by_auto: bool) -> str:
                     "takes a query-dependent prior only in its piecewise-linear form (kernel_form), which it lacks"
                 raise BamctlError(
                     f"--attention {attention} {why}; {model.config.label}'s depends on the query position too: use "
-                    f"--attention {', '.join(paths[:-1])} or {paths[-1]}"
+                    f"--attention {_either(paths)}"
                 )
             attention = "blockwise"  # auto on CUDA, on a CPU without the native kernel, or a prior native cannot take
     if attention not in FOLDING_PATHS:
@@ -135,6 +134,11 @@ def _exact_for(model: Transformer, attention: str, chosen_by_auto: bool) -> str:
         f"--attention {attention} is exact only for SSMax scales >= 0 where SSMax scales the prior too, "
         f"and {what}; use --attention native or blockwise"
     )
+
+
+def _either(paths: Sequence[str]) -> str:
+    """"a, b or c": the paths a refusal names."""
+    return paths[0] if len(paths) == 1 else f"{', '.join(paths[:-1])} or {paths[-1]}"
 
 
 def _content_paths(priors: list) -> tuple[str, ...]:
