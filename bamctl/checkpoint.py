@@ -23,11 +23,13 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from bamctl.version import __version__
+from bamctl import consent
 from bamctl.errors import BamctlError
 from bamctl.files import atomic_write
 from bamctl.fingerprints import digest
+from bamctl.local_code import local_code
 from bamctl.model import ModelConfig, Transformer
+from bamctl.version import __version__
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -66,11 +68,13 @@ def canonical_config(config: ModelConfig) -> dict:
     values = config.to_dict()
     canonical = {f.name: typed[f.type](values[f.name]) if f.type in typed else values[f.name] for f in fields(config)
                  if f.name not in HELD_BY_THE_WEIGHTS}
-    # A plugin PE computes what its source says: its digest is the identity (where it was found is not).
+    # A plugin PE computes what its code says: the digest of its file and the helpers it imports is
+    # the identity, with the class's name; where it was found, and the path it was named by, are not.
     # The zoo's PEs have none, and their checkpoints keep the hash they had before plugins.
     source = canonical.pop("pe_source")
     if source is not None:
         canonical["pe_source"] = source["digest"]
+        canonical["pe"] = canonical["pe"].rpartition(":")[2]
     return canonical
 
 
@@ -125,7 +129,21 @@ def save_checkpoint(
         "n_params": model.n_params(),
     }
     atomic_write(out / CONFIG_FILE, lambda tmp: Path(tmp).write_text(json.dumps(config, indent=2) + "\n"))
+    _remember_code(model.config.pe_source)
     return out
+
+
+def _remember_code(source: dict | None) -> None:
+    """A checkpoint one saves opens again without --trust-remote-code: the plugin code this process
+    ran (its file and helpers, by digest) is remembered as consented (``bamctl.consent``)."""
+    if not source:
+        return
+    target = source["where"].rpartition(":")[0]
+    if not (target.endswith(".py") and Path(target).is_file()):
+        return
+    code = local_code(Path(target))
+    if code.digest == source.get("digest"):
+        consent.remember(code)
 
 
 def read_config(path: Path) -> dict:

@@ -2,10 +2,12 @@
 package's entry point. ``py:`` models (``bamctl.backends.module``) and positional-encoding plugins
 (``bamctl.positional``) are found here.
 
-A file is imported as a module of its own, named by its path and bytes, so an edited file is
-imported afresh and two files of one name never meet in ``sys.modules``. What is found carries
-where it was found and the digest of the file that defines it: what it computes is part of the
-identity of whatever it produced.
+A file is imported as a module of its own, named by its content (``bamctl.local_code``: the file
+and every module it imports from its own folder), so an edited file or helper is imported afresh.
+Each file is imported in a namespace of its own: the modules it imports from its folder
+(``helper``, ``layers``) are its own, so two files that each import a sibling ``helper.py`` each
+run their own helper in one process. What is found carries where it was found and the content of
+the code that defines it: what it computes is part of the identity of whatever it produced.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ import importlib
 import importlib.util
 import inspect
 import sys
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bamctl.errors import BamctlError, did_you_mean
 from bamctl.fingerprints import digest, file_digest
+from bamctl.local_code import LocalCode, local_code
 
 
 @dataclass(frozen=True)
@@ -49,26 +53,77 @@ def is_file_target(target: str) -> bool:
     return target.endswith(".py") or "/" in target or "\\" in target
 
 
+USER_CODE_FAILS = (Exception, SystemExit)  # what code a user brought may raise that is its failure, not a Ctrl-C
+
+
+@dataclass
+class UserNamespace:
+    """The modules one file imported from its own folder, kept out of ``sys.modules`` between uses."""
+
+    code: LocalCode
+    modules: dict = field(default_factory=dict)
+
+    @contextmanager
+    def active(self):
+        """Its folder first on ``sys.path`` and its own sibling modules in ``sys.modules`` (another
+        file's of the same names hidden meanwhile); afterwards, what it imported from its folder is
+        taken back out, so the next file's ``import helper`` finds its own."""
+        tops = {name.split(".")[0] for name in self.code.modules}
+        before = set(sys.modules)
+        hidden = {name: sys.modules.pop(name) for name in list(sys.modules) if name.split(".")[0] in tops}
+        sys.modules.update(self.modules)
+        folder = str(self.code.root)
+        sys.path.insert(0, folder)
+        try:
+            yield
+        finally:
+            sys.path.remove(folder)
+            for name in list(sys.modules):
+                if name.split(".")[0] in tops or (name not in before and _file_under(sys.modules[name], self.code.root)):
+                    self.modules[name] = sys.modules.pop(name)
+            sys.modules.update(hidden)
+
+
+def _file_under(module, folder: Path) -> bool:
+    origin = getattr(module, "__file__", None)
+    return bool(origin) and not module.__name__.startswith("bamctl") and folder in Path(origin).resolve().parents
+
+
+_NAMESPACES: dict[str, UserNamespace] = {}  # module name (bamctl_user_<digest>) -> its namespace
+
+
 def import_file(path: Path, who: str):
-    """``path`` imported as a module of its own (``who`` names it in errors)."""
-    name = f"bamctl_user_{digest([str(path), file_digest(path)])}"
+    """``path`` imported as a module of its own (``who`` names it in errors), in its own namespace."""
+    code = local_code(path)
+    name = f"bamctl_user_{digest([code.digest, sorted(code.files)])}"
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    namespace = UserNamespace(code)
     sys.modules[name] = module
-    folder = str(path.parent)
-    sys.path.insert(0, folder)  # its own imports of files beside it
     try:
-        spec.loader.exec_module(module)
+        with namespace.active():
+            spec.loader.exec_module(module)
     except BaseException as err:
         del sys.modules[name]
         if isinstance(err, KeyboardInterrupt):
             raise
         raise BamctlError(f"{who}: importing {path.name} raised {one_line(err)}") from None
-    finally:
-        sys.path.remove(folder)
+    _NAMESPACES[name] = namespace
     return module
+
+
+@contextmanager
+def running(value):
+    """Around a call into code found here (a ``py:`` builder): the namespace of the file that
+    defines it, so an import the call makes finds that file's siblings."""
+    namespace = _NAMESPACES.get(getattr(value, "__module__", None) or "")
+    if namespace is None:
+        yield
+        return
+    with namespace.active():
+        yield
 
 
 def source_of(target: str, who: str) -> Path | None:
@@ -85,6 +140,21 @@ def source_of(target: str, who: str) -> Path | None:
     if spec is None:
         raise BamctlError(f"{who}: no module named {target} (a file path ends in .py)")
     return Path(spec.origin).resolve() if spec.origin and spec.origin.endswith(".py") else None
+
+
+def locate_module(target: str) -> Path | None:
+    """The file of module ``target`` (``package.module``), found on ``sys.path`` without importing
+    anything: ``importlib.util.find_spec`` would run the parent packages' ``__init__`` first."""
+    from importlib.machinery import PathFinder
+
+    search, spec = None, None
+    for part in target.split("."):
+        spec = PathFinder.find_spec(part, search)
+        if spec is None:
+            return None
+        search = list(spec.submodule_search_locations or [])
+    origin = spec.origin if spec is not None else None
+    return Path(origin).resolve() if origin and origin.endswith(".py") else None
 
 
 def load(target: str, name: str, who: str) -> Found:

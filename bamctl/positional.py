@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -554,21 +556,22 @@ def installed_plugins() -> dict:
 
 
 def pe_spec(name: str, source: dict | None = None) -> PESpec:
-    """The PE ``name`` names: a zoo entry, or a plugin found by reference (``source``: where a
-    checkpoint says its plugin was found, and the digest of its file then)."""
+    """The PE ``name`` names: a zoo entry, or a plugin found by reference. ``source`` is what a
+    checkpoint recorded of its plugin (where it was found, the digest of its code then): code a
+    checkpoint names runs only with the user's consent (``bamctl.consent``), and only when its
+    bytes are still those recorded, both checked before anything of it is imported."""
     if name in PE_REGISTRY:
         return PE_REGISTRY[name]
-    return _plugin_spec(name, source.get("where") if source else None, source.get("digest") if source else None)
+    return _plugin_spec(name, source)
 
 
-def _plugin_spec(name: str, where: str | None, recorded: str | None) -> PESpec:
-    from bamctl.plugins import file_digest_or_none, load, load_entry_point
-
-    from pathlib import Path
-
-    from bamctl.plugins import is_file_target
+def _plugin_spec(name: str, recorded: dict | None) -> PESpec:
+    from bamctl import consent
+    from bamctl.local_code import is_installed, local_code
+    from bamctl.plugins import is_file_target, load, load_entry_point, locate_module
 
     who = f"positional encoding {name}"
+    where = recorded.get("where") if recorded else None
     reference = where or name
     if where and is_file_target(where.rpartition(":")[0]) and not Path(where.rpartition(":")[0]).is_file():
         # a checkpoint from another machine or folder: its plugin by the name it was given, from here
@@ -579,21 +582,40 @@ def _plugin_spec(name: str, where: str | None, recorded: str | None) -> PESpec:
         reference = name
     target, sep, attribute = reference.rpartition(":")
     if sep:
+        file = Path(target).expanduser().resolve() if is_file_target(target) else locate_module(target)
+        code = None if file is None or not file.is_file() or is_installed(file) else local_code(file)
+        if code is not None and recorded is not None:
+            if recorded.get("digest") not in (None, code.digest):
+                raise BamctlError(f"{who}: {code.describe()} in {code.root} is not the code this checkpoint was made "
+                                  f"with (its digest {code.digest}, recorded {recorded['digest']}); restore those "
+                                  "files, or make a new checkpoint")
+            consent.require(code, who)
+        elif code is not None:
+            consent.named(code)
         found = load(target, attribute, who)
     elif reference in installed_plugins():
+        code = None
         found = load_entry_point(PLUGIN_GROUP, reference, who)
     else:
         raise BamctlError(f"{who}: no installed package gives it (entry point group {PLUGIN_GROUP}); install the "
                           "package that does, or name its file as FILE.py:CLASS")
     cls = found.value
     check_plugin(cls, who)
-    digest_now = file_digest_or_none(found.source)
-    if recorded is not None and digest_now != recorded:
+    digest_now = code.digest if code is not None else file_digest_or_none(found.source)
+    if recorded is not None and recorded.get("digest") is not None and digest_now != recorded["digest"]:
         raise BamctlError(f"{who}: {found.source} is not the source this checkpoint was made with (its digest "
-                          f"{digest_now or 'none'}, recorded {recorded}); restore that file, or make a new checkpoint")
+                          f"{digest_now or 'none'}, recorded {recorded['digest']}); restore that file, or make a new checkpoint")
     summary = (cls.__doc__ or cls.__name__).strip().splitlines()[0]
     source = {"where": found.where, "digest": digest_now, "text": found.source_text}
+    if code is not None and len(code.files) > 1:
+        source["files"] = dict(code.files)  # the helpers it imports, by path from its folder
     return PESpec(name, summary, cls, source=source)
+
+
+def file_digest_or_none(path) -> str | None:
+    from bamctl.fingerprints import file_digest
+
+    return None if path is None else file_digest(path)
 
 
 def check_plugin(cls, who: str) -> None:

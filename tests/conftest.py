@@ -49,3 +49,10 @@ def eager_flex(monkeypatch):
 
     eager = torch.compile(flex_attention, dynamic=False, backend="eager")
     monkeypatch.setattr(flex, "_compiled", lambda: eager)
+
+
+@pytest.fixture(autouse=True)
+def remembered_consents_kept_in_the_tests_own_file(tmp_path_factory, monkeypatch):
+    # Consents to run a checkpoint's code are remembered per file digest (bamctl.consent); a test
+    # neither reads the user's nor leaves its own behind. The processes a test starts inherit it.
+    monkeypatch.setenv("BAMCTL_TRUSTED_CODE", str(tmp_path_factory.mktemp("consent") / "trusted-code.json"))

@@ -60,7 +60,7 @@ def test_an_edited_or_missing_plugin_is_one_line_when_its_checkpoint_loads(tmp_p
     folder = save_checkpoint(_model(f"{tmp_path / 'my_pe.py'}:Sandwich"), tmp_path / "ckpt")
     source = tmp_path / "my_pe.py"
     source.write_text(source.read_text().replace("8.0 / config.n_heads", "4.0 / config.n_heads"))
-    with pytest.raises(BamctlError, match="is not the source this checkpoint was made with"):
+    with pytest.raises(BamctlError, match="is not the code this checkpoint was made with"):
         load_checkpoint(folder)
     source.unlink()
     with pytest.raises(BamctlError, match="its file is neither where the checkpoint found it"):

@@ -215,7 +215,7 @@ class RunOptions:
     prior_form: str | None = None  # the authors' BAM checkpoints: released or scaled_distance
     rope_scaling: str | None = None  # RoPE models at inference: linear, ntk or yarn ...
     rope_factor: float | None = None  # ... by this factor
-    trust_remote_code: bool = False  # hf: run a model folder's own modeling code (config.json's auto_map)
+    trust_remote_code: bool = False  # run code a model names: an hf: folder's auto_map, a checkpoint's PE plugin
 
     def asked(self) -> dict[str, Any]:
         """The options the user set, by field name."""
@@ -268,6 +268,7 @@ class EngineOptions:
     rope_scaling: str | None = None  # linear, ntk or yarn: RoPE scaled at inference ...
     rope_factor: float | None = None  # ... by this factor
     block_skip: str = "auto"  # auto or off: certified key-block skipping (docs/engine.md)
+    trust_remote_code: bool = False  # a checkpoint naming code of its own (a PE plugin's file): run it (bamctl.consent)
 
     def __post_init__(self):
         positive(self.chunk_size, "chunk_size")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -36,8 +37,9 @@ from bamctl.backends.base import ModelInfo, ModelPeek, ModuleOptions, auto_batch
 from bamctl.backends.hf_common import LengthPolicy, RequestShaper
 from bamctl.backends.logits_loop import LogitsLoopBackend
 from bamctl.errors import BamctlError
-from bamctl.fingerprints import digest, file_digest
-from bamctl.plugins import load, one_line, source_of
+from bamctl.fingerprints import digest
+from bamctl.local_code import code_of_files, installed_libraries, is_installed, local_code
+from bamctl.plugins import USER_CODE_FAILS, load, one_line, running, source_of
 
 PREFIX = "py"
 WHAT = "a plain PyTorch module"
@@ -58,7 +60,7 @@ class UserModel:
     step: Callable | None = None  # (module, ids, cache) -> (output, cache)
     train_length: int | None = None
     name: str | None = None
-    source_files: tuple[str, ...] = ()  # files that define it beyond its classes' (a py: builder's)
+    arguments: dict | None = None  # a py: builder's, as parsed: part of the identity (they may reach the model unseen)
 
 
 TAKES = ("a torch.nn.Module, (module, tokenizer), or a dict with 'model' and optionally 'tokenizer', "
@@ -113,44 +115,87 @@ class PyReference:
         """The file the function is defined in (a module's is found without importing it)."""
         return source_of(self.target, PREFIX)
 
+    def code_digest(self) -> str | None:
+        """The content of the code the reference imports: the file and every module it imports from
+        its own folder (None: an installed module, whose version the compute version holds)."""
+        source = self.source()
+        return None if source is None or is_installed(source) else local_code(source).digest
+
+    def label(self) -> str:
+        """How rows name it: the file's name, the function and the arguments as parsed
+        (``model.py:build:temperature=7.0``), never the folder."""
+        name = f"{Path(self.target).name}:{self.function}"
+        return f"{name}:{_arguments_label(self.arguments)}" if self.arguments else name
+
 
 def parse_arguments(text: str) -> dict:
-    """``dim=64,pe=rope,scale=0.5`` -> {'dim': 64, 'pe': 'rope', 'scale': 0.5}: each value a Python
-    literal where it reads as one, else a string."""
+    """``dim=64,pe=rope,sizes=[1,2],scale=0.5`` -> {'dim': 64, 'pe': 'rope', 'sizes': [1, 2], 'scale': 0.5}:
+    the items are split at commas outside brackets and quotes; each value is a Python literal
+    (``ast.literal_eval``), or a bare word (``rope``, ``gpt2``, ``./data``) taken as a string.
+    Anything else (``0.5.2``, ``[1, 2``) is refused: a mistyped number must not become a string."""
     arguments = {}
-    for item in filter(None, text.split(",")):
+    for item in _top_level_items(text):
         key, sep, raw = item.partition("=")
-        if not sep or not key.strip().isidentifier():
+        key, raw = key.strip(), raw.strip()
+        if not sep or not key.isidentifier():
             raise BamctlError(f"py: argument {item!r} is not KEY=VALUE (e.g. dim=64,pe=rope)")
+        if key in arguments:
+            raise BamctlError(f"py: argument {key} is given twice")
         try:
-            value = ast.literal_eval(raw.strip())
-        except (ValueError, SyntaxError):
-            value = raw.strip()
-        arguments[key.strip()] = value
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            if not BARE_WORD.fullmatch(raw):
+                raise BamctlError(f"py: argument {key}={raw} is neither a Python literal nor a bare word; quote a "
+                                  f"string ({key}='{raw}') or fix the literal") from None
+            value = raw
+        arguments[key] = value
     return arguments
 
 
+BARE_WORD = re.compile(r"(?:[A-Za-z_~/]|\./|\.\./)[\w.\-/+~]*")  # a name or a path: read as a string
+_OPENS, _CLOSES = "([{", ")]}"
+
+
+def _top_level_items(text: str) -> list[str]:
+    """``text`` split at the commas that are outside brackets and quotes."""
+    items, current, depth, quote = [], [], 0, None
+    for char in text:
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in _OPENS:
+            depth += 1
+        elif char in _CLOSES:
+            depth -= 1
+        elif char == "," and depth == 0:
+            items.append("".join(current))
+            current = []
+            continue
+        current.append(char)
+    items.append("".join(current))
+    return [item for item in items if item.strip()]
+
+
 def build(reference: str) -> UserModel:
-    """Import a ``py:`` reference's target and call its function (once per reference and file
-    bytes in a process: checking and running one reference build it once)."""
+    """Import a ``py:`` reference's target and call its function (once per reference and code in a
+    process: checking and running one reference build it once). Anything the user's code raises,
+    ``sys.exit`` included, is one line naming the call."""
     parsed = PyReference.parse(reference)
-    source = parsed.source()
-    key = (reference, None if source is None else file_digest(source))
+    key = (reference, parsed.code_digest())
     if key in _BUILT:
         return _BUILT[key]
     function = load(parsed.target, parsed.function, PREFIX).value
     if not callable(function):
         raise BamctlError(f"py: {parsed.target}:{parsed.function} is a {type(function).__name__}, not a function")
     try:
-        made = function(**parsed.arguments)
-    except KeyboardInterrupt:
-        raise
-    except Exception as err:
+        with running(function):
+            made = function(**parsed.arguments)
+    except USER_CODE_FAILS as err:
         raise BamctlError(f"py: {parsed.target}:{parsed.function}({_arguments_text(parsed.arguments)}) raised "
                           f"{one_line(err)}") from None
     found = user_model(made, who=f"py: {parsed.target}:{parsed.function}")
-    files = tuple(sorted({*found.source_files, *([str(source)] if source else [])}))
-    found = replace(found, name=found.name or f"{Path(parsed.target).name}:{parsed.function}", source_files=files)
+    found = replace(found, name=found.name or parsed.label(), arguments=dict(parsed.arguments))
     _BUILT.clear()  # one built model kept: the one being checked, then run
     _BUILT[key] = found
     return found
@@ -161,6 +206,10 @@ _BUILT: dict[tuple, UserModel] = {}
 
 def _arguments_text(arguments: dict) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in arguments.items())
+
+
+def _arguments_label(arguments: dict) -> str:
+    return ",".join(f"{k}={v if isinstance(v, str) else repr(v).replace(' ', '')}" for k, v in arguments.items())
 
 
 def tokenizer_of(spec: str):
@@ -179,8 +228,8 @@ def tokenizer_of(spec: str):
 
 
 def defining_files(found: UserModel) -> list[Path]:
-    """The source files that define the model: its classes' (outside torch, whose version the
-    compute version holds), the step's, and the builder's file."""
+    """The source files that define the model: its classes' and its step function's (torch's own
+    left out, whose version the compute version holds)."""
     torch_root = Path(torch.__file__).resolve().parent
     files = set()
     for part in [*{type(m) for m in found.module.modules()}, found.step]:
@@ -192,16 +241,25 @@ def defining_files(found: UserModel) -> list[Path]:
             continue
         if path and Path(path).is_file() and torch_root not in Path(path).resolve().parents:
             files.add(Path(path).resolve())
-    files.update(Path(f).resolve() for f in found.source_files)
     return sorted(files)
 
 
 def module_identity(found: UserModel) -> str:
-    """What the module computes with: its state dict (every parameter and persistent buffer: name,
-    dtype, shape, bytes), its classes, its ``repr`` (layer sizes and settings), and the bytes of its
-    defining files. Buffers kept out of the state dict are left out too: modules fill such caches
-    lazily (x-transformers' ALiBi bias grows with the longest sequence seen), so hashing them would
-    make a module another model after its first forward."""
+    """What the module computes with, and nothing of where its files lie:
+
+    - its state dict (every parameter and persistent buffer: name, dtype, shape, bytes). Buffers
+      kept out of the state dict are left out: modules fill such caches lazily (x-transformers'
+      ALiBi bias grows with the longest sequence seen), so hashing them would make a module
+      another model after its first forward;
+    - its classes, its ``repr`` (layer sizes and settings), and every submodule's plain settings
+      (numbers, strings, flags: a ``temperature`` attribute no ``repr`` shows);
+    - the bytes of its code: the files defining its classes and step, and every module they import
+      from their own folders (``bamctl.local_code``), named by their paths relative to the folder
+      they share, so a copy of the tree elsewhere is the same model. Installed libraries are not
+      hashed file by file: their versions are part of the compute version (``compute_libraries``);
+    - a ``py:`` builder's arguments as parsed, where it was given any: they may reach the model in
+      ways its content does not show (a closure). Without arguments, a module built by ``py:`` and
+      the same module handed to the API in memory are one model."""
     import hashlib
 
     tensors = hashlib.sha256()
@@ -209,10 +267,52 @@ def module_identity(found: UserModel) -> str:
         flat = tensor.detach().to("cpu").contiguous().reshape(-1)
         tensors.update(f"{name}:{flat.dtype}:{tuple(tensor.shape)}:".encode())
         tensors.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
-    classes = sorted({f"{type(m).__module__}.{type(m).__qualname__}" for m in found.module.modules()})
-    code = {path.name + ":" + digest(str(path)): file_digest(path) for path in defining_files(found)}
-    return digest({"tensors": tensors.hexdigest(), "classes": classes, "repr": repr(found.module), "code": code,
-                   "step": None if found.step is None else getattr(found.step, "__qualname__", repr(found.step))})
+    classes = sorted({_class_name(type(m)) for m in found.module.modules()})
+    files = defining_files(found)
+    content = {"tensors": tensors.hexdigest(), "classes": classes, "repr": repr(found.module),
+               "settings": module_settings(found.module), "code": code_of_files(files),
+               "step": None if found.step is None else getattr(found.step, "__qualname__", repr(found.step))}
+    if found.arguments:
+        content["arguments"] = repr(sorted(found.arguments.items()))
+    return digest(content)
+
+
+def _class_name(cls) -> str:
+    """A class as identity names it: an installed library's by module and name; one of the user's
+    files by its name alone, since its file's bytes are hashed and the module name a file gets
+    depends on how it was reached (``model`` imported, ``bamctl_user_...`` through ``py:``)."""
+    try:
+        path = inspect.getsourcefile(cls)
+    except TypeError:  # built-in
+        path = None
+    if path and not is_installed(Path(path)):
+        return cls.__qualname__
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+PLAIN = (bool, int, float, str, type(None))
+
+
+def module_settings(module: torch.nn.Module) -> dict:
+    """Every submodule's plain attributes (numbers, strings, flags and tuples of them), by name."""
+    settings = {}
+    for name, sub in module.named_modules():
+        plain = {key: value for key, value in vars(sub).items()
+                 if not key.startswith("_") and key != "training" and _is_plain(value)}
+        if plain:
+            settings[name or "."] = repr(sorted(plain.items()))
+    return settings
+
+
+def _is_plain(value) -> bool:
+    if isinstance(value, (tuple, list)):
+        return len(value) <= 64 and all(_is_plain(v) for v in value)
+    return isinstance(value, PLAIN)
+
+
+def code_libraries(found: UserModel) -> tuple[str, ...]:
+    """The installed distributions the module's code imports or lives in."""
+    return installed_libraries(defining_files(found))
 
 
 def _attribute(module: torch.nn.Module, names) -> int | None:
@@ -303,6 +403,8 @@ class ModuleBackend(LogitsLoopBackend):
         self.device = str(device)
         self.dtype = str(dtype).removeprefix("torch.")
         self.attention = "module"  # the module's own attention
+        # the libraries its code computes with (x-transformers, litgpt ...): their versions label its rows
+        self.compute_libraries = tuple(sorted({*type(self).compute_libraries, *code_libraries(found)}))
         self._probe(name)
 
     def _probe(self, name: str) -> None:
@@ -319,9 +421,7 @@ class ModuleBackend(LogitsLoopBackend):
                 logits = logits_of(output)
         except BamctlError as err:
             raise BamctlError(f"{name}: {err}") from None
-        except KeyboardInterrupt:
-            raise
-        except Exception as err:
+        except USER_CODE_FAILS as err:
             how = "its step" if self.chunked else "its forward"
             raise BamctlError(f"{name}: {how} on {len(ids)} tokens raised {one_line(err)}") from None
         shape = tuple(logits.shape)
@@ -341,9 +441,9 @@ class ModuleBackend(LogitsLoopBackend):
                 output, cache = self.step(self.model, ids, cache)
             else:
                 output = self.model(ids)
-        except (KeyboardInterrupt, BamctlError):
+        except BamctlError:
             raise
-        except Exception as err:  # the user's code: said in one line, with the shape it was given
+        except USER_CODE_FAILS as err:  # the user's code: said in one line, with the shape it was given
             how = "its step" if self.chunked else "its forward"
             raise BamctlError(f"{self.info.name}: {how} on ids of shape {tuple(ids.shape)} raised {one_line(err)}") from None
         if rows is None:
@@ -478,5 +578,4 @@ class PyBackend(ModuleBackend):
 
 def peek(reference: str, options=None) -> ModelPeek:
     found = build(reference)
-    source = PyReference.parse(reference).source()
-    return ModelPeek(train_length=train_length(found, found.name), source_digest=None if source is None else file_digest(source))
+    return ModelPeek(train_length=train_length(found, found.name), source_digest=PyReference.parse(reference).code_digest())

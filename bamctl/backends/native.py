@@ -110,9 +110,11 @@ class NativeBackend(EngineBackend):
 
     def __init__(self, reference: str, options: EngineOptions):
         from bamctl.catalog import resolve_model
+        from bamctl.consent import trusting
         from bamctl.tokenizer import get_tokenizer
 
-        checkpoint = resolve_model(reference)
+        with trusting(options.trust_remote_code):
+            checkpoint = resolve_model(reference)
         tokenizer = get_tokenizer(checkpoint.model.config.tokenizer)
         super().__init__(checkpoint, tokenizer, reference.rstrip("/").split("/")[-1], options)
 

@@ -91,7 +91,10 @@ def inspect(
     if entry in (BACKENDS["hf"], BACKENDS["vllm"]):
         _inspect_hf(rest, json_output, trust_remote_code)
         return
-    checkpoint = _load_for_inspection(rest, authors=entry is BACKENDS["bam"])
+    from bamctl.consent import trusting
+
+    with trusting(trust_remote_code):
+        checkpoint = _load_for_inspection(rest, authors=entry is BACKENDS["bam"])
     config = checkpoint.model.config
     if plot is not None:
         from bamctl.interpret import plot_priors

@@ -165,8 +165,10 @@ EVALUATION: list[Param] = [
         "perplexity document, as the authors' evaluation; hf:/vllm: what the tokenizer's plain call adds), always or never.")),
     Param("trust_remote_code", bool, False, typer.Option(
         rich_help_panel=EXTERNAL_PANEL,
-        help="hf: run the model folder's own modeling code (config.json's auto_map), as transformers' trust_remote_code "
-        "does; read that code first. Its files are part of the model's identity. Without it such a folder is refused.")),
+        help="Run code that a model names rather than you: an hf: folder's own modeling code (config.json's auto_map), "
+        "as transformers' trust_remote_code does, or a bamctl checkpoint's PE plugin file. Read that code first. Its "
+        "files are part of the model's identity; a checkpoint's consent is remembered by the digest of each file, so a "
+        "changed file asks again. Without it such a model is refused in one line.")),
     Param("prior_form", Optional[PriorForm], None, typer.Option(
         rich_help_panel=EXTERNAL_PANEL,
         help="bam: the GGD prior's formula: released (-(|d-mu|+eps)^beta e^alpha, their training and release) or "
