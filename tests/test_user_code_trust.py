@@ -246,3 +246,59 @@ def test_a_checkpoint_one_saved_oneself_opens_without_the_flag(tmp_path):
     assert exited.value.code == 0
     opened = _bamctl("inspect", str(tmp_path / "m"), trust_file=Path(os.environ["BAMCTL_TRUSTED_CODE"]))
     assert opened.returncode == 0, opened.stderr
+
+
+def test_the_api_asks_the_same_consent_by_the_same_name(downloaded_checkpoint, tmp_path):
+    script = textwrap.dedent(f"""\
+        import bamctl
+        from bamctl.errors import BamctlError
+        ask = dict(task="passkey", lengths="128", samples=1, depths=[0.5], dir={str(tmp_path / 'res')!r}, quiet=True)
+        try:
+            bamctl.evaluate({str(downloaded_checkpoint)!r}, **ask)
+        except BamctlError as err:
+            print("refused:", err)
+        print(len(bamctl.evaluate({str(downloaded_checkpoint)!r}, trust_remote_code=True, **ask)))
+        """)
+    env = {**os.environ, "BAMCTL_TRUSTED_CODE": str(tmp_path / "fresh-machine.json")}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    refused, rows = done.stdout.strip().splitlines()
+    assert refused.startswith("refused:") and "trust_remote_code=True" in refused and "my_pe.py" in refused
+    assert rows == "1"
+
+
+PLUGIN_WITH_HELPER = textwrap.dedent("""\
+    import torch
+    import helper
+
+    class Slope(torch.nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.heads = config.n_heads
+
+        def distance_table(self, max_distance):
+            distance = torch.arange(max_distance + 1, dtype=torch.float32)
+            return -helper.SLOPE * distance[None, :].expand(self.heads, -1)
+    """)
+
+
+def test_plugins_with_same_named_helpers_run_their_own_and_a_helper_is_part_of_the_identity(tmp_path):
+    from bamctl.checkpoint import model_identity
+    from bamctl.model import ModelConfig, Transformer
+
+    for name, slope in (("a", 1.0), ("b", 2.0)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "pe.py").write_text(PLUGIN_WITH_HELPER)
+        (tmp_path / name / "helper.py").write_text(f"SLOPE = {slope}\n")
+    configs = [ModelConfig.from_preset("micro", f"{tmp_path / n / 'pe.py'}:Slope", train_length=128) for n in "ab"]
+    tables = [Transformer(c).layers[0].attention.prior.distance_table(3) for c in configs]
+    assert tables[0][0].tolist() == [0.0, -1.0, -2.0, -3.0] and tables[1][0].tolist() == [0.0, -2.0, -4.0, -6.0]
+    assert model_identity("w", configs[0]) != model_identity("w", configs[1])
+
+    (tmp_path / "a" / "helper.py").write_text("SLOPE = 3.0\n")
+    edited = ModelConfig.from_preset("micro", f"{tmp_path / 'a' / 'pe.py'}:Slope", train_length=128)
+    assert model_identity("w", edited) not in {model_identity("w", c) for c in configs}
+    assert Transformer(edited).layers[0].attention.prior.distance_table(1)[0].tolist() == [0.0, -3.0]
+    shutil.copytree(tmp_path / "b", tmp_path / "elsewhere")  # where the files lie is not identity
+    moved = ModelConfig.from_preset("micro", f"{tmp_path / 'elsewhere' / 'pe.py'}:Slope", train_length=128)
+    assert model_identity("w", moved) == model_identity("w", configs[1])
