@@ -62,9 +62,11 @@ class AttentionInputs:
     # whole rows, ``content_bias(q, scores, q positions, k positions)`` -> (B, H, Tq, Tk), ``scores``
     # the scaled dot products with future keys at -inf (dense); the same as a scan over key blocks
     # given nearest first, ``content_scan(q, scores, q positions, k positions, carry)`` -> (bias,
-    # carry) (CoPE's count; dense, blockwise); or pair by pair, ``pair_bias(q, k, q positions)`` ->
-    # a function of (score, b, h, q position, k position), FlexAttention's ``score_mod`` form
-    # (dense, blockwise, flex). The engine refuses it the other paths.
+    # carry) (CoPE's count; dense, blockwise); or pair by pair (dense, blockwise, flex): either
+    # ``score_mod(score, b, h, q position, k position)`` -> the new score, FlexAttention's own
+    # signature and meaning, or ``pair_bias(q, k, q positions)`` -> a function of that signature
+    # whose value is *added* to the score (``pair_bias_of`` serves both as the latter). The engine
+    # refuses it the other paths.
     content_prior: ContentPrior | ContentScan | PairBias | None = None
 
     @property
@@ -104,8 +106,34 @@ def scans_content(prior) -> bool:
 
 
 def pairs_content(prior) -> bool:
-    """A content-dependent prior given pair by pair (a ``score_mod``): every tile of keys can take it."""
-    return callable(getattr(prior, "pair_bias", None))
+    """A prior given pair by pair (a ``score_mod``, or a ``pair_bias``): every tile of keys can take it."""
+    return callable(getattr(prior, "pair_bias", None)) or callable(getattr(prior, "score_mod", None))
+
+
+def depends_on_content(prior) -> bool:
+    """A prior the engine must ask for each tile of scores: it says it reads the content
+    (``content_dependent``), or it is a FlexAttention ``score_mod``, which may read anything."""
+    return bool(getattr(prior, "content_dependent", False)) or callable(getattr(prior, "score_mod", None))
+
+
+def gives_bias(pe) -> bool:
+    """A PE class or module that adds a bias to the attention logits (by distance, query position or
+    content), or changes each score (a ``score_mod``)."""
+    return bool(getattr(pe, "query_dependent", False)) or depends_on_content(pe) or callable(getattr(pe, "distance_table", None))
+
+
+def pair_bias_of(prior, q: torch.Tensor, k: torch.Tensor, q_positions: torch.Tensor) -> Callable:
+    """The bias ``(score, b, h, q position, k position)`` -> what is added to the score, of a prior
+    given pair by pair: its ``pair_bias``, or its ``score_mod``'s new score less the score (added
+    back, it is the new score, to float32 rounding)."""
+    if callable(getattr(prior, "pair_bias", None)):
+        return prior.pair_bias(q, k, q_positions)
+    mod = prior.score_mod
+
+    def added(score, b, h, q_idx, kv_idx):
+        return mod(score, b, h, q_idx, kv_idx) - score
+
+    return added
 
 
 def pair_tile(bias_of: Callable, scores: torch.Tensor, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
@@ -127,7 +155,7 @@ def content_bias(prior: ContentPrior | ContentScan | PairBias, q: torch.Tensor, 
     back); over whole rows that is one block, the keys reversed, and a carry of None.
     """
     if pairs_content(prior):
-        return pair_tile(prior.pair_bias(q, k, q_positions), scores, q_positions, k_positions)
+        return pair_tile(pair_bias_of(prior, q, k, q_positions), scores, q_positions, k_positions)
     if scans_content(prior):
         bias, _ = prior.content_scan(q, scores.flip(-1), q_positions, k_positions.flip(0), None)
         return bias.flip(-1)

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bamctl.attention_math import AttentionInputs, dense_attention
+from bamctl.attention_math import AttentionInputs, dense_attention, depends_on_content
 from bamctl.errors import BamctlError, did_you_mean
 from bamctl.positional import PE_REGISTRY, SINUSOIDAL_LAYOUTS, RopeScaling, parse_pe_name, pe_label, pe_spec
 
@@ -230,7 +230,7 @@ class Attention(nn.Module):
             q, k = self.prior.transform_qk_after_cache(q, k, where.positions[keep_from:], where.up_to(k.shape[2]))
         last = where.start + T - 1  # the largest distance any query of this chunk sees
         by_query = getattr(self.prior, "query_dependent", False)
-        by_content = getattr(self.prior, "content_dependent", False)
+        by_content = depends_on_content(self.prior)
         by_distance = callable(getattr(self.prior, "distance_table", None)) and not by_query and not by_content
         inputs = AttentionInputs(
             q_start=where.start + keep_from,

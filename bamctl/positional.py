@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bamctl.attention_math import PiecewiseBias
+from bamctl.attention_math import PiecewiseBias, gives_bias
 from bamctl.errors import BamctlError, did_you_mean
 
 # exp() of anything above this would overflow float32 once SSMax multiplies it by
@@ -484,12 +484,6 @@ class PESpec:
         return getattr(self.module, "scale_token_embeddings", False)
 
 
-def gives_bias(pe) -> bool:
-    """A PE class or module that adds a bias to the attention logits."""
-    return (getattr(pe, "query_dependent", False) or getattr(pe, "content_dependent", False)
-            or callable(getattr(pe, "distance_table", None)))
-
-
 def zoo_entry(name: str, summary: str, module: type[nn.Module]) -> PESpec:
     check_plugin(module, f"positional encoding {name}")  # the zoo meets the protocol it offers
     return PESpec(name, summary, module)
@@ -536,13 +530,14 @@ def parse_pe_name(name: str) -> tuple[str, bool]:
 # docstring lists them; docs/positional-plugins.md holds the protocol and an example per kind.
 
 PLUGIN_GROUP = "bamctl.positional_encodings"  # entry points of installed packages: name = "package.module:Class"
-PLUGIN_HOOKS = ("distance_table(max_distance), bias(q_positions, k_positions) with query_dependent = True, "
+PLUGIN_HOOKS = ("distance_table(max_distance), score_mod(score, b, h, q_idx, kv_idx) returning the new score (FlexAttention's), "
+                "bias(q_positions, k_positions) with query_dependent = True, "
                 "content_bias(q, scores, q_positions, k_positions), content_scan(q, scores, q_positions, k_positions, "
                 "carry) or pair_bias(q, k, q_positions) with content_dependent = True, "
                 "transform_qk(q, k, q_positions, k_positions), transform_qk_after_cache(q, k, q_positions, k_positions), "
                 "embed(h, positions) or position_ids(token_indices)")
 # hooks a class may have alone (a bias's kinds are checked by their flags above)
-POSITION_HOOKS = ("distance_table", "transform_qk", "transform_qk_after_cache", "embed", "position_ids")
+POSITION_HOOKS = ("distance_table", "score_mod", "transform_qk", "transform_qk_after_cache", "embed", "position_ids")
 
 
 def is_plugin_reference(name: str) -> bool:
@@ -623,10 +618,10 @@ def check_plugin(cls, who: str) -> None:
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         raise BamctlError(f"{who} is a {type(cls).__name__}, not a torch.nn.Module class")
     if getattr(cls, "content_dependent", False):
-        if not any(callable(getattr(cls, hook, None)) for hook in ("content_bias", "content_scan", "pair_bias")):
+        if not any(callable(getattr(cls, hook, None)) for hook in ("content_bias", "content_scan", "pair_bias", "score_mod")):
             raise BamctlError(f"{who} says content_dependent = True but has none of its hooks: content_bias(q, scores, "
                               "q_positions, k_positions), content_scan(q, scores, q_positions, k_positions, carry), "
-                              "pair_bias(q, k, q_positions)")
+                              "pair_bias(q, k, q_positions), score_mod(score, b, h, q_idx, kv_idx)")
     elif getattr(cls, "query_dependent", False):
         if not callable(getattr(cls, "bias", None)):
             raise BamctlError(f"{who} says query_dependent = True but has no bias(q_positions, k_positions) hook")

@@ -99,8 +99,40 @@ def gpt2_tokenizer(ranks_path: Path = GPT2_RANKS) -> TiktokenTokenizer:
         special_tokens={GPT2_EOT: len(ranks)},
         explicit_n_vocab=len(ranks) + 1,
     )
-    fingerprint = digest({"kind": "tiktoken", "ranks": GPT2_SHA256, "pattern": GPT2_PATTERN, "special": [GPT2_EOT]})
-    return TiktokenTokenizer(name="gpt2", encoding=encoding, eos_id=len(ranks), fingerprint=fingerprint)
+    return TiktokenTokenizer(name="gpt2", encoding=encoding, eos_id=len(ranks), fingerprint=GPT2_FINGERPRINT)
+
+
+# What rows have always keyed the shipped GPT-2 vocabulary on (its rank file's SHA-256, pattern, EOT).
+GPT2_FINGERPRINT = digest({"kind": "tiktoken", "ranks": GPT2_SHA256, "pattern": GPT2_PATTERN, "special": [GPT2_EOT]})
+
+
+def tiktoken_fingerprint(encoding) -> str:
+    """A tiktoken ``Encoding`` by what it does: every id's bytes, the split pattern and the special
+    tokens (what ``encode_ordinary`` and ``decode`` depend on), not its name or how it was reached.
+    An encoding that does what the shipped GPT-2 does has GPT-2's fingerprint, so a user's model
+    built with it (from the shipped ranks, or bamctl's own ``gpt2_tokenizer().encoding``) sees the
+    very prompts the shipped references see, and lands in their tables."""
+    content = tiktoken_content(encoding)
+    return GPT2_FINGERPRINT if content == _gpt2_content() else content
+
+
+def tiktoken_content(encoding) -> str:
+    """The digest of an encoding's every rank, split pattern and special tokens."""
+    ranks = hashlib.sha256()
+    for rank in range(encoding.n_vocab):  # each id's bytes, in id order (a gap in the ids hashes as one)
+        try:
+            token = encoding.decode_single_token_bytes(rank)
+        except KeyError:
+            token = b""
+        ranks.update(len(token).to_bytes(4, "little") + token)
+    specials = dict(sorted(getattr(encoding, "_special_tokens", {}).items()))
+    return digest({"kind": "tiktoken", "ranks": ranks.hexdigest(), "pattern": getattr(encoding, "_pat_str", None),
+                   "special": specials, "n_vocab": encoding.n_vocab})
+
+
+@cache
+def _gpt2_content() -> str:
+    return tiktoken_content(gpt2_tokenizer().encoding)
 
 
 # name -> factory, for tokenizers bamctl ships. Tokenizers read from a path are not registered

@@ -192,6 +192,7 @@ def auto_batch_size(n_tokens: int, fitting: int, device_type: str) -> int:
 
 
 UNBOUNDED = 1 << 30  # a batch_limit: every sample of a request at once (vLLM schedules them itself)
+AS_BUILT = "as-built"  # a back-end's feeding when prompts go in exactly as the task built them: no BOS, no template
 ALL_TOKENS = "all"  # scored_tokens of a model with a row for every id of its tokenizer
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from bamctl.backends.base import ALL_TOKENS, BEYOND_MAX, Backend, Fitting
+from bamctl.backends.base import ALL_TOKENS, AS_BUILT, BEYOND_MAX, Backend, Fitting
 from bamctl.errors import BamctlError
 from bamctl.fingerprints import digest
 
@@ -241,9 +241,13 @@ class RequestShaper:
 
     @property
     def fingerprint(self) -> str:
-        """What is put around every prompt, hashed: the BOS ids, or the chat template."""
+        """What is put around every prompt, hashed: the BOS ids, or the chat template. Nothing put
+        around it is the feeding of bamctl's own engine (``as-built``), so a model fed the very ids a
+        reference is fed shares the reference's prompts, whichever back-end serves it."""
         from bamctl.fingerprints import digest
 
+        if not self.prefix and not self.chat:
+            return AS_BUILT
         template = getattr(getattr(self.tokenizer, "backend", None), "chat_template", None) if self.chat else None
         return digest({"prefix": self.prefix, "chat_template": template, "chat": self.chat})
 

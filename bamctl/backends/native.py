@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bamctl.backends.base import ALL_TOKENS, Backend, ContinuationScore, EngineOptions, ModelInfo, ModelPeek, auto_batch_size, stop_tests
+from bamctl.backends.base import ALL_TOKENS, AS_BUILT, Backend, ContinuationScore, EngineOptions, ModelInfo, ModelPeek, auto_batch_size, stop_tests
 from bamctl.errors import BamctlError
 from bamctl.fingerprints import digest, scaled_hash
 from bamctl.tokenizer import Tokenizer
@@ -48,7 +48,7 @@ class EngineBackend(Backend):
 
     @property
     def feeding(self) -> str:
-        return "as-built"  # prompts go in exactly as the task built them: no BOS, no template
+        return AS_BUILT  # prompts go in exactly as the task built them: no BOS, no template
 
     @property
     def scored_tokens(self) -> str:

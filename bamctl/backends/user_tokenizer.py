@@ -19,30 +19,17 @@ definition; its model proto), never by where it came from, so rows key on it.
 
 from __future__ import annotations
 
-import hashlib
 from bamctl.errors import BamctlError
-from bamctl.fingerprints import digest
 
 KINDS = "a tiktoken Encoding, a transformers tokenizer, a sentencepiece SentencePieceProcessor or a tokenizer name"
 
 
 def tiktoken_tokenizer(encoding):
-    """A tiktoken ``Encoding``; its fingerprint covers every rank, the split pattern and the
-    special tokens (what ``encode_ordinary`` and ``decode`` depend on), not its name."""
-    from bamctl.tokenizer import TiktokenTokenizer
+    """A tiktoken ``Encoding``, fingerprinted by what it does (``bamctl.tokenizer.tiktoken_fingerprint``)."""
+    from bamctl.tokenizer import TiktokenTokenizer, tiktoken_fingerprint
 
-    ranks = hashlib.sha256()
-    for rank in range(encoding.n_vocab):  # each id's bytes, in id order (a gap in the ids hashes as one)
-        try:
-            token = encoding.decode_single_token_bytes(rank)
-        except KeyError:
-            token = b""
-        ranks.update(len(token).to_bytes(4, "little") + token)
-    specials = dict(sorted(getattr(encoding, "_special_tokens", {}).items()))
-    fingerprint = digest({"kind": "tiktoken", "ranks": ranks.hexdigest(), "pattern": getattr(encoding, "_pat_str", None),
-                          "special": specials, "n_vocab": encoding.n_vocab})
     eos = getattr(encoding, "eot_token", None)
-    return TiktokenTokenizer(name=encoding.name, encoding=encoding, eos_id=eos, fingerprint=fingerprint)
+    return TiktokenTokenizer(name=encoding.name, encoding=encoding, eos_id=eos, fingerprint=tiktoken_fingerprint(encoding))
 
 
 def _is_tiktoken(tokenizer) -> bool:

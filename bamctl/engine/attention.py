@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from bamctl.attention_math import AttentionInputs, pair_tile, pairs_content, scans_content, ssmax_factor
+from bamctl.attention_math import AttentionInputs, pair_bias_of, pair_tile, pairs_content, scans_content, ssmax_factor
 from bamctl.engine.block_skip import BlockCounts, attempts, block_bias_range, logit_upper_bound, negligible
 
 EXP_FLOOR = -80.0  # see blockwise_attention
@@ -77,7 +77,7 @@ def blockwise_attention(
     scan, carry, pair = None, None, None
     if inputs.content_prior is not None:
         if pairs_content(inputs.content_prior):  # pair by pair: one function for every tile of this call
-            pair = inputs.content_prior.pair_bias(q, k[:, :, :last_key], q_positions)
+            pair = pair_bias_of(inputs.content_prior, q, k[:, :, :last_key], q_positions)
         elif scans_content(inputs.content_prior):  # a scan wants the nearest keys first
             scan = inputs.content_prior
             starts = reversed(starts)

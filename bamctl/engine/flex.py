@@ -29,7 +29,7 @@ import math
 
 import torch
 
-from bamctl.attention_math import AttentionInputs, ssmax_factor
+from bamctl.attention_math import AttentionInputs, pair_bias_of, ssmax_factor
 from bamctl.engine.attention import blockwise_attention
 from bamctl.engine.block_skip import BlockCounts, attempts, block_bias_range, logit_upper_bound, negligible
 from bamctl.errors import BamctlError
@@ -205,7 +205,7 @@ def flex_attention_kernel(
     last = (table.shape[1] - 1) if table is not None else 0
     if inputs.content_prior is not None:  # pair by pair (the engine sends no other content prior here)
         # over the padded queries and the widened keys, so that every index flex asks for exists
-        pair = inputs.content_prior.pair_bias(q_pad, k_full, torch.arange(q_start, q_start + tq_pad, device=device))
+        pair = pair_bias_of(inputs.content_prior, q_pad, k_full, torch.arange(q_start, q_start + tq_pad, device=device))
 
         def bias_at(score, b, h, q_idx, kv_idx):
             return pair(score, b, h, q_idx + offset, kv_idx)

@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from bamctl.attention_math import dense_attention, pairs_content, scans_content
+from bamctl.attention_math import dense_attention, depends_on_content, gives_bias, pairs_content, scans_content
 from bamctl.engine.attention import BlockwiseKernel
 from bamctl.engine.block_skip import check_mode
 from bamctl.engine.flex import FlexKernel, flex_available, require_flex
@@ -31,7 +31,6 @@ from bamctl.engine.cache import KVCache
 from bamctl.devices import resolve_device, resolve_precision
 from bamctl.errors import BamctlError
 from bamctl.model import ForwardState, Transformer
-from bamctl.positional import gives_bias
 from bamctl.vocab import VocabSubset
 
 # Attention paths by name, each a factory of one engine's kernel (the stateful ones keep
@@ -95,7 +94,7 @@ def _exact_for(model: Transformer, attention: str, chosen_by_auto: bool) -> str:
     blockwise path instead (it picks fused only on a CPU where native cannot be built); asked
     for, such a path is refused with one line.
     """
-    by_content = [layer.attention.prior for layer in model.layers if getattr(layer.attention.prior, "content_dependent", False)]
+    by_content = [layer.attention.prior for layer in model.layers if depends_on_content(layer.attention.prior)]
     if by_content:
         paths = _content_paths(by_content)
         if attention not in paths:
