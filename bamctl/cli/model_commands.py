@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bamctl.cli.app import app
+from bamctl.cli.options import TRUST_REMOTE_CODE_HELP
 
 # Heavy modules (torch) are imported inside the commands: `bamctl --help` stays instant.
 PRESET_NAMES = "micro, tiny, small, l6, l8, l12, l16, l24"
@@ -24,7 +25,7 @@ def new(
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write config.json and model.safetensors into.")],
     pe: Annotated[str, typer.Option(help="Positional encoding: nope, sinusoidal, rope, xpos, alibi, kerple, t5, fire, bam, or a plugin of your own (FILE.py:CLASS, package.module:CLASS, an installed entry point: docs/positional-plugins.md); add -ssmax for Scalable-Softmax (e.g. bam-ssmax, ./my_pe.py:Sandwich-ssmax).")] = "bam",
     preset: Annotated[str, typer.Option(help=f"Model size: {PRESET_NAMES}.")] = "tiny",
-    seed: Annotated[int, typer.Option(help="Seed of the random initialisation; same seed, same weights.")] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of the random initialisation (>= 0); same seed, same weights.")] = 0,
     train_length: Annotated[int, typer.Option(help="Training context length recorded in the checkpoint (the unit of extrapolation ratios).")] = 512,
     bam_init: Annotated[str, typer.Option(help="BAM prior initialisation: flat (theta = 0), alibi (beta = 1, ALiBi slopes) or alibi-linear (ALiBi slopes, beta 0..1 across heads).")] = "flat",
     force: Annotated[bool, typer.Option("--force", help="Overwrite a checkpoint already in --out.")] = False,
@@ -74,8 +75,8 @@ def inspect(
     attention_map: Annotated[Optional[Path], typer.Option("--attention-map", help="PNG: where the last token of a passkey prompt attends, per layer and head; the key marked.")] = None,
     length: Annotated[Optional[int], typer.Option(min=1, help="--attention-map: passkey prompt length in tokens (default: 4x the training length).")] = None,
     depth: Annotated[float, typer.Option(min=0.0, max=1.0, help="--attention-map: depth of the key in the prompt, 0 to 1.")] = 0.5,
-    seed: Annotated[int, typer.Option(help="--attention-map: seed of the passkey sample.")] = 0,
-    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="hf:/vllm: a folder with modeling code of its own (config.json's auto_map): read its config by that code, as transformers' trust_remote_code=True does.")] = False,
+    seed: Annotated[int, typer.Option(min=0, help="--attention-map: seed of the passkey sample (>= 0).")] = 0,
+    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help=TRUST_REMOTE_CODE_HELP)] = False,
 ) -> None:
     """Show a checkpoint's config, parameter count and, per layer and head, the learned prior.
 
@@ -160,8 +161,10 @@ def _hf_parameter_count(folder, gguf_file, config, trust_remote_code: bool = Fal
     import torch
     from transformers import AutoModelForCausalLM
 
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    from bamctl.backends.hf_common import no_questions
+
+    with torch.device("meta"), no_questions():
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=bool(trust_remote_code))
     return sum(p.numel() for p in model.parameters())
 
 

@@ -35,6 +35,11 @@ PERPLEXITY_PANEL = "Perplexity"
 RULER_PANEL = "RULER"
 
 DEFAULT_DIR = Path("results")
+# --trust-remote-code, said once: the run commands' option and `bamctl inspect`'s are one flag
+TRUST_REMOTE_CODE_HELP = (
+    "hf: (and inspect's vllm:) run the model folder's own code (the auto_map of its config.json or "
+    "tokenizer_config.json), as transformers' trust_remote_code does; read that code first. Its files are part of "
+    "the model's identity. Without it such a folder is refused; transformers is never left to ask on stdin.")
 
 
 class Dtype(str, Enum):
@@ -120,7 +125,7 @@ SAMPLES: list[Param] = [
     Param("samples", Optional[int], None, typer.Option(
         "--samples", "-n", min=1,
         help="Samples per length (and per depth, for tasks with depths). Default: the task's (passkey 4, RULER 20, ppl 1 document).")),
-    Param("seed", str, "0", typer.Option("--seed", help="Seed of the samples; a comma list ('0,1') runs each seed.")),
+    Param("seed", str, "0", typer.Option("--seed", help="Seed of the samples, an integer >= 0; a comma list ('0,1') runs each seed.")),
 ]
 
 EVALUATION: list[Param] = [
@@ -163,10 +168,7 @@ EVALUATION: list[Param] = [
         rich_help_panel=EXTERNAL_PANEL,
         help="A BOS token before each prompt or document: auto (the default; bam: none for passkey and RULER, one per "
         "perplexity document, as the authors' evaluation; hf:/vllm: what the tokenizer's plain call adds), always or never.")),
-    Param("trust_remote_code", bool, False, typer.Option(
-        rich_help_panel=EXTERNAL_PANEL,
-        help="hf: run the model folder's own modeling code (config.json's auto_map), as transformers' trust_remote_code "
-        "does; read that code first. Its files are part of the model's identity. Without it such a folder is refused.")),
+    Param("trust_remote_code", bool, False, typer.Option(rich_help_panel=EXTERNAL_PANEL, help=TRUST_REMOTE_CODE_HELP)),
     Param("prior_form", Optional[PriorForm], None, typer.Option(
         rich_help_panel=EXTERNAL_PANEL,
         help="bam: the GGD prior's formula: released (-(|d-mu|+eps)^beta e^alpha, their training and release) or "
