@@ -68,7 +68,7 @@ def _fmt(value: float) -> str:
 
 @app.command()
 def inspect(
-    model: Annotated[str, typer.Argument(help="Catalog name, checkpoint directory, bam:PATH (the authors' checkpoint) or hf:PATH (a Hugging Face model: config and parameter count).")],
+    model: Annotated[str, typer.Argument(help="Catalog name, checkpoint directory, bam:PATH (the authors' checkpoint), hf:PATH or vllm:PATH (a Hugging Face model: config and parameter count) or py:FILE.py:FUNCTION (a module of your own: its class, training length, size and identity).")],
     json_output: Annotated[bool, typer.Option("--json", help="Print config, parameter count and per-head priors as JSON.")] = False,
     plot: Annotated[Optional[Path], typer.Option(help="PNG: each head's prior (bias against distance, log axis), one panel per layer.")] = None,
     max_distance: Annotated[Optional[int], typer.Option(help="--plot: longest distance drawn (default: 64x the training length).")] = None,
@@ -87,10 +87,19 @@ def inspect(
     Example: bamctl inspect bam --plot priors.png --attention-map attention.png --length 2048
     """
     from bamctl.backends import BACKENDS, backend_for
+    from bamctl.errors import BamctlError
 
     entry, rest = backend_for(model)
-    if entry in (BACKENDS["hf"], BACKENDS["vllm"]):
-        _inspect_hf(rest, json_output, trust_remote_code)
+    if entry in (BACKENDS["hf"], BACKENDS["vllm"], BACKENDS["py"]):
+        drawn = [flag for flag, value in (("--plot", plot), ("--attention-map", attention_map)) if value is not None]
+        if drawn:  # they read bamctl's own priors and attention; another model's are its own code's
+            verb = "draw" if len(drawn) > 1 else "draws"
+            raise BamctlError(f"{' and '.join(drawn)} {verb} bamctl's own models (a catalog name, checkpoint or bam:); "
+                              f"{model} is not one")
+        if entry is BACKENDS["py"]:
+            _inspect_module(rest, json_output)
+        else:
+            _inspect_hf(rest, json_output, trust_remote_code)
         return
     checkpoint = _load_for_inspection(rest, authors=entry is BACKENDS["bam"])
     config = checkpoint.model.config
@@ -143,6 +152,37 @@ def _inspect_hf(reference: str, json_output: bool, trust_remote_code: bool = Fal
     for key in ("model_type", "positional encoding", "max positions", "training length", "parameters"):
         value = summary[key]
         table.add_row(key, f"{value:,}" if isinstance(value, int) else str(value))
+    stdout.print(table)
+
+
+def _inspect_module(reference: str, json_output: bool) -> None:
+    """What a py: reference's function returns, as a run would open it: its classes, its training
+    length, its size and the identity its rows carry."""
+    from bamctl.backends.module import build, model_shape, module_identity, train_length
+    from bamctl.backends.user_tokenizer import as_tokenizer
+
+    found = build(reference)
+    width, layers, heads = model_shape(found.module)
+    summary = {
+        "reference": f"py:{reference}",
+        "module": f"{type(found.module).__module__}.{type(found.module).__qualname__}",
+        "training length": train_length(found, found.name),
+        "parameters": sum(p.numel() for p in found.module.parameters()),
+        "width": width,
+        "layers": layers,
+        "heads": heads,
+        "tokenizer": as_tokenizer(found.tokenizer, found.name).name if found.tokenizer is not None else None,
+        "cached step": getattr(found.step, "__qualname__", None) if found.step is not None else None,
+        "model hash": module_identity(found),
+        "files": list(found.source_files),
+    }
+    if json_output:
+        typer.echo(json.dumps(summary, indent=2, default=str))
+        return
+    table = Table(title=found.name, show_header=False)
+    for key, value in summary.items():
+        if key != "files" and value is not None:
+            table.add_row(key, f"{value:,}" if isinstance(value, int) else str(value))
     stdout.print(table)
 
 
