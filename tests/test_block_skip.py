@@ -482,3 +482,48 @@ def test_shipped_bias_models_keep_their_rows_at_64k(name):
     _assert_rows_equal(auto, off, ids, window=1024)
     assert off.last_block_counts[0][0] == 0
 
+
+# -- what skipped_blocks and key_blocks count: one kind of unit, each path's tile -------------------
+
+# Each path's tile (query rows, keys) as docs/SCHEMA.md names it; native's rows follow the call's queries.
+TILES = {"blockwise": ("blockwise 512 queries × 1,024 keys", lambda tq: (512, 1024)),
+         "native": ("native 32, 64 or 256 queries (by the call's queries) × 512 keys",
+                    lambda tq: (256 if tq >= 768 else 64 if tq >= 192 else 32, 512)),
+         "flex": ("flex 128 × 128", lambda tq: (128, 128))}
+
+
+@pytest.mark.parametrize("path, tq", [("blockwise", 900), ("blockwise", 128), ("native", 900), ("native", 300),
+                                      ("native", 128), pytest.param("flex", 128, marks=needs_flex)])
+@torch.inference_mode()
+def test_every_path_counts_tiles_of_the_size_the_schema_names(path, tq, request):
+    """``key_blocks``: every (head, query block, key block) tile up to each query block's last query,
+    at the path's tile size as docs/SCHEMA.md says it, with skipping on or off."""
+    import re
+    from pathlib import Path
+
+    if path == "native" and not NATIVE:
+        pytest.skip(f"the C++ kernel did not build here: {NATIVE_WHY}")
+    said, size = TILES[path]
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "SCHEMA.md").read_text()
+    assert said in re.search(r"^\| `skipped_blocks` .*$", doc, re.M).group(0)
+    q_start, heads = 1792, HEADS
+    rows, cols = size(tq)
+    expected = heads * sum(-(-(q_start + min(r0 + rows, tq)) // cols) for r0 in range(0, tq, rows))
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(1, heads, tq, DIM, generator=g)
+    k, v = (torch.randn(1, heads, 4096, DIM, generator=g) for _ in range(2))  # a cache, of whole blocks
+    k, v = k[:, :, : q_start + tq], v[:, :, : q_start + tq]
+    inputs = AttentionInputs(q_start, _table("ggd", 4096).detach(), None)
+    for mode in ("off", "auto"):
+        if path == "flex":
+            request.getfixturevalue("eager_flex")
+            counts = BlockCounts()
+            flex.flex_attention_kernel(q, k, v, inputs, block_skip=mode, counts=counts)
+            counted = counts.take()[0]
+        elif path == "native":
+            counted = tuple(int(x) for x in native.native_attention_blocks(q, k, v, inputs, mode)[1].sum(0))
+        else:
+            counts = BlockCounts()
+            blockwise_attention(q, k, v, inputs, block_skip=mode, counts=counts)  # the engine's block size
+            counted = counts.take()[0]
+        assert counted[1] == expected, (mode, counted, expected)
