@@ -176,9 +176,11 @@ class ForwardState:
         if table is None or table.shape[1] <= needed:
             self.max_distance = max(self.max_distance, needed)
             table = prior.distance_table(self.max_distance)
-            # checked when the model was built, at a short distance; a table of the wrong length at
-            # this one would reach the kernel as an internal error
-            check_distance_table(table, n_heads, self.max_distance, f"positional encoding {type(prior).__qualname__}")
+            # checked in full when the model was built, at a short distance; here its shape, which a
+            # table of a bounded length gets wrong at a long one (the kernel's internal error, else),
+            # without reading its values (a training step would wait for the GPU on every layer)
+            check_distance_table(table, n_heads, self.max_distance, f"positional encoding {type(prior).__qualname__}",
+                                 values=False)
             self._tables[layer_id] = table
         return table
 

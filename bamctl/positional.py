@@ -505,10 +505,11 @@ def check_bias_hooks(module: nn.Module, n_heads: int, who: str) -> None:
     check_distance_table(table, n_heads, PROBE_DISTANCE, who)
 
 
-def check_distance_table(table, n_heads: int, max_distance: int, who: str) -> None:
+def check_distance_table(table, n_heads: int, max_distance: int, who: str, values: bool = True) -> None:
     """``distance_table(max_distance)`` gave a floating ``(H, max_distance + 1)`` tensor of finite
     values: the shape every kernel indexes, and values a softmax can take (a key to leave out takes
-    a large finite negative, as the zoo's cap -5.5e34, not -inf: a row of -inf has no softmax)."""
+    a large finite negative, as the zoo's cap -5.5e34, not -inf: a row of -inf has no softmax).
+    ``values=False``: shape and dtype only, which read no tensor (no wait for a GPU)."""
     expected = (n_heads, max_distance + 1)
     if not isinstance(table, torch.Tensor):
         raise BamctlError(f"{who}: distance_table({max_distance}) gave a {type(table).__name__}, not a tensor of "
@@ -519,7 +520,7 @@ def check_distance_table(table, n_heads: int, max_distance: int, who: str) -> No
     if not table.is_floating_point():
         raise BamctlError(f"{who}: distance_table({max_distance}) gave {str(table.dtype).removeprefix('torch.')}, "
                           "not a floating-point tensor (float32)")
-    if not bool(torch.isfinite(table).all()):
+    if values and not bool(torch.isfinite(table).all()):
         raise BamctlError(f"{who}: distance_table({max_distance}) holds values that are not finite (inf or nan); "
                           "a key to leave out takes a large finite negative (the zoo caps at -5.5e34)")
 
