@@ -1,6 +1,7 @@
 """A model that runs a bounded number of positions (nanoGPT's learned table of block_size rows), asked
-for a length its answer's tokens take past them: one line that says what was fed, what the model runs,
-and the longest ``--lengths`` that fits; that length then runs, and one more does not."""
+for a length past them, or one its answer's tokens take past them: one line that says what was fed,
+what the model runs, and the longest ``--lengths`` that fits; that length then runs, and one more
+does not."""
 
 from __future__ import annotations
 
@@ -20,26 +21,29 @@ BUILDER = """
 BLOCK = 128  # the model's positions: the nanoGPT table's rows, and its training length
 
 
-def _passkey(tmp_path, capsys, reference: str, length: int):
+def _run(tmp_path, capsys, task: str, reference: str, length: int):
     capsys.readouterr()
+    extra = ["--depths", "0.5"] if task == "passkey" else []
     with pytest.raises(SystemExit) as exited:
-        main(["passkey", reference, "--lengths", str(length), "--samples", "1", "--depths", "0.5",
-              "--dir", str(tmp_path / "res"), "--quiet"])
+        main([task, reference, "--lengths", str(length), "--samples", "1", *extra, "--dir", str(tmp_path / task), "--quiet"])
     return exited.value.code, capsys.readouterr().err
 
 
-def test_a_length_the_answer_takes_past_the_models_positions_names_the_longest_that_fits(tmp_path, capsys):
+@pytest.mark.parametrize("task, asked, why", [
+    ("passkey", BLOCK, "of the answer after it"),  # the prompt fits; the answer's tokens fed after it do not
+    ("ppl", 2 * BLOCK, f"feeds {2 * BLOCK};"),  # a window longer than the model's positions
+])
+def test_a_length_past_the_models_positions_names_the_longest_that_fits(tmp_path, capsys, task, asked, why):
     path = tmp_path / "my_model.py"
     path.write_text(textwrap.dedent(BUILDER))
     reference = f"py:{path}:build:block_size={BLOCK}"
-    code, err = _passkey(tmp_path, capsys, reference, BLOCK)
+    code, err = _run(tmp_path, capsys, task, reference, asked)
     said = err.strip().splitlines()
     assert code == 2 and len(said) == 1, err
-    assert f"runs at most {BLOCK} tokens" in said[0] and f"--lengths {BLOCK} feeds" in said[0], err
-    assert "of the answer after it" in said[0], err  # why: the answer's tokens are fed after the prompt
+    assert f"runs at most {BLOCK} tokens" in said[0] and f"--lengths {asked} feeds" in said[0] and why in said[0], err
     fits = int(re.search(r"the longest --lengths that fits is (\d+)", said[0]).group(1))
-    assert fits < BLOCK
-    code, err = _passkey(tmp_path, capsys, reference, fits)
+    assert fits <= BLOCK
+    code, err = _run(tmp_path, capsys, task, reference, fits)
     assert code == 0, err  # the length it names runs
-    code, err = _passkey(tmp_path, capsys, reference, fits + 1)
+    code, err = _run(tmp_path, capsys, task, reference, fits + 1)
     assert code == 2 and f"the longest --lengths that fits is {fits}" in err, err  # and is the longest

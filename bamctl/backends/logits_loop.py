@@ -95,7 +95,8 @@ class LogitsLoopBackend(ShapedBackend):
         try:
             found = self._logits_at(fed, positions)
         except BamctlError as err:
-            raise self._length_fit_error(fed, requests, err) from None
+            answer = max(len(target) - 1 for _, target in requests)  # fed after the prompt: all but the last
+            raise self._length_fit_error(fed, [len(prompt) for prompt, _ in requests], answer, err) from None
         answers = []
         for logits, (_, target_ids) in zip(found, requests):
             logprobs = torch.log_softmax(logits, dim=-1)
@@ -106,12 +107,14 @@ class LogitsLoopBackend(ShapedBackend):
             ))
         return answers
 
-    def _length_fit_error(self, fed: list[list[int]], requests, err: BamctlError) -> BamctlError:
+    def _length_fit_error(self, fed: list[list[int]], asked: list[int], answer: int, err: BamctlError) -> BamctlError:
         """Where a model runs a bounded number of positions (a learned position table of N rows, as
-        nanoGPT's block_size), the answer's tokens fed after a prompt of exactly N take it past them,
-        and its forward fails without saying why. The longest sequence it runs is found by running
-        one (a bisection over its prefixes, on this error's path only), and the error then says what
-        was fed and the longest ``--lengths`` that fits. A failure at every length is left as it was."""
+        nanoGPT's block_size), a length past them, or one the answer's tokens take past them (a prompt
+        of exactly N), fails in its forward without saying why. The longest sequence it runs is
+        found by running one (a bisection over its prefixes, on this error's path only), and the
+        error then says what was fed and the longest ``--lengths`` that fits. ``asked``: each
+        sequence's --lengths tokens; ``answer``: the answer's tokens fed after them. A failure at
+        every length is left as it was."""
         ids = max(fed, key=len)
 
         def runs(n: int) -> str | None:
@@ -129,15 +132,15 @@ class LogitsLoopBackend(ShapedBackend):
             middle = (good + bad) // 2
             failure = runs(middle)
             good, bad, said = (middle, bad, said) if failure is None else (good, middle, failure)
-        overhead = max(len(sequence) - len(prompt) for sequence, (prompt, _) in zip(fed, requests))  # a BOS, the answer
-        answer = max(len(target) - 1 for _, target in requests)
-        prompt = len(ids) - overhead
-        pieces = [f"the prompt's {prompt:,}", f"a BOS before it" if overhead > answer else "",
-                  f"{answer} of the answer after it (all but its last token, which is only predicted)" if answer else ""]
+        overhead = max(len(sequence) - length for sequence, length in zip(fed, asked))  # a BOS, the answer
+        length = len(ids) - overhead
+        added = [f"{overhead - answer} BOS before the prompt" if overhead > answer else "",
+                 f"{answer} of the answer after it (all but its last token, which is only predicted)" if answer else ""]
+        added_text = f", with {' and '.join(filter(None, added))}" if overhead else ""
         fits = good - overhead
         return BamctlError(
             f"{self.info.name} runs at most {good:,} tokens (on {bad:,}: {said.split(' raised ', 1)[-1]}); --lengths "
-            f"{prompt:,} feeds {len(ids):,}: {', '.join(filter(None, pieces))}; "
+            f"{length:,} feeds {len(ids):,}{added_text}; "
             + (f"the longest --lengths that fits is {fits:,}" if fits > 0 else "no --lengths fits"))
 
     def score_continuation(self, prompt_ids: Sequence[int], target_ids: Sequence[int]):
@@ -183,7 +186,11 @@ class LogitsLoopBackend(ShapedBackend):
             pieces[streamed[i]].append(F.cross_entropy(logits, wanted, reduction="none").cpu())
 
         if streamed:
-            self._stream([fulls[b] for b in streamed], rows_for, score)
+            try:
+                self._stream([fulls[b] for b in streamed], rows_for, score)
+            except BamctlError as err:
+                raise self._length_fit_error([fulls[b] for b in streamed], [len(requests[b][0]) for b in streamed],
+                                             0, err) from None
         answers = []
         for b in range(len(requests)):
             nll = torch.cat(pieces[b]) if pieces[b] else torch.zeros(0)
