@@ -23,6 +23,7 @@ from torch import nn
 from bamctl.attention_math import AttentionInputs, dense_attention, depends_on_content
 from bamctl.errors import BamctlError, did_you_mean
 from bamctl.positional import PE_REGISTRY, SINUSOIDAL_LAYOUTS, RopeScaling, parse_pe_name, pe_label, pe_spec
+from bamctl.positional import check_distance_table
 
 
 @dataclass
@@ -169,12 +170,18 @@ class ForwardState:
     max_distance: int = 0  # tables cover at least distances 0..max_distance (size them once)
     _tables: dict = field(default_factory=dict)
 
-    def bias_table(self, layer_id: int, prior: nn.Module, needed: int) -> torch.Tensor:
+    def bias_table(self, layer_id: int, prior: nn.Module, needed: int, n_heads: int) -> torch.Tensor:
         """(H, >= needed + 1) prior values b_h(d) for d = 0, 1, ..."""
         table = self._tables.get(layer_id)
         if table is None or table.shape[1] <= needed:
             self.max_distance = max(self.max_distance, needed)
-            table = self._tables[layer_id] = prior.distance_table(self.max_distance)
+            table = prior.distance_table(self.max_distance)
+            # checked in full when the model was built, at a short distance; here its shape, which a
+            # table of a bounded length gets wrong at a long one (the kernel's internal error, else),
+            # without reading its values (a training step would wait for the GPU on every layer)
+            check_distance_table(table, n_heads, self.max_distance, f"positional encoding {type(prior).__qualname__}",
+                                 values=False)
+            self._tables[layer_id] = table
         return table
 
 
@@ -234,7 +241,7 @@ class Attention(nn.Module):
         by_distance = callable(getattr(self.prior, "distance_table", None)) and not by_query and not by_content
         inputs = AttentionInputs(
             q_start=where.start + keep_from,
-            bias_table=state.bias_table(self.layer_id, self.prior, last) if by_distance else None,
+            bias_table=state.bias_table(self.layer_id, self.prior, last, self.n_heads) if by_distance else None,
             ssmax_scale=self.ssmax_scale,
             ssmax_scope=self.ssmax_scope,
             query_prior=self.prior if by_query else None,

@@ -470,9 +470,12 @@ class PESpec:
     source: dict | None = None  # a plugin's: where it was found, its file's digest and text (None: the zoo's)
 
     def build(self, config) -> nn.Module:
-        """``Class.from_config(config)`` where the class has one (the zoo's keep plain constructors), else ``Class(config)``."""
+        """``Class.from_config(config)`` where the class has one (the zoo's keep plain constructors), else
+        ``Class(config)``; its bias hooks checked on the module built (``check_bias_hooks``)."""
         from_config = getattr(self.module, "from_config", None)
-        return from_config(config) if callable(from_config) else self.module(config)
+        module = from_config(config) if callable(from_config) else self.module(config)
+        check_bias_hooks(module, config.n_heads, f"positional encoding {self.name}")
+        return module
 
     @property
     def gives_bias(self) -> bool:
@@ -482,6 +485,49 @@ class PESpec:
     @property
     def scales_token_embeddings(self) -> bool:
         return getattr(self.module, "scale_token_embeddings", False)
+
+
+# The distance a built module's table is asked for once, to check it before any sample: short, so
+# building a model costs nothing more, and more than 0, so a table that ignores its argument shows.
+PROBE_DISTANCE = 7
+
+
+def check_bias_hooks(module: nn.Module, n_heads: int, who: str) -> None:
+    """A bias the kernels will serve as it is given. A distance table beside a bias by query
+    position or content would be lost (every path takes one kind of bias per layer), so such a
+    class is refused; a distance table is asked for once, here, and held to ``check_distance_table``."""
+    if not callable(getattr(module, "distance_table", None)):
+        return
+    for flag, hook in (("query_dependent", "bias"), ("content_dependent", "its content hook")):
+        if getattr(module, flag, False):
+            raise BamctlError(f"{who} has distance_table and {flag} = True: a layer's bias is one kind, so the table "
+                              f"would be lost; add b_h(i - j) inside {hook}, or drop distance_table")
+    if callable(getattr(module, "score_mod", None)):
+        raise BamctlError(f"{who} has distance_table and score_mod: a layer's bias is one kind, so the table would be "
+                          "lost; add b_h(q_idx - kv_idx) inside score_mod, or drop distance_table")
+    with torch.no_grad():
+        table = module.distance_table(PROBE_DISTANCE)
+    check_distance_table(table, n_heads, PROBE_DISTANCE, who)
+
+
+def check_distance_table(table, n_heads: int, max_distance: int, who: str, values: bool = True) -> None:
+    """``distance_table(max_distance)`` gave a floating ``(H, max_distance + 1)`` tensor of finite
+    values: the shape every kernel indexes, and values a softmax can take (a key to leave out takes
+    a large finite negative, as the zoo's cap -5.5e34, not -inf: a row of -inf has no softmax).
+    ``values=False``: shape and dtype only, which read no tensor (no wait for a GPU)."""
+    expected = (n_heads, max_distance + 1)
+    if not isinstance(table, torch.Tensor):
+        raise BamctlError(f"{who}: distance_table({max_distance}) gave a {type(table).__name__}, not a tensor of "
+                          f"shape {expected}")
+    if tuple(table.shape) != expected:
+        raise BamctlError(f"{who}: distance_table({max_distance}) gave shape {tuple(table.shape)}, not {expected} "
+                          f"(one row per head, one column per distance 0..{max_distance})")
+    if not table.is_floating_point():
+        raise BamctlError(f"{who}: distance_table({max_distance}) gave {str(table.dtype).removeprefix('torch.')}, "
+                          "not a floating-point tensor (float32)")
+    if values and not bool(torch.isfinite(table).all()):
+        raise BamctlError(f"{who}: distance_table({max_distance}) holds values that are not finite (inf or nan); "
+                          "a key to leave out takes a large finite negative (the zoo caps at -5.5e34)")
 
 
 def zoo_entry(name: str, summary: str, module: type[nn.Module]) -> PESpec:

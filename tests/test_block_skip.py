@@ -11,7 +11,7 @@ import torch
 from bamctl.attention_math import AttentionInputs, _logits, ssmax_factor
 from bamctl.engine import block_skip
 from bamctl.engine.block_skip import (
-    EPSILON, EPSILON_NATS, block_bias_range, logit_upper_bound, negligible, skip_margin, skipped_mass_bound,
+    EPSILON, EPSILON_NATS, block_bias_range, logit_upper_bound, negligible, skip_margin,
 )
 from bamctl.positional import ALiBiPrior, GGDPrior
 
@@ -92,38 +92,6 @@ def test_the_margin_counts_every_key_the_row_sees():
     assert not negligible(lower - EPSILON_NATS - 0.5, lower, positions)[1:].any()
     assert negligible(lower - skip_margin(positions) - 0.01, lower, positions).all()
     assert not negligible(torch.tensor([-1e9]), torch.tensor([float("-inf")]), torch.tensor([10])).any()
-
-
-@pytest.mark.parametrize("scale", [None, "positive", "negative"])
-@pytest.mark.parametrize("scope", ["logits", "content"])
-def test_every_skip_leaves_less_than_epsilon_of_the_row(scale, scope):
-    # Rows walk key blocks nearest first; a block is left out when the bound allows it against
-    # the largest logit computed so far. The mass left out, in float64, stays below 2^-40 of the row.
-    g = torch.Generator().manual_seed(3)
-    keys, queries, cols = 2048, 64, 64
-    q = torch.randn(1, HEADS, queries, DIM, generator=g)
-    k = torch.randn(1, HEADS, keys, DIM, generator=g)
-    scales = {None: None, "positive": torch.rand(HEADS, generator=g) * 0.3 + 0.05,
-              "negative": -(torch.rand(HEADS, generator=g) * 0.3 + 0.05)}[scale]
-    inputs = AttentionInputs(keys - queries, _table("ggd", keys), scales, scope)
-    logits = _row_logits(q, k, inputs)[0]  # (H, Tq, Tk)
-    positions = torch.arange(keys - queries, keys)
-    skipped_any = False
-    lower = logits[:, :, keys - cols:].amax(-1).float()  # the diagonal block
-    left_out = torch.zeros(HEADS, queries, keys, dtype=torch.bool)
-    for start in range(keys - 2 * cols, -1, -cols):
-        upper = _bounds(q, k, inputs, 0, queries, start, cols)[0]  # (H, Tq)
-        skip = negligible(upper, lower, positions)  # (H, Tq)
-        left_out[:, :, start:start + cols] = skip[:, :, None]
-        lower = torch.where(skip, lower, torch.maximum(lower, logits[:, :, start:start + cols].amax(-1).float()))
-        skipped_any |= bool(skip.any())
-    total = torch.logsumexp(logits, -1)
-    mass = torch.logsumexp(logits.masked_fill(~left_out, float("-inf")), -1) - total
-    assert (mass < math.log(EPSILON)).all()
-    if scale != "negative":
-        assert skipped_any  # the case tests something: a steep head leaves its far past out
-    # The bound on the mass from the upper bounds alone agrees.
-    assert skipped_mass_bound(torch.tensor([[-100.0, -90.0]]), torch.tensor([10, 10]), torch.tensor([0.0])).item() < 1e-38
 
 
 def test_a_mode_other_than_auto_or_off_is_refused():
@@ -289,6 +257,64 @@ def _counted(path, q, k, v, inputs, mode="auto"):
     return out, counts.take()[0]
 
 
+SCALES = {None: None, "positive": lambda g: torch.rand(HEADS, generator=g) * 0.3 + 0.05,
+          "negative": lambda g: -(torch.rand(HEADS, generator=g) * 0.3 + 0.05)}
+PART = 128  # keys per share of a row measured below: a key block of every path is whole such parts
+
+
+def _skipping_case(scale, scope, keys=2048, queries=64):
+    """Random queries and keys under steep GGD heads; each value the one-hot of its key's part of
+    ``PART`` keys, so an output row is the share of its softmax mass each part got."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, HEADS, queries, DIM, generator=g)
+    k = torch.randn(1, HEADS, keys, DIM, generator=g)
+    scales = None if SCALES[scale] is None else SCALES[scale](g)
+    v = torch.nn.functional.one_hot(torch.arange(keys) // PART, keys // PART).float()
+    inputs = AttentionInputs(keys - queries, _table("ggd", keys).detach(), scales, scope)
+    return q, k, v.expand(1, HEADS, keys, keys // PART).contiguous(), inputs
+
+
+def _part_mass(q, k, inputs) -> torch.Tensor:
+    """(B, H, Tq, parts) float64: the share of each row's softmax mass in each part, from the reference's logits."""
+    weights = torch.softmax(_row_logits(q, k, inputs), -1)
+    return weights.view(*weights.shape[:3], -1, PART).sum(-1)
+
+
+def _sign_blind_would_drop(q, k, inputs) -> torch.Tensor:
+    """Per (B, H, Tq, part): whether a bound that took SSMax's factor as positive would rule the part
+    out against the row's largest logit among its nearest ``PART`` keys (which every path computes)."""
+    blind = AttentionInputs(inputs.q_start, inputs.bias_table, inputs.ssmax_scale.abs(), inputs.ssmax_scope)
+    lower = _row_logits(q, k, inputs)[..., -PART:].amax(-1).float()  # (B, H, Tq)
+    positions = torch.arange(inputs.q_start, inputs.q_start + q.shape[2])
+    parts = k.shape[2] // PART
+    drop = torch.zeros(*lower.shape, parts, dtype=torch.bool)
+    for part in range(parts - 1):  # the last holds the diagonal
+        drop[..., part] = negligible(_bounds(q, k, blind, 0, q.shape[2], part * PART, PART), lower, positions)
+    return drop
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("scale", [None, "positive", "negative"])
+@pytest.mark.parametrize("scope", ["logits", "content"])
+@torch.inference_mode()
+def test_what_a_kernel_leaves_out_holds_less_than_epsilon_of_each_row(path, scale, scope):
+    """The kernel as it runs, against the mass the dense reference's logits give each part of a row
+    (float64): every part holding EPSILON of its row or more gets its share (a part left out would
+    get none), and the parts that got none hold less than EPSILON together."""
+    q, k, v, inputs = _skipping_case(scale, scope)
+    out, (skipped, total) = _counted(path, q, k, v, inputs)
+    mass = _part_mass(q, k, inputs)
+    heavy = mass >= EPSILON
+    assert ((out.double() - mass).abs() <= 1e-4 * mass)[heavy].all()
+    assert (mass.masked_fill(out != 0, 0).sum(-1) < EPSILON).all()
+    if scale == "negative" and scope == "logits":
+        # (s + b) c with c < 0: a bias falling with distance makes the far past the largest logits,
+        # and nothing can be left out; a bound blind to the sign would leave out parts that carry rows
+        assert skipped == 0 and (_sign_blind_would_drop(q, k, inputs) & (mass > 1e-3)).any()
+    else:
+        assert 0 < skipped < total  # the case tests something: steep heads leave their far past out
+
+
 @pytest.mark.parametrize("path", ["blockwise", "native"])
 @torch.inference_mode()
 def test_the_adversarial_block_is_kept_and_the_row_is_right(path):
@@ -297,8 +323,10 @@ def test_the_adversarial_block_is_kept_and_the_row_is_right(path):
     q, k, v, inputs = _adversarial()
     weights = torch.softmax(_row_logits(q, k, inputs)[0, 0, 0], -1)
     assert weights[5] > 0.99  # leaving key 5's block out would lose nearly all of the row
-    table = inputs.bias_table
-    assert table[0, 1999 - 5] < table[0, 1999 - 1023] - 100  # its bias: far below a block the kernel leaves out
+    high, low = block_bias_range(inputs.bias_table, 1999, 1, torch.tensor([0]), 64)  # key 5's block of 64
+    lower = _row_logits(q, k, inputs)[0, 0, 0, -64:].amax().float()[None]  # the diagonal block's largest logit
+    bias_only = logit_upper_bound(torch.tensor(0.0), torch.tensor(0.0), high[0], low[0])
+    assert negligible(bias_only, lower, torch.tensor([1999])).item()  # by its bias alone, the block would go
     out, (skipped, total) = _counted(path, q, k, v, inputs)
     assert torch.allclose(out, dense_attention(q, k, v, inputs), atol=1e-5)
     assert 0 < skipped < total - 1  # blocks between were left out (bias far down, content small); key 5's was not
@@ -371,7 +399,9 @@ def test_the_flex_mask_leaves_out_less_than_epsilon_of_every_row(scale, scope):
     left_out = skip.repeat_interleave(128, 2).repeat_interleave(128, 3)  # (B, H, Tq, Tk)
     mass = torch.logsumexp(logits.masked_fill(~left_out, float("-inf")), -1) - torch.logsumexp(logits, -1)
     assert (mass < math.log(EPSILON)).all()
-    if scale != "negative":
+    if scale == "negative" and scope == "logits":  # as on the other paths: nothing to leave out, but the sign matters
+        assert not skip.any() and (_sign_blind_would_drop(q, k, inputs) & (_part_mass(q, k, inputs) > 1e-3)).any()
+    else:
         assert skip.any()
 
 
@@ -451,3 +481,49 @@ def test_shipped_bias_models_keep_their_rows_at_64k(name):
     off = StreamingEngine(model, device="cpu", dtype="float32", attention="native", block_skip="off")
     _assert_rows_equal(auto, off, ids, window=1024)
     assert off.last_block_counts[0][0] == 0
+
+
+# -- what skipped_blocks and key_blocks count: one kind of unit, each path's tile -------------------
+
+# Each path's tile (query rows, keys) as docs/SCHEMA.md names it; native's rows follow the call's queries.
+TILES = {"blockwise": ("blockwise 512 queries × 1,024 keys", lambda tq: (512, 1024)),
+         "native": ("native 32, 64 or 256 queries (by the call's queries) × 512 keys",
+                    lambda tq: (256 if tq >= 768 else 64 if tq >= 192 else 32, 512)),
+         "flex": ("flex 128 × 128", lambda tq: (128, 128))}
+
+
+@pytest.mark.parametrize("path, tq", [("blockwise", 900), ("blockwise", 128), ("native", 900), ("native", 300),
+                                      ("native", 128), pytest.param("flex", 128, marks=needs_flex)])
+@torch.inference_mode()
+def test_every_path_counts_tiles_of_the_size_the_schema_names(path, tq, request):
+    """``key_blocks``: every (head, query block, key block) tile up to each query block's last query,
+    at the path's tile size as docs/SCHEMA.md says it, with skipping on or off."""
+    import re
+    from pathlib import Path
+
+    if path == "native" and not NATIVE:
+        pytest.skip(f"the C++ kernel did not build here: {NATIVE_WHY}")
+    said, size = TILES[path]
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "SCHEMA.md").read_text()
+    assert said in re.search(r"^\| `skipped_blocks` .*$", doc, re.M).group(0)
+    q_start, heads = 1792, HEADS
+    rows, cols = size(tq)
+    expected = heads * sum(-(-(q_start + min(r0 + rows, tq)) // cols) for r0 in range(0, tq, rows))
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(1, heads, tq, DIM, generator=g)
+    k, v = (torch.randn(1, heads, 4096, DIM, generator=g) for _ in range(2))  # a cache, of whole blocks
+    k, v = k[:, :, : q_start + tq], v[:, :, : q_start + tq]
+    inputs = AttentionInputs(q_start, _table("ggd", 4096).detach(), None)
+    for mode in ("off", "auto"):
+        if path == "flex":
+            request.getfixturevalue("eager_flex")
+            counts = BlockCounts()
+            flex.flex_attention_kernel(q, k, v, inputs, block_skip=mode, counts=counts)
+            counted = counts.take()[0]
+        elif path == "native":
+            counted = tuple(int(x) for x in native.native_attention_blocks(q, k, v, inputs, mode)[1].sum(0))
+        else:
+            counts = BlockCounts()
+            blockwise_attention(q, k, v, inputs, block_skip=mode, counts=counts)  # the engine's block size
+            counted = counts.take()[0]
+        assert counted[1] == expected, (mode, counted, expected)

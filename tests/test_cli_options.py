@@ -217,3 +217,19 @@ def test_out_the_old_name_of_a_runs_dir_still_works_and_says_so(tmp_path, capsys
     err = capsys.readouterr().err
     assert done.value.code == 2 and err.strip().count("\n") == 0 and "give --dir alone" in err
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("command", [
+    ["passkey", "bam", "--seed", "-1", "--lengths", "128", "--dir", "{tmp}/out"],
+    ["generate", "passkey", "--seed", "0,-3", "--lengths", "128", "--out", "{tmp}/out"],
+    ["new", "--seed", "-1", "--preset", "micro", "--out", "{tmp}/out"],
+    ["train", "--recipe", "bam", "--seed", "-1", "--out", "{tmp}/out"],
+    ["inspect", "bam", "--attention-map", "{tmp}/out", "--seed", "-1"],
+])
+def test_a_negative_seed_is_one_line_and_exit_2_before_any_work(tmp_path, capsys, command):
+    """-1 means "random" to many tools; here it would be one more fixed set of prompts or weights."""
+    with pytest.raises(SystemExit) as exited:
+        main([part.format(tmp=tmp_path) for part in command])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "--seed" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()

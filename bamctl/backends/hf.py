@@ -42,6 +42,7 @@ from bamctl.backends.hf_common import (
     find_model,
     import_transformers,
     max_positions,
+    no_questions,
     positional_encoding,
     trained_length,
 )
@@ -89,14 +90,15 @@ class HFBackend(LogitsLoopBackend):
             kwargs["config"] = scaled_config(reference, options.rope_scaling, options.rope_factor,
                                              options.trust_remote_code)
         try:
-            try:
-                model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, **kwargs)
-            except TypeError:  # transformers < 4.56 names it torch_dtype
-                model = AutoModelForCausalLM.from_pretrained(str(folder), torch_dtype=dtype, **kwargs)
+            with no_questions():
+                try:
+                    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, **kwargs)
+                except TypeError:  # transformers < 4.56 names it torch_dtype
+                    model = AutoModelForCausalLM.from_pretrained(str(folder), torch_dtype=dtype, **kwargs)
         except (OSError, ValueError, ImportError) as err:
             raise BamctlError(f"hf: cannot load {reference}: {str(err).splitlines()[0]}") from None
         rope_label = None if options.rope_scaling is None else f"{options.rope_scaling}:{options.rope_factor:g}"
-        self._adopt(model, model_tokenizer(folder, gguf_file, options.tokenizer, reference), files.name,
+        self._adopt(model, model_tokenizer(folder, gguf_file, options.tokenizer, reference, options.trust_remote_code), files.name,
                     scaled_hash(files.model_hash(), rope_label), options, revision=files.revision, rope_label=rope_label)
 
     @classmethod

@@ -7,7 +7,9 @@ a request (one BOS in base mode, or the chat template). Nothing here loads a mod
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -283,25 +285,52 @@ class ShapedBackend(Backend):
         return self.lengths.prefix_fitting(n_prefix, n_prompt, n_answer if scoring == "generate" else 0)
 
 
+# Where a folder names classes of its own code (``auto_map``): its model's and its tokenizer's.
+CODE_MAPS = ("config.json", "tokenizer_config.json")
+
+
 def remote_code(folder: Path) -> dict:
-    """config.json's ``auto_map`` (class -> ``file.Class``): the folder's own modeling code; {} without."""
+    """The ``auto_map`` entries (class -> ``file.Class``, a tokenizer's as a [slow, fast] pair) of
+    config.json and tokenizer_config.json: the folder's own code; {} without."""
     import json
 
-    config = folder / "config.json"
-    try:
-        auto_map = json.loads(config.read_text()).get("auto_map") if config.is_file() else None
-    except (OSError, ValueError):
-        return {}
-    return auto_map if isinstance(auto_map, dict) else {}
+    found = {}
+    for name in CODE_MAPS:
+        config = folder / name
+        try:
+            auto_map = json.loads(config.read_text()).get("auto_map") if config.is_file() else None
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(auto_map, dict):
+            found.update({f"{name}:{key}": value for key, value in auto_map.items()})
+    return found
 
 
 def check_remote_code(folder: Path, name: str, trusted: bool) -> None:
-    """A folder with its own modeling code runs only when asked: that code is run as it is."""
+    """A folder with its own modeling or tokenizer code runs only when asked: that code is run as it is."""
     auto_map = remote_code(folder)
     if auto_map and not trusted:
-        files = sorted({str(v).split(".")[0] + ".py" for v in auto_map.values() if isinstance(v, str)})
-        raise BamctlError(f"hf: {name} runs its own modeling code ({', '.join(files) or 'auto_map'} in config.json's "
-                          "auto_map); read it, then pass --trust-remote-code to run it")
+        classes = [c for v in auto_map.values() for c in (v if isinstance(v, (list, tuple)) else [v]) if isinstance(c, str)]
+        files = sorted({c.split("--")[-1].split(".")[0] + ".py" for c in classes})
+        maps = " and ".join(sorted({key.split(":")[0] for key in auto_map}))
+        raise BamctlError(f"hf: {name} runs its own code ({', '.join(files) or 'auto_map'} in the auto_map of {maps}); "
+                          "read it, then pass --trust-remote-code to run it")
+
+
+@contextlib.contextmanager
+def no_questions():
+    """While transformers loads: its stdin is empty, and what it prints goes to stderr. Where it is
+    not told whether to run a folder's code it asks y/N on stdin (15 s on a terminal, for ever where
+    no alarm fires, as under a scheduler); bamctl always tells it, and should any call still ask, the
+    question meets an empty stdin and is refused at once, in one line. stdout holds bamctl's table
+    or --json."""
+    saved = sys.stdin
+    sys.stdin = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdin = saved
 
 
 def read_config(reference: str, trust_remote_code: bool = False):
@@ -311,10 +340,11 @@ def read_config(reference: str, trust_remote_code: bool = False):
     folder, gguf_file = files.folder, files.gguf_file
     check_remote_code(folder, files.name, trust_remote_code)
     try:
-        config = transformers.AutoConfig.from_pretrained(
-            str(folder), local_files_only=True, trust_remote_code=trust_remote_code,
-            **({"gguf_file": gguf_file} if gguf_file else {})
-        )
+        with no_questions():
+            config = transformers.AutoConfig.from_pretrained(
+                str(folder), local_files_only=True, trust_remote_code=bool(trust_remote_code),
+                **({"gguf_file": gguf_file} if gguf_file else {})
+            )
     except (OSError, ValueError) as err:
         raise BamctlError(f"cannot read the config of {reference}: {str(err).splitlines()[0]}") from None
     return config, folder, gguf_file

@@ -211,15 +211,20 @@ def _assemble(name: str, encoder, templates=None) -> HFTokenizer:
     )
 
 
-def _transformers_tokenizer(folder: Path, gguf_file: str | None = None):
-    """transformers' tokenizer of a folder; None where transformers is not installed."""
+def _transformers_tokenizer(folder: Path, gguf_file: str | None = None, trust_remote_code: bool = False):
+    """transformers' tokenizer of a folder; None where transformers is not installed. Whether the
+    folder's own tokenizer code may run is always said (never transformers' question on stdin)."""
     try:
         from transformers import AutoTokenizer
     except ImportError:
         return None
+    from bamctl.backends.hf_common import no_questions
+
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     try:
-        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True, **kwargs)
+        with no_questions():
+            return AutoTokenizer.from_pretrained(str(folder), local_files_only=True,
+                                                 trust_remote_code=bool(trust_remote_code), **kwargs)
     except (OSError, ValueError) as err:
         raise BamctlError(f"cannot load a Hugging Face tokenizer from {folder}: {str(err).splitlines()[0]}") from None
 
@@ -250,7 +255,7 @@ def _report_disagreement(definition, templates, source: str) -> None:
             return
 
 
-def load_hf_tokenizer(path: str | Path, gguf_file: str | None = None) -> HFTokenizer:
+def load_hf_tokenizer(path: str | Path, gguf_file: str | None = None, trust_remote_code: bool = False) -> HFTokenizer:
     path = Path(path).expanduser()
     if not path.exists():
         raise BamctlError(f"tokenizer path {path} does not exist")
@@ -258,13 +263,13 @@ def load_hf_tokenizer(path: str | Path, gguf_file: str | None = None) -> HFToken
         return _assemble(path.stem, SentencePieceFile(path))
     folder = path.parent if path.is_file() else path
     if gguf_file:
-        templates = _transformers_tokenizer(folder, gguf_file)
+        templates = _transformers_tokenizer(folder, gguf_file, trust_remote_code)
         if templates is None:
             raise BamctlError(f"reading the tokenizer of {gguf_file} needs transformers: {INSTALL_HINT}")
         return _assemble(path.name, TransformersTokenizer(templates), templates)
     json_file = path if path.is_file() else folder / "tokenizer.json"
     bare = json_file.is_file() and not (folder / "tokenizer_config.json").is_file()  # no class, no template to load
-    templates = None if bare else _transformers_tokenizer(folder)
+    templates = None if bare else _transformers_tokenizer(folder, trust_remote_code=trust_remote_code)
     if json_file.is_file():
         encoder, source = _tokenizer_json(json_file), json_file.name
     elif (folder / "tokenizer.model").is_file():
@@ -304,10 +309,11 @@ def same_vocabulary(a, b) -> bool:
     return vocabularies[0]() == vocabularies[1]()
 
 
-def model_tokenizer(folder, gguf_file: str | None, override: str | None, who: str):
+def model_tokenizer(folder, gguf_file: str | None, override: str | None, who: str, trust_remote_code: bool = False):
     """A model's own tokenizer, or ``override`` when it has the same vocabulary; a one-line
-    error otherwise (ids from another vocabulary would be silently wrong)."""
-    own = load_hf_tokenizer(folder, gguf_file)
+    error otherwise (ids from another vocabulary would be silently wrong). ``trust_remote_code``:
+    the folder's own tokenizer code may run (``--trust-remote-code``, as for its model)."""
+    own = load_hf_tokenizer(folder, gguf_file, trust_remote_code)
     if override is None:
         return own
     other = resolve_tokenizer(override)

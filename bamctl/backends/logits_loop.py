@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from bamctl.backends.base import ContinuationScore
 from bamctl.backends.hf_common import LengthPolicy, ShapedBackend
+from bamctl.errors import BamctlError
 
 
 class LogitsLoopBackend(ShapedBackend):
@@ -91,8 +92,13 @@ class LogitsLoopBackend(ShapedBackend):
         fed = [self.lengths.fit(prefix, list(prompt), list(target)) for prompt, target in requests]
         # the row predicting each target: the first at len(fed) - len(targets)
         positions = [list(range(len(ids) - len(target), len(ids))) for ids, (_, target) in zip(fed, requests)]
+        try:
+            found = self._logits_at(fed, positions)
+        except BamctlError as err:
+            answer = max(len(target) - 1 for _, target in requests)  # fed after the prompt: all but the last
+            raise self._length_fit_error(fed, [len(prompt) for prompt, _ in requests], answer, err) from None
         answers = []
-        for logits, (_, target_ids) in zip(self._logits_at(fed, positions), requests):
+        for logits, (_, target_ids) in zip(found, requests):
             logprobs = torch.log_softmax(logits, dim=-1)
             target = torch.tensor(list(target_ids), dtype=torch.long, device=logprobs.device)
             answers.append(ContinuationScore(
@@ -100,6 +106,42 @@ class LogitsLoopBackend(ShapedBackend):
                 logprobs=logprobs.gather(1, target[:, None])[:, 0].tolist(),
             ))
         return answers
+
+    def _length_fit_error(self, fed: list[list[int]], asked: list[int], answer: int, err: BamctlError) -> BamctlError:
+        """Where a model runs a bounded number of positions (a learned position table of N rows, as
+        nanoGPT's block_size), a length past them, or one the answer's tokens take past them (a prompt
+        of exactly N), fails in its forward without saying why. The longest sequence it runs is
+        found by running one (a bisection over its prefixes, on this error's path only), and the
+        error then says what was fed and the longest ``--lengths`` that fits. ``asked``: each
+        sequence's --lengths tokens; ``answer``: the answer's tokens fed after them. A failure at
+        every length is left as it was."""
+        ids = max(fed, key=len)
+
+        def runs(n: int) -> str | None:
+            """None where the model runs the first n tokens, else what its failure said."""
+            try:
+                self._logits_at([ids[:n]], [[n - 1]])
+            except BamctlError as failure:
+                return str(failure)
+            return None
+
+        if runs(1) is not None:
+            return err
+        good, bad, said = 1, len(ids), str(err)  # runs at good, not at bad
+        while bad - good > 1:
+            middle = (good + bad) // 2
+            failure = runs(middle)
+            good, bad, said = (middle, bad, said) if failure is None else (good, middle, failure)
+        overhead = max(len(sequence) - length for sequence, length in zip(fed, asked))  # a BOS, the answer
+        length = len(ids) - overhead
+        added = [f"{overhead - answer} BOS before the prompt" if overhead > answer else "",
+                 f"{answer} of the answer after it (all but its last token, which is only predicted)" if answer else ""]
+        added_text = f", with {' and '.join(filter(None, added))}" if overhead else ""
+        fits = good - overhead
+        return BamctlError(
+            f"{self.info.name} runs at most {good:,} tokens (on {bad:,}: {said.split(' raised ', 1)[-1]}); --lengths "
+            f"{length:,} feeds {len(ids):,}{added_text}; "
+            + (f"the longest --lengths that fits is {fits:,}" if fits > 0 else "no --lengths fits"))
 
     def score_continuation(self, prompt_ids: Sequence[int], target_ids: Sequence[int]):
         return self.score_continuations([(prompt_ids, target_ids)])[0]
@@ -144,7 +186,11 @@ class LogitsLoopBackend(ShapedBackend):
             pieces[streamed[i]].append(F.cross_entropy(logits, wanted, reduction="none").cpu())
 
         if streamed:
-            self._stream([fulls[b] for b in streamed], rows_for, score)
+            try:
+                self._stream([fulls[b] for b in streamed], rows_for, score)
+            except BamctlError as err:
+                raise self._length_fit_error([fulls[b] for b in streamed], [len(requests[b][0]) for b in streamed],
+                                             0, err) from None
         answers = []
         for b in range(len(requests)):
             nll = torch.cat(pieces[b]) if pieces[b] else torch.zeros(0)

@@ -45,6 +45,7 @@ from bamctl.backends.hf_common import (
     ShapedBackend,
     find_model,
     max_positions,
+    no_questions,
     positional_encoding,
     trained_length,
 )
@@ -127,7 +128,9 @@ class VLLMBackend(ShapedBackend):
         self.tokenizer_path = options.tokenizer or str(folder)
         self.tokenizer = model_tokenizer(folder, gguf_file, options.tokenizer, reference)
         try:
-            config = AutoConfig.from_pretrained(str(folder), local_files_only=True, **({"gguf_file": gguf_file} if gguf_file else {}))
+            with no_questions():  # vllm: runs no folder's own code (hf: --trust-remote-code does)
+                config = AutoConfig.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False,
+                                                    **({"gguf_file": gguf_file} if gguf_file else {}))
         except (OSError, ValueError) as err:
             raise BamctlError(f"vllm: cannot read the config of {reference}: {str(err).splitlines()[0]}") from None
         name = files.name

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bamctl.cli.app import app
+from bamctl.cli.options import TRUST_REMOTE_CODE_HELP
 
 # Heavy modules (torch) are imported inside the commands: `bamctl --help` stays instant.
 PRESET_NAMES = "micro, tiny, small, l6, l8, l12, l16, l24"
@@ -24,7 +25,7 @@ def new(
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write config.json and model.safetensors into.")],
     pe: Annotated[str, typer.Option(help="Positional encoding: nope, sinusoidal, rope, xpos, alibi, kerple, t5, fire, bam, or a plugin of your own (FILE.py:CLASS, package.module:CLASS, an installed entry point: docs/positional-plugins.md); add -ssmax for Scalable-Softmax (e.g. bam-ssmax, ./my_pe.py:Sandwich-ssmax).")] = "bam",
     preset: Annotated[str, typer.Option(help=f"Model size: {PRESET_NAMES}.")] = "tiny",
-    seed: Annotated[int, typer.Option(help="Seed of the random initialisation; same seed, same weights.")] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of the random initialisation (>= 0); same seed, same weights.")] = 0,
     train_length: Annotated[int, typer.Option(help="Training context length recorded in the checkpoint (the unit of extrapolation ratios).")] = 512,
     bam_init: Annotated[str, typer.Option(help="BAM prior initialisation: flat (theta = 0), alibi (beta = 1, ALiBi slopes) or alibi-linear (ALiBi slopes, beta 0..1 across heads).")] = "flat",
     force: Annotated[bool, typer.Option("--force", help="Overwrite a checkpoint already in --out.")] = False,
@@ -67,15 +68,15 @@ def _fmt(value: float) -> str:
 
 @app.command()
 def inspect(
-    model: Annotated[str, typer.Argument(help="Catalog name, checkpoint directory, bam:PATH (the authors' checkpoint) or hf:PATH (a Hugging Face model: config and parameter count).")],
+    model: Annotated[str, typer.Argument(help="Catalog name, checkpoint directory, bam:PATH (the authors' checkpoint), hf:PATH or vllm:PATH (a Hugging Face model: config and parameter count) or py:FILE.py:FUNCTION (a module of your own: its class, training length, size and identity).")],
     json_output: Annotated[bool, typer.Option("--json", help="Print config, parameter count and per-head priors as JSON.")] = False,
     plot: Annotated[Optional[Path], typer.Option(help="PNG: each head's prior (bias against distance, log axis), one panel per layer.")] = None,
     max_distance: Annotated[Optional[int], typer.Option(help="--plot: longest distance drawn (default: 64x the training length).")] = None,
     attention_map: Annotated[Optional[Path], typer.Option("--attention-map", help="PNG: where the last token of a passkey prompt attends, per layer and head; the key marked.")] = None,
     length: Annotated[Optional[int], typer.Option(min=1, help="--attention-map: passkey prompt length in tokens (default: 4x the training length).")] = None,
     depth: Annotated[float, typer.Option(min=0.0, max=1.0, help="--attention-map: depth of the key in the prompt, 0 to 1.")] = 0.5,
-    seed: Annotated[int, typer.Option(help="--attention-map: seed of the passkey sample.")] = 0,
-    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="hf:/vllm: a folder with modeling code of its own (config.json's auto_map): read its config by that code, as transformers' trust_remote_code=True does.")] = False,
+    seed: Annotated[int, typer.Option(min=0, help="--attention-map: seed of the passkey sample (>= 0).")] = 0,
+    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help=TRUST_REMOTE_CODE_HELP)] = False,
 ) -> None:
     """Show a checkpoint's config, parameter count and, per layer and head, the learned prior.
 
@@ -86,10 +87,19 @@ def inspect(
     Example: bamctl inspect bam --plot priors.png --attention-map attention.png --length 2048
     """
     from bamctl.backends import BACKENDS, backend_for
+    from bamctl.errors import BamctlError
 
     entry, rest = backend_for(model)
-    if entry in (BACKENDS["hf"], BACKENDS["vllm"]):
-        _inspect_hf(rest, json_output, trust_remote_code)
+    if entry in (BACKENDS["hf"], BACKENDS["vllm"], BACKENDS["py"]):
+        drawn = [flag for flag, value in (("--plot", plot), ("--attention-map", attention_map)) if value is not None]
+        if drawn:  # they read bamctl's own priors and attention; another model's are its own code's
+            verb = "draw" if len(drawn) > 1 else "draws"
+            raise BamctlError(f"{' and '.join(drawn)} {verb} bamctl's own models (a catalog name, checkpoint or bam:); "
+                              f"{model} is not one")
+        if entry is BACKENDS["py"]:
+            _inspect_module(rest, json_output)
+        else:
+            _inspect_hf(rest, json_output, trust_remote_code)
         return
     from bamctl.consent import trusting
 
@@ -148,6 +158,37 @@ def _inspect_hf(reference: str, json_output: bool, trust_remote_code: bool = Fal
     stdout.print(table)
 
 
+def _inspect_module(reference: str, json_output: bool) -> None:
+    """What a py: reference's function returns, as a run would open it: its classes, its training
+    length, its size and the identity its rows carry."""
+    from bamctl.backends.module import build, model_shape, module_identity, train_length
+    from bamctl.backends.user_tokenizer import as_tokenizer
+
+    found = build(reference)
+    width, layers, heads = model_shape(found.module)
+    summary = {
+        "reference": f"py:{reference}",
+        "module": f"{type(found.module).__module__}.{type(found.module).__qualname__}",
+        "training length": train_length(found, found.name),
+        "parameters": sum(p.numel() for p in found.module.parameters()),
+        "width": width,
+        "layers": layers,
+        "heads": heads,
+        "tokenizer": as_tokenizer(found.tokenizer, found.name).name if found.tokenizer is not None else None,
+        "cached step": getattr(found.step, "__qualname__", None) if found.step is not None else None,
+        "model hash": module_identity(found),
+        "files": list(found.source_files),
+    }
+    if json_output:
+        typer.echo(json.dumps(summary, indent=2, default=str))
+        return
+    table = Table(title=found.name, show_header=False)
+    for key, value in summary.items():
+        if key != "files" and value is not None:
+            table.add_row(key, f"{value:,}" if isinstance(value, int) else str(value))
+    stdout.print(table)
+
+
 def _hf_parameter_count(folder, gguf_file, config, trust_remote_code: bool = False) -> int:
     """Counted from the weight files' headers where they are safetensors, else by building the model empty."""
     import struct
@@ -163,8 +204,10 @@ def _hf_parameter_count(folder, gguf_file, config, trust_remote_code: bool = Fal
     import torch
     from transformers import AutoModelForCausalLM
 
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    from bamctl.backends.hf_common import no_questions
+
+    with torch.device("meta"), no_questions():
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=bool(trust_remote_code))
     return sum(p.numel() for p in model.parameters())
 
 

@@ -35,6 +35,13 @@ PERPLEXITY_PANEL = "Perplexity"
 RULER_PANEL = "RULER"
 
 DEFAULT_DIR = Path("results")
+# --trust-remote-code, said once: the run commands' option and `bamctl inspect`'s are one flag
+TRUST_REMOTE_CODE_HELP = (
+    "Run code that a model names rather than you: an hf: folder's own code (the auto_map of its config.json or "
+    "tokenizer_config.json), as transformers' trust_remote_code does, or a bamctl checkpoint's PE plugin file; read "
+    "that code first. Its files are part of the model's identity; a checkpoint's consent is remembered by the digest "
+    "of each file, so a changed file asks again. Without it such a model is refused in one line; transformers is "
+    "never left to ask on stdin. Example: bamctl inspect ./downloaded-ckpt --trust-remote-code")
 
 
 class Dtype(str, Enum):
@@ -120,7 +127,7 @@ SAMPLES: list[Param] = [
     Param("samples", Optional[int], None, typer.Option(
         "--samples", "-n", min=1,
         help="Samples per length (and per depth, for tasks with depths). Default: the task's (passkey 4, RULER 20, ppl 1 document).")),
-    Param("seed", str, "0", typer.Option("--seed", help="Seed of the samples; a comma list ('0,1') runs each seed.")),
+    Param("seed", str, "0", typer.Option("--seed", help="Seed of the samples, an integer >= 0; a comma list ('0,1') runs each seed.")),
 ]
 
 EVALUATION: list[Param] = [
@@ -163,12 +170,7 @@ EVALUATION: list[Param] = [
         rich_help_panel=EXTERNAL_PANEL,
         help="A BOS token before each prompt or document: auto (the default; bam: none for passkey and RULER, one per "
         "perplexity document, as the authors' evaluation; hf:/vllm: what the tokenizer's plain call adds), always or never.")),
-    Param("trust_remote_code", bool, False, typer.Option(
-        rich_help_panel=EXTERNAL_PANEL,
-        help="Run code that a model names rather than you: an hf: folder's own modeling code (config.json's auto_map), "
-        "as transformers' trust_remote_code does, or a bamctl checkpoint's PE plugin file. Read that code first. Its "
-        "files are part of the model's identity; a checkpoint's consent is remembered by the digest of each file, so a "
-        "changed file asks again. Without it such a model is refused in one line.")),
+    Param("trust_remote_code", bool, False, typer.Option(rich_help_panel=EXTERNAL_PANEL, help=TRUST_REMOTE_CODE_HELP)),
     Param("prior_form", Optional[PriorForm], None, typer.Option(
         rich_help_panel=EXTERNAL_PANEL,
         help="bam: the GGD prior's formula: released (-(|d-mu|+eps)^beta e^alpha, their training and release) or "

@@ -40,7 +40,7 @@ def train(
     recipe: Annotated[str, typer.Option("--recipe", "-r", help="A shipped recipe's name (bam, rope-ssmax, ...: the recipe of that reference model) or a recipe TOML file (model, PE, data mix, optimiser, schedule, steps, seed).")],
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Checkpoint directory to write (config.json, model.safetensors, and train_state.pt while running). Default: models/NAME in the working directory; a shipped checkpoint is replaced only when named here.")] = None,
     steps: Annotated[Optional[int], typer.Option(help="Override the recipe's number of optimiser steps.")] = None,
-    seed: Annotated[Optional[int], typer.Option(help="Override the recipe's seed (model init, text windows, key depths).")] = None,
+    seed: Annotated[Optional[int], typer.Option(min=0, help="Override the recipe's seed (>= 0; model init, text windows, key depths).")] = None,
     device: Annotated[str, typer.Option(help="auto (CUDA when present), cpu, cuda or cuda:N. On CUDA the forward pass runs under bfloat16 autocast.")] = "auto",
     data: Annotated[Optional[Path], typer.Option("--data", help="Folder of training text: *.txt files, or pre-tokenised GPT-2 shards (*.npy, *.bin uint16, llm.c headers accepted). Replaces the shipped corpus.")] = None,
     restart: Annotated[bool, typer.Option("--restart", help="Train from step 0 even where --out holds a saved state or a finished checkpoint; that one stays until the new run finishes (it trains in .NAME.restart beside it, and running again without --restart resumes there).")] = False,

@@ -1,12 +1,12 @@
 """The engine's attention kernels beyond the dense reference, with the logits of
 ``bamctl.attention_math`` (the formula is there).
 
-- ``blockwise``: walks key blocks with an online softmax (running max, running sum),
-  so the workspace is (Tq, block) whatever the context length. A content-dependent prior given
-  as a scan (CoPE's count of open gates) has its key blocks walked nearest first, carrying its
-  state from block to block; one given pair by pair is evaluated on each tile. With a bias table and
-  ``block_skip="auto"`` it walks each query block's key blocks nearest first and leaves out,
-  per head, those the certified bound of ``bamctl.engine.block_skip`` rules out.
+- ``blockwise``: walks key blocks nearest first with an online softmax (running max, running
+  sum), so the workspace is (Tq, block) whatever the context length. A content-dependent prior
+  given as a scan (CoPE's count of open gates) carries its state from block to block; one given
+  pair by pair is evaluated on each tile. With a bias table and ``block_skip="auto"`` the same
+  walk, for query blocks of ``QUERY_BLOCK`` rows, leaves out per head the key blocks the certified
+  bound of ``bamctl.engine.block_skip`` rules out.
 """
 
 from __future__ import annotations
@@ -50,84 +50,29 @@ def blockwise_attention(
 ) -> torch.Tensor:
     """Online-softmax attention over key blocks; never holds more than (Tq, block) logits.
 
-    Each key block is walked in reverse order so that the prior is a strided view
-    (see ``_toeplitz_bias``); the logits are then updated in place to keep memory
-    traffic low on CPUs. ``block_skip="auto"``: leave out key blocks the certified bound rules
-    out (``_skipping_attention``); ``counts``: where to add, per sequence, the (head, query
-    block, key block) units considered and those left out.
+    Key blocks are walked nearest first from each query block's last query, and each is taken
+    in reverse order so that the prior is a strided view (see ``_toeplitz_bias``); the logits are
+    then updated in place to keep memory traffic low on CPUs. All queries are one block, unless
+    ``block_skip="auto"`` skips (docs/engine.md, "Certified block skipping"): queries then go in
+    blocks of ``QUERY_BLOCK`` rows (at most ``block_size``, so that a row's own key lies in its first
+    key block), and before each key block after the first (which holds every row's diagonal), a head
+    whose rows all pass ``negligible`` (the block's bound against the largest logit each row has
+    computed) leaves it out; the others compute it, for their heads alone. ``counts``: where to add,
+    per sequence, the (head, query block, key block) units considered and those left out, the same
+    units whether it skips or not (``key_block_units``).
     """
-    if attempts(inputs, block_skip):
-        return _skipping_attention(q, k, v, inputs, block_size, counts)
+    batch, heads, tq, _ = q.shape
+    skips = attempts(inputs, block_skip)
+    walk = _KeyBlockWalk(q, k, v, inputs, block_size)
+    rows_per_block = min(QUERY_BLOCK, block_size) if skips else tq
+    out = torch.empty(batch * heads, tq, v.shape[-1], device=q.device)
+    skipped = torch.zeros(batch, dtype=torch.long)
+    for r0 in range(0, tq, rows_per_block):
+        rows = min(rows_per_block, tq - r0)
+        out[:, r0 : r0 + rows] = walk.rows(r0, rows, skipped if skips else None)
     if counts is not None:
-        units = key_block_units(inputs.q_start, q.shape[2], block_size, q.shape[1])
-        counts.add([0] * q.shape[0], [units] * q.shape[0])
-    tq = q.shape[2]
-    q_start = inputs.q_start
-    last_key = q_start + tq  # keys beyond the last query are never visible
-    qf = q.float() * (1.0 / math.sqrt(q.shape[-1]))
-    factor = None
-    if inputs.ssmax_scale is not None:
-        factor = ssmax_factor(inputs, tq, q.device)[:, :, None]  # (H, Tq, 1)
-    scale_bias = factor is not None and inputs.ssmax_scope == "logits"
-    running_max = torch.full((*q.shape[:3], 1), float("-inf"), device=q.device)  # (B, H, Tq, 1)
-    running_sum = torch.zeros_like(running_max)
-    acc = torch.zeros(*q.shape[:3], v.shape[-1], device=q.device)  # (B, H, Tq, Dh)
-    q_positions = torch.arange(q_start, q_start + tq, device=q.device)
-    starts = range(0, last_key, block_size)
-    scan, carry, pair = None, None, None
-    if inputs.content_prior is not None:
-        if pairs_content(inputs.content_prior):  # pair by pair: one function for every tile of this call
-            pair = pair_bias_of(inputs.content_prior, q, k[:, :, :last_key], q_positions)
-        elif scans_content(inputs.content_prior):  # a scan wants the nearest keys first
-            scan = inputs.content_prior
-            starts = reversed(starts)
-        else:
-            raise ValueError("blockwise attention takes a content-dependent prior as content_scan or pair_bias only")
-    for start in starts:
-        stop = min(start + block_size, last_key)
-        tb = stop - start
-        k_block = k[:, :, start:stop].float().flip(2)  # reversed: key r is at position stop - 1 - r
-        v_block = v[:, :, start:stop].float().flip(2)
-        logits = qf @ k_block.transpose(-1, -2)  # (B, H, Tq, Tb)
-        base = q_start - (stop - 1)  # distance of (query 0, reversed key 0)
-        future = None
-        if base < 0:  # this block holds keys in the future of some queries
-            future = (torch.arange(tq, device=q.device)[:, None] + torch.arange(tb, device=q.device)[None, :]) < -base
-        bias = None
-        if inputs.query_prior is not None:  # depends on the query's position: computed for this block
-            bias = inputs.query_prior.bias(q_positions, torch.arange(stop - 1, start - 1, -1, device=q.device))  # reversed keys
-        elif inputs.bias_table is not None:
-            bias = _toeplitz_bias(inputs.bias_table, base, tq, tb)
-        elif scan is not None or pair is not None:  # reads the scores: before SSMax's factor, as the reference
-            # a copy: the logits change in place below, and a carry may hold a view of what it was given
-            scores = logits.clone() if future is None else logits.masked_fill(future, float("-inf"))
-            k_positions = torch.arange(stop - 1, start - 1, -1, device=q.device)
-            if scan is not None:
-                bias, carry = scan.content_scan(q, scores, q_positions, k_positions, carry)
-            else:
-                bias = pair_tile(pair, scores, q_positions, k_positions)
-        if scale_bias and bias is not None:  # SSMax scope "logits": (content + prior) * factor
-            logits.add_(bias).mul_(factor)
-        else:  # scope "content" (the authors' ALiBi + SSMax) or no SSMax: content * factor + prior
-            if factor is not None:
-                logits.mul_(factor)
-            if bias is not None:
-                logits.add_(bias)
-        if future is not None:
-            logits.masked_fill_(future, float("-inf"))
-        new_max = torch.maximum(running_max, logits.amax(dim=-1, keepdim=True))
-        # Rows that have seen only masked keys keep max = -inf; exp(-inf - -inf) would be NaN.
-        safe_max = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)
-        correction = torch.exp(running_max - safe_max)
-        # exp() of values that underflow float32 takes a slow path (~15x slower on x86); below
-        # -80 a weight is < 2e-35 of the row's largest, so flooring there changes nothing visible.
-        weights = logits.sub_(safe_max).clamp_(min=EXP_FLOOR).exp_()
-        if future is not None:
-            weights.masked_fill_(future, 0.0)  # keep causality exact, not merely 1e-35-close
-        running_sum = running_sum * correction + weights.sum(dim=-1, keepdim=True)
-        acc = acc * correction + weights @ v_block
-        running_max = new_max
-    return (acc / running_sum).to(q.dtype)
+        counts.add(skipped.tolist(), [key_block_units(inputs.q_start, tq, block_size, heads)] * batch)
+    return out.view(batch, heads, tq, -1).to(q.dtype)
 
 
 def key_block_units(q_start: int, tq: int, block_size: int, heads: int) -> int:
@@ -137,96 +82,133 @@ def key_block_units(q_start: int, tq: int, block_size: int, heads: int) -> int:
     return heads * sum(-(-(q_start + min(r0 + rows, tq)) // block_size) for r0 in range(0, tq, rows))
 
 
-def _skipping_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs, block_size: int,
-    counts: BlockCounts | None,
-) -> torch.Tensor:
-    """``blockwise_attention`` with certified skipping (docs/engine.md, "Certified block skipping").
+class _KeyBlockWalk:
+    """One call's online softmax, run for a block of query rows at a time (``rows``). Heads of every
+    sequence are one axis (B * H), so that a skipping walk computes a key block for the heads that
+    need it alone; the PE hooks that take (B, H, ...) tensors get them so."""
 
-    Queries go in blocks of ``QUERY_BLOCK`` rows (at most ``block_size``, so that a row's own key
-    lies in its first key block). Each query block walks key blocks ending at its last query,
-    nearest first; the first holds every row's diagonal and is always computed. Before each
-    further block, a head whose rows all pass ``negligible`` (the block's bound against the
-    largest logit each row has computed) leaves it out; the others compute it, for their heads
-    alone.
-    """
-    batch, heads, tq, dim = q.shape
-    bh = batch * heads
-    q_start = inputs.q_start
-    table = inputs.bias_table
-    scale_bias = inputs.ssmax_scale is not None and inputs.ssmax_scope == "logits"
-    qf = (q.float() * (1.0 / math.sqrt(dim))).reshape(bh, tq, dim)
-    factor = ssmax_factor(inputs, tq, q.device) if inputs.ssmax_scale is not None else None  # (H, Tq)
-    key_norm = k[:, :, : q_start + tq].float().norm(dim=-1).reshape(bh, -1)  # (BH, visible)
-    head_of = torch.arange(bh, device=q.device) % heads  # (BH,)
-    out = torch.empty(bh, tq, v.shape[-1], device=q.device)
-    skipped = torch.zeros(batch, dtype=torch.long)
-    total = torch.zeros(batch, dtype=torch.long)
-    rows_per_block = min(QUERY_BLOCK, block_size)
-    for r0 in range(0, tq, rows_per_block):
-        rows = min(rows_per_block, tq - r0)
-        first = q_start + r0
+    def __init__(self, q, k, v, inputs: AttentionInputs, block_size: int) -> None:
+        self.batch, self.heads, tq, dim = q.shape
+        self.k, self.v, self.inputs, self.block_size = k, v, inputs, block_size
+        bh = self.batch * self.heads
+        self.qf = (q.float() * (1.0 / math.sqrt(dim))).reshape(bh, tq, dim)
+        self.head_of = torch.arange(bh, device=q.device) % self.heads  # (BH,): each row's head
+        # SSMax's factor c_h(i), per row of the flattened heads: (BH, Tq)
+        self.factor = None if inputs.ssmax_scale is None else ssmax_factor(inputs, tq, q.device)[self.head_of]
+        self.scale_bias = self.factor is not None and inputs.ssmax_scope == "logits"
+        self.scan = self.pair = None
+        if inputs.content_prior is not None:
+            if pairs_content(inputs.content_prior):  # pair by pair: one function for every tile of this call
+                positions = torch.arange(inputs.q_start, inputs.q_start + tq, device=q.device)
+                self.pair = pair_bias_of(inputs.content_prior, q, k[:, :, : inputs.q_start + tq], positions)
+            elif scans_content(inputs.content_prior):  # carried from block to block, nearest first
+                self.q, self.scan = q, inputs.content_prior
+            else:
+                raise ValueError("blockwise attention takes a content-dependent prior as content_scan, pair_bias or score_mod only")
+        self.key_norm = None  # (BH, keys): each key's norm, for the skipping bound, taken once
+
+    def rows(self, r0: int, rows: int, skipped: torch.Tensor | None) -> torch.Tensor:
+        """(BH, rows, Dv) outputs of query rows r0 .. r0 + rows - 1; ``skipped``: None (every block is
+        read), or (B,) counts of units left out, to add to (the walk then tests blocks after the first)."""
+        inputs, device, bh = self.inputs, self.qf.device, self.qf.shape[0]
+        first = inputs.q_start + r0
         end = first + rows  # keys 0 .. end - 1 are seen by some row
-        stops = list(range(end, 0, -block_size))
-        starts = torch.tensor([stop - block_size for stop in stops], device=q.device)  # nominal: may reach below 0
-        high, low = block_bias_range(table, first, rows, starts, block_size)  # (H, n): over a superset of distances
-        high, low = high[head_of], low[head_of]  # (BH, n)
-        qb = qf[:, r0 : r0 + rows]  # (BH, rows, Dh)
-        q_norm = qb.norm(dim=-1)  # (BH, rows): |q| / sqrt(Dh)
-        fb = None if factor is None else factor[:, r0 : r0 + rows][head_of]  # (BH, rows)
-        positions = torch.arange(first, end, device=q.device)
-        running_max = torch.full((bh, rows, 1), float("-inf"), device=q.device)
-        running_sum = torch.zeros(bh, rows, 1, device=q.device)
-        acc = torch.zeros(bh, rows, v.shape[-1], device=q.device)
-        total += heads * len(stops)
+        qb = self.qf[:, r0 : r0 + rows]  # (BH, rows, Dh)
+        fb = None if self.factor is None else self.factor[:, r0 : r0 + rows]  # (BH, rows)
+        positions = torch.arange(first, end, device=device)
+        stops = range(end, 0, -self.block_size)  # nearest first
+        test = None if skipped is None else self._skip_test(qb, fb, first, rows, stops, positions)
+        running_max = torch.full((bh, rows, 1), float("-inf"), device=device)
+        running_sum = torch.zeros(bh, rows, 1, device=device)
+        acc = torch.zeros(bh, rows, self.v.shape[-1], device=device)
+        carry = None
         for n, stop in enumerate(stops):
-            start = max(stop - block_size, 0)
-            tb = stop - start
+            start = max(stop - self.block_size, 0)
             active = None  # None: every head
-            if n > 0:  # the first block holds the diagonal: never left out
-                key_max = key_norm[:, start:stop].amax(-1, keepdim=True)  # (BH, 1)
-                upper = logit_upper_bound(q_norm, key_max, high[:, n : n + 1], low[:, n : n + 1], fb, inputs.ssmax_scope)
-                skip = negligible(upper, running_max[..., 0], positions).all(-1)  # (BH,)
+            if test is not None and n > 0:  # the first block holds the diagonal: never left out
+                skip = test(n, start, stop, running_max)  # (BH,)
                 if bool(skip.any()):
-                    skipped += skip.view(batch, heads).sum(-1).cpu()
+                    skipped += skip.view(self.batch, self.heads).sum(-1).cpu()
                     active = (~skip).nonzero()[:, 0]
                     if active.numel() == 0:
                         continue
+            logits, future, carry = self._logits(qb, fb, first, rows, start, stop, active, carry)
             idx = slice(None) if active is None else active
-            hb = head_of if active is None else head_of[active]
-            k_block = k[:, :, start:stop].float().reshape(bh, tb, dim)[idx].flip(1)  # reversed keys
-            v_block = v[:, :, start:stop].float().reshape(bh, tb, v.shape[-1])[idx].flip(1)
-            logits = qb[idx] @ k_block.transpose(-1, -2)  # (A, rows, Tb)
-            base = first - (stop - 1)  # distance of (row 0, reversed key 0)
-            bias = _toeplitz_bias(table, base, rows, tb, hb)  # (A, rows, Tb), a view
-            f = None if fb is None else fb[idx][:, :, None]
-            if scale_bias:
-                logits.add_(bias).mul_(f)
-            else:
-                if f is not None:
-                    logits.mul_(f)
-                logits.add_(bias)
-            future = None
-            if base < 0:
-                future = (torch.arange(rows, device=q.device)[:, None] + torch.arange(tb, device=q.device)[None, :]) < -base
-                logits.masked_fill_(future, float("-inf"))
-            old_max = running_max[idx]
-            new_max = torch.maximum(old_max, logits.amax(dim=-1, keepdim=True))
+            v_block = self.v[:, :, start:stop].float().reshape(bh, stop - start, -1)[idx].flip(1)  # reversed keys
+            new_max = torch.maximum(running_max[idx], logits.amax(dim=-1, keepdim=True))
+            # Rows that have seen only masked keys keep max = -inf; exp(-inf - -inf) would be NaN.
             safe_max = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)
-            correction = torch.exp(old_max - safe_max)
+            correction = torch.exp(running_max[idx] - safe_max)
+            # exp() of values that underflow float32 takes a slow path (~15x slower on x86); below
+            # -80 a weight is < 2e-35 of the row's largest, so flooring there changes nothing visible.
             weights = logits.sub_(safe_max).clamp_(min=EXP_FLOOR).exp_()
             if future is not None:
-                weights.masked_fill_(future, 0.0)
+                weights.masked_fill_(future, 0.0)  # keep causality exact, not merely 1e-35-close
             new_sum = running_sum[idx] * correction + weights.sum(dim=-1, keepdim=True)
             new_acc = acc[idx] * correction + weights @ v_block
             if active is None:
                 running_max, running_sum, acc = new_max, new_sum, new_acc
             else:
                 running_max[active], running_sum[active], acc[active] = new_max, new_sum, new_acc
-        out[:, r0 : r0 + rows] = acc / running_sum
-    if counts is not None:
-        counts.add(skipped.tolist(), total.tolist())
-    return out.view(batch, heads, tq, -1).to(q.dtype)
+        return acc / running_sum
+
+    def _logits(self, qb, fb, first, rows, start, stop, active, carry):
+        """(A, rows, Tb) logits of the active heads (None: all) over keys start .. stop - 1, reversed;
+        the mask of future keys (None: none) and the content scan's carry after this block."""
+        inputs, device = self.inputs, qb.device
+        tb = stop - start
+        idx = slice(None) if active is None else active
+        k_block = self.k[:, :, start:stop].float().reshape(qb.shape[0], tb, -1)[idx].flip(1)  # reversed: key r at stop - 1 - r
+        logits = qb[idx] @ k_block.transpose(-1, -2)  # (A, rows, Tb)
+        base = first - (stop - 1)  # distance of (row 0, reversed key 0)
+        future = None
+        if base < 0:  # this block holds keys in the future of some rows
+            future = (torch.arange(rows, device=device)[:, None] + torch.arange(tb, device=device)[None, :]) < -base
+        q_positions = torch.arange(first, first + rows, device=device)
+        k_positions = torch.arange(stop - 1, start - 1, -1, device=device)  # reversed keys
+        bias = None
+        if inputs.query_prior is not None:  # depends on the query's position: computed for this block
+            bias = inputs.query_prior.bias(q_positions, k_positions).repeat(self.batch, 1, 1)  # (BH, rows, Tb)
+        elif inputs.bias_table is not None:
+            bias = _toeplitz_bias(inputs.bias_table, base, rows, tb, self.head_of[idx])  # (A, rows, Tb), a view
+        elif self.scan is not None or self.pair is not None:  # reads the scores: before SSMax's factor, as the reference
+            # a copy in (B, H, rows, Tb): the logits change in place below, and a carry may hold a view of it
+            scores = logits.view(self.batch, self.heads, rows, tb)
+            scores = scores.clone() if future is None else scores.masked_fill(future, float("-inf"))
+            if self.scan is not None:
+                bias, carry = self.scan.content_scan(self.q, scores, q_positions, k_positions, carry)  # rows: all of q
+            else:
+                bias = pair_tile(self.pair, scores, q_positions, k_positions)
+            bias = bias.reshape(-1, rows, tb)
+        f = None if fb is None else fb[idx][:, :, None]
+        if self.scale_bias and bias is not None:  # SSMax scope "logits": (content + prior) * factor
+            logits.add_(bias).mul_(f)
+        else:  # scope "content" (the authors' ALiBi + SSMax) or no SSMax: content * factor + prior
+            if f is not None:
+                logits.mul_(f)
+            if bias is not None:
+                logits.add_(bias)
+        if future is not None:
+            logits.masked_fill_(future, float("-inf"))
+        return logits, future, carry
+
+    def _skip_test(self, qb, fb, first, rows, stops, positions):
+        """For a skipping walk: ``test(n, start, stop, running_max) -> (BH,)``, whether each head's
+        rows may all leave key block n out (the bound of ``bamctl.engine.block_skip``)."""
+        inputs = self.inputs
+        if self.key_norm is None:
+            self.key_norm = self.k[:, :, : inputs.q_start + self.qf.shape[1]].float().norm(dim=-1).reshape(qb.shape[0], -1)
+        starts = torch.tensor([stop - self.block_size for stop in stops], device=qb.device)  # nominal: may reach below 0
+        high, low = block_bias_range(inputs.bias_table, first, rows, starts, self.block_size)  # (H, n): a superset of distances
+        high, low = high[self.head_of], low[self.head_of]  # (BH, n)
+        q_norm = qb.norm(dim=-1)  # (BH, rows): |q| / sqrt(Dh)
+
+        def test(n, start, stop, running_max):
+            key_max = self.key_norm[:, start:stop].amax(-1, keepdim=True)  # (BH, 1)
+            upper = logit_upper_bound(q_norm, key_max, high[:, n : n + 1], low[:, n : n + 1], fb, inputs.ssmax_scope)
+            return negligible(upper, running_max[..., 0], positions).all(-1)
+
+        return test
 
 
 class BlockwiseKernel:

@@ -115,6 +115,9 @@ def parse_seeds(text) -> list[int]:
         raise BamctlError(f"--seed takes integers, e.g. 0 or 0,1 (got {text!r})") from None
     if not seeds:
         raise BamctlError("--seed needs at least one integer")
+    negative = [seed for seed in seeds if seed < 0]
+    if negative:  # -1 means "random" to many tools; here it would silently be one more fixed set of prompts
+        raise BamctlError(f"--seed takes integers >= 0, e.g. 0 or 0,1 (got {negative[0]})")
     return seeds
 
 
