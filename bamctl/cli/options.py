@@ -227,6 +227,10 @@ PROMPT: list[Param] = [
         rich_help_panel=RULER_PANEL,
         help="Essay haystack for the NIAH tasks, instead of the shipped public-domain essays: RULER's "
         "PaulGrahamEssays.json ({\"text\": ...}) or any UTF-8 text file.")),
+    Param("data", Optional[Path], None, typer.Option(
+        rich_help_panel=RULER_PANEL,
+        help="The data set qa_1 and qa_2 read, which bamctl does not ship: SQuAD v2's dev-v2.0.json for qa_1, "
+        "HotpotQA's hotpot_dev_distractor_v1.json for qa_2 (e.g. --task qa_1 --data dev-v2.0.json).")),
     Param("stride", Optional[int], None, typer.Option(
         min=1, rich_help_panel=PERPLEXITY_PANEL,
         help="sliding: tokens the window advances (default: the window, non-overlapping; 1 = strict sliding).")),
