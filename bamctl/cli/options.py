@@ -93,6 +93,8 @@ class Protocol(str, Enum):
     sliding = "sliding"
     buckets = "buckets"
     ruler = "ruler"
+    generate = "generate"
+    teacher_forced = "teacher_forced"
 
 
 class Sizing(str, Enum):
@@ -203,7 +205,8 @@ PROMPT: list[Param] = [
         "authors (the BAM authors' evaluator, token for token), exact (bamctl's exact-length, digit-by-digit form for "
         "byte-level BPEs like GPT-2) or landmark (newlines, generate 10 tokens, first integer); ppl sliding (the "
         "default: windows of each length over one document) or buckets (one pass, mean NLL per position bucket); "
-        "RULER's tasks ruler.")),
+        "RULER's tasks ruler; facts_1/2/3 generate (the default) or teacher_forced (the answer fed, every answer "
+        "token the argmax), e.g. --task facts_2 --protocol teacher_forced.")),
     Param("depths", Optional[str], None, typer.Option(
         rich_help_panel=PROMPT_PANEL,
         help="Needle depths: a count of evenly spaced depths ('5' = 0, .25, .5, .75, 1) or fractions ('0,0.25,0.5'). "

@@ -22,6 +22,7 @@ from bamctl.errors import BamctlError, did_you_mean
 from bamctl.fingerprints import digest, file_digest
 from bamctl.lengths import parse_depths
 from bamctl.tasks.common_words import cwe_sample
+from bamctl.tasks.facts import facts_sample
 from bamctl.tasks.frequent_words import fwe_sample
 from bamctl.tasks.metrics import METRICS
 from bamctl.tasks.passkey import authors_scoring, passkey_sample
@@ -95,6 +96,10 @@ def niah_files(spec: "TaskSpec", options: dict) -> list[Path]:
     return [*([Path(path)] if path else corpus_files("essays")), *word_files()]
 
 
+def essay_files(spec: "TaskSpec", options: dict) -> list[Path]:
+    return corpus_files("essays")
+
+
 def cwe_files(spec: "TaskSpec", options: dict) -> list[Path]:
     return common_word_files()
 
@@ -153,6 +158,7 @@ GENERATORS: dict[str, Generator] = {
     "vt": Generator(vt_sample, version=1, setting=ruler_setting, takes_depths=never),
     "cwe": Generator(cwe_sample, version=1, setting=ruler_setting, files=cwe_files, takes_depths=never),
     "fwe": Generator(fwe_sample, version=1, setting=ruler_setting, takes_depths=never),
+    "facts": Generator(facts_sample, version=1, files=essay_files, takes_depths=never),
     "qa": Generator(
         qa_sample, version=1, setting=ruler_setting, files=qa_files, shortfall=qa_samples_shortfall, takes_depths=never,
     ),
