@@ -235,3 +235,22 @@ def test_task_all_leaves_out_the_tasks_that_need_data():
     every = task_names("all")
     assert "niah_single_1" in every and "qa_1" not in every and "qa_2" not in every
     assert task_names("qa_1,qa_2") == ["qa_1", "qa_2"]
+
+
+def test_chat_template_puts_the_task_in_the_user_turn_and_the_answer_prefix_after_it(tok, chat_tok):
+    # prepare.py: the chat template around the task template, then the answer prefix.
+    sample = next(generate_samples("qa_1", [1024], 1, 0, chat_tok, data_path=str(FILES["qa_1"]), chat_template=True))
+    plain = ruler_prompt("qa_1", sample, sample.meta["haystack_units"])[0]
+    assert sample.prompt == "<|user|>\n" + plain[: -len(" Answer:")] + "<|end|>\n<|assistant|>\n" + " Answer:"
+    assert sample.n_tokens + 32 <= 1024
+
+
+def test_generate_with_data_writes_what_a_run_feeds(tok, tmp_path):
+    from bamctl.cli import main
+
+    out = tmp_path / "qa.jsonl"
+    with pytest.raises(SystemExit) as done:
+        main(["generate", "qa_2", "--lengths", "1k", "--samples", "2", "--data", str(FILES["qa_2"]), "--out", str(out)])
+    assert done.value.code == 0
+    written = [json.loads(line)["prompt"] for line in out.read_text().splitlines()]
+    assert written == [s.prompt for s in samples("qa_2", [1024], 2, tok)]
