@@ -140,11 +140,28 @@ def test_samples_are_pure_functions_of_their_identity(tok):
     assert once == again and once != other_seed and len(set(once)) == 3
 
 
-def test_depths_are_refused_in_one_line(tmp_path, capsys):
-    with pytest.raises(SystemExit) as done:
-        main(["generate", "facts_1", "--lengths", "1k", "--depths", "3", "--out", str(tmp_path / "x.jsonl")])
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert done.value.code == 2 and len(lines) == 1 and "--depths does not apply to facts_1" in lines[0]
+@pytest.mark.parametrize("task", TASKS)
+def test_depths_put_the_first_supporting_fact_there_and_keep_the_story(tok, task):
+    placed = list(generate_samples(task, [4096], 2, 0, tok, depths=[0.0, 0.5, 1.0]))
+    assert [s.depth for s in placed] == [0.0] * 2 + [0.5] * 2 + [1.0] * 2
+    for sample in placed:
+        facts, question = sample.meta["facts"], question_of(sample)
+        assert answer(facts, question) == sample.answers[0] and sample.needle_depth == sample.depth
+        context = sample.prompt.split("goes.\n", 1)[1].rsplit("\nQuestion: ", 1)[0]
+        found = [-1]
+        for fact in facts:
+            found.append(context.find(fact, found[-1] + 1))
+        assert all(at >= 0 for at in found[1:])
+        k = sample.meta["supporting"][0]
+        first = found[1 + k]
+        essay_before, essay_after = context[:first], context[first + len(facts[k]):]
+        for fact in facts:  # what is left is essay text alone
+            essay_before, essay_after = essay_before.replace(fact, ""), essay_after.replace(fact, "")
+        share = len(essay_before.strip()) / (len(essay_before.strip()) + len(essay_after.strip()))
+        # RULER's rule counts sentences, not characters: at the ends exactly, in the middle roughly.
+        assert share == sample.depth if sample.depth in (0.0, 1.0) else abs(share - sample.depth) < 0.15
+    same_story = {s.index: s.meta["facts"] for s in placed if s.depth == 0.0}
+    assert all(s.meta["facts"] == same_story[s.index] for s in placed)  # the depth moves the story, never redraws it
 
 
 def test_a_short_run_writes_rows_for_both_protocols(tmp_path):

@@ -17,7 +17,9 @@ error, never a prompt.
 
 The story's sentences go into the shipped essays at sentence boundaries, in story order, at
 depths drawn for each sample from RULER's 40 evenly spaced depths (as RULER's essay NIAH
-places several needles). Each sample has the largest haystack whose prompt fits the length
+places several needles); ``--depths`` puts the first supporting fact at each depth asked
+for, the sentences before it above and those after it below. A sample's ``needle_depth``
+is its first supporting fact's. Each sample has the largest haystack whose prompt fits the length
 with the answer budget. Two protocols: ``generate`` (greedy generation, the answer word
 found in it) and ``teacher_forced`` (the answer fed after the prompt, every answer token the
 argmax).
@@ -30,7 +32,7 @@ from typing import Callable
 
 from bamctl.errors import BamctlError
 from bamctl.tasks.haystacks import essay_haystack
-from bamctl.tasks.ruler import ESSAY_DEPTHS, essay_context
+from bamctl.tasks.ruler import ESSAY_DEPTHS, essay_context_at
 from bamctl.tasks.sample import Sample, SampleSlot, sample_rng
 from bamctl.tasks.sizing import size_exact
 from bamctl.tasks.spans import tokens_at_chars
@@ -173,6 +175,21 @@ def check_story(story: Story) -> None:
             raise RuntimeError(f"supporting fact {story.facts[i].text!r} is not needed")
 
 
+def fact_depths(rng, story: Story, depth: float | None) -> list[float]:
+    """Each sentence's depth in percent, ascending in story order: without ``depth``, a sample of
+    RULER's 40 depths; with it, the first supporting fact at ``depth`` and the sentences before and
+    after it at depths of that grid above and below it."""
+    n_facts = len(story.facts)
+    if depth is None:
+        return sorted(rng.sample(ESSAY_DEPTHS, n_facts))
+    at, first = depth * 100, story.supporting[0]
+    above = [d for d in ESSAY_DEPTHS if d <= at]
+    below = [d for d in ESSAY_DEPTHS if d >= at]
+    before = sorted(rng.choice(above) for _ in range(first))
+    after = sorted(rng.choice(below) for _ in range(n_facts - first - 1))
+    return [*before, at, *after]
+
+
 @dataclass(frozen=True)
 class FactsParts:
     story: Story
@@ -188,7 +205,8 @@ def _facts_parts(slot: SampleSlot, tokenizer: Tokenizer, supporting: int, n_fact
 
     def build(n_words: int):
         rng = sample_rng(slot.seed, slot.task, slot.length, slot.index, "placement", n_words)
-        context = essay_context(haystack, needles, n_words, rng, None)
+        depths = fact_depths(rng, story, slot.depth)
+        context = essay_context_at(haystack, needles, n_words, depths, depths[story.supporting[0]] / 100)
         prompt = head + context.text + tail + story.question.answer_prefix
         return context, tokenizer.encode(prompt), prompt
 
@@ -197,8 +215,6 @@ def _facts_parts(slot: SampleSlot, tokenizer: Tokenizer, supporting: int, n_fact
 
 def facts_sample(*, slot: SampleSlot, tokenizer: Tokenizer, supporting: int, n_facts: int, n_units: int | None = None) -> Sample:
     """One facts prompt with the most essay words that fit ``slot.length`` (or exactly ``n_units``)."""
-    if slot.depth is not None:
-        raise BamctlError(f"--depths does not apply to {slot.task}: its facts are spread at depths each sample draws")
     parts = _facts_parts(slot, tokenizer, supporting, n_facts)
     if n_units is None:
         haystack = essay_haystack(tokenizer)

@@ -158,7 +158,7 @@ GENERATORS: dict[str, Generator] = {
     "vt": Generator(vt_sample, version=1, setting=ruler_setting, takes_depths=never),
     "cwe": Generator(cwe_sample, version=1, setting=ruler_setting, files=cwe_files, takes_depths=never),
     "fwe": Generator(fwe_sample, version=1, setting=ruler_setting, takes_depths=never),
-    "facts": Generator(facts_sample, version=1, files=essay_files, takes_depths=never),
+    "facts": Generator(facts_sample, version=1, files=essay_files),
     "qa": Generator(
         qa_sample, version=1, setting=ruler_setting, files=qa_files, shortfall=qa_samples_shortfall, takes_depths=never,
     ),
