@@ -254,3 +254,21 @@ def test_generate_with_data_writes_what_a_run_feeds(tok, tmp_path):
     assert done.value.code == 0
     written = [json.loads(line)["prompt"] for line in out.read_text().splitlines()]
     assert written == [s.prompt for s in samples("qa_2", [1024], 2, tok)]
+
+
+def test_a_run_without_data_stops_in_one_line_and_with_it_writes_rows(tmp_path, capsys):
+    import pandas as pd
+
+    from bamctl.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["ruler", "lm-bam", "--task", "qa_1", "--lengths", "1k", "--dir", str(tmp_path), "--quiet"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert done.value.code == 2 and len(lines) == 1 and "pass it with --data FILE" in lines[0], lines
+    with pytest.raises(SystemExit) as done:
+        main(["ruler", "lm-bam", "--task", "qa_1", "--data", str(FILES["qa_1"]), "--lengths", "1k", "--samples", "2",
+              "--dir", str(tmp_path), "--quiet"])
+    assert done.value.code == 0
+    rows = pd.concat(pd.read_parquet(path) for path in tmp_path.rglob("*.parquet"))
+    assert list(rows["task"]) == ["qa_1", "qa_1"] and list(rows["protocol"]) == ["ruler", "ruler"]
+    assert list(rows["expected"].str.contains("Edith Marlow|1612")) == [True, True]
