@@ -32,6 +32,7 @@ Where we differ, on purpose:
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -179,8 +180,6 @@ class Context:
 
 def qa_context(qa: QaData, question: Question, n_docs: int, rng, seed: int) -> Context:
     """The documents of a prompt: drawn, shuffled by RULER's seed-only generator, numbered from 1."""
-    import random
-
     documents = draw_documents(qa, question, n_docs, rng)
     random.Random(seed).shuffle(documents)
     pieces = [DOCUMENT.format(i=i + 1, document=qa.documents[d]) for i, d in enumerate(documents)]
