@@ -88,6 +88,7 @@ def evaluate(
     chat_template: bool = False,
     sizing: str | None = None,
     haystack: str | Path | None = None,
+    data: str | Path | None = None,
     stride: int | None = None,
     bucket: int | None = None,
     doc_tokens: int | None = None,
@@ -177,7 +178,7 @@ def _checked_run(models, task, given: dict, baseline: str | None):
         PromptChoices(
             protocol=given["protocol"], depths=given["depths"], tokenizer=given["tokenizer"],
             chat_template=given["chat_template"], sizing=given["sizing"], haystack=_path(given["haystack"]),
-            stride=given["stride"], bucket=given["bucket"], doc_tokens=given["doc_tokens"], corpus=_path(given["corpus"]),
+            data=_path(given["data"]), stride=given["stride"], bucket=given["bucket"], doc_tokens=given["doc_tokens"], corpus=_path(given["corpus"]),
         ),
     )
     with _left_as_found(models):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -139,17 +140,21 @@ PINNED = {
     "vt": {1: "2023dc097b493c95"},
     "cwe": {1: "8ce90f874a29845b"},
     "fwe": {1: "b3a93db1a83aef42"},
+    "qa": {1: "6148080b1963c47d"},
+    "facts": {1: "aacfde2ccc0e4a82"},
 }
 REQUESTS = {
     "passkey": ("passkey", [256, 1024]), "niah": ("niah_multikey_2", [1024]), "ppl": ("ppl", [512]),
     "vt": ("vt", [1024]), "cwe": ("cwe", [1024, 4096]), "fwe": ("fwe", [1024]),
+    "qa": ("qa_1", [1024], {"data_path": str(Path(__file__).parent / "data" / "qa" / "squad_dev_fixture.json")}),
+    "facts": ("facts_3", [1024]),
 }
 
 
 @pytest.mark.parametrize("generator", sorted(PINNED))
 def test_generator_versions_pin_what_they_build(generator):
-    task, lengths = REQUESTS[generator]
-    samples = list(generate_samples(task, lengths, 2, 0, get_tokenizer("gpt2")))
+    task, lengths, *options = REQUESTS[generator]
+    samples = list(generate_samples(task, lengths, 2, 0, get_tokenizer("gpt2"), **(options[0] if options else {})))
     payload = [[s.input_ids, s.target_ids, s.answers, [vars(span) for span in s.scored]] for s in samples]
     built = hashlib.sha256(json.dumps(payload).encode()).hexdigest()[:16]
     version = GENERATORS[generator].version

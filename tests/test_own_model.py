@@ -340,6 +340,8 @@ def test_auto_batches_of_a_plain_forward_keep_its_scores_small_and_a_cached_step
     ("vt", None, {"samples": 1, "lengths": "1k"}),
     ("cwe", None, {"samples": 1, "lengths": "1k"}),
     ("fwe", None, {"samples": 1, "lengths": "1k"}),
+    ("facts_2", "generate", {"samples": 1, "lengths": "512"}),
+    ("facts_2", "teacher_forced", {"samples": 1, "depths": [0.5], "lengths": "512"}),
     ("ppl", "sliding", {"stride": 128, "lengths": "512"}),
     ("ppl", "buckets", {"bucket": 128, "lengths": "512"}),
 ])
@@ -348,7 +350,7 @@ def test_every_task_and_protocol_runs_on_a_plain_module(tmp_path, task, protocol
     rerun computing none again. Teacher forcing and perplexity on a nanoGPT-style module's forward;
     RULER's greedy generations on x-transformers' decoder through its cached step (one forward per
     generated token over the whole prompt would take minutes)."""
-    if task.startswith(("passkey", "ppl")):
+    if task.startswith(("passkey", "ppl")) or protocol == "teacher_forced":
         model = {"model": nanogpt(block_size=2048), "tokenizer": gpt2_encoding(), "name": "mine"}
     else:
         pytest.importorskip("x_transformers", reason="x-transformers is the dev extra's user model")

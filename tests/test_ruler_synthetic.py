@@ -410,7 +410,7 @@ def test_depths_go_to_the_tasks_that_hide_one_needle():
 
 def test_ruler_options_apply_to_the_new_tasks(tmp_path):
     def prompt(**given):
-        return SimpleNamespace(**{**dict.fromkeys(("sizing", "haystack", "stride", "bucket", "doc_tokens", "corpus")), **given})
+        return SimpleNamespace(**{**dict.fromkeys(("sizing", "haystack", "data", "stride", "bucket", "doc_tokens", "corpus")), **given})
 
     for task in ("vt", "cwe", "fwe"):
         assert _task_options(task, prompt(sizing="ruler", chat_template=True)) == {"sizing": "ruler", "chat_template": True}

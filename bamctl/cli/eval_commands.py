@@ -95,14 +95,16 @@ def passkey(model: opt.ModelArgument = None, *, samples, prompt, evaluation) -> 
 @opt.with_options("samples", "prompt", "evaluation", panels=(opt.RULER_PANEL,))
 def ruler(
     model: opt.ModelArgument = None,
-    task: Annotated[str, typer.Option("--task", "-t", help="RULER tasks, comma separated: niah_single_1,2,3, niah_multikey_1,2,3, niah_multivalue, niah_multiquery, vt, cwe, fwe; all: every one of them.")] = "niah_single_1",
+    task: Annotated[str, typer.Option("--task", "-t", help="RULER tasks, comma separated: niah_single_1,2,3, niah_multikey_1,2,3, niah_multivalue, niah_multiquery, vt, cwe, fwe; all: every one of them; qa_1, qa_2 with --data (e.g. --task qa_1 --data dev-v2.0.json); bamctl's facts_1, facts_2, facts_3.")] = "niah_single_1",
     *,
     samples,
     prompt,
     evaluation,
 ) -> None:
     """RULER's synthetic tasks: needle in a haystack, variable tracking (vt), common and frequent words
-    extraction (cwe, fwe); greedy generation within the length, scored by string_match_all.
+    extraction (cwe, fwe), question answering over the user's data set (qa_1, qa_2); greedy generation
+    within the length, scored by string_match_all (qa: string_match_part); and bamctl's facts in a haystack
+    (facts_1, facts_2, facts_3: one, two or three supporting facts; --protocol teacher_forced feeds the answer).
 
     Example: bamctl ruler bam-ssmax --task niah_single_1,vt,cwe,fwe --lengths 1k..8k --samples 20
     """

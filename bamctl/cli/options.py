@@ -100,6 +100,8 @@ class Protocol(str, Enum):
     sliding = "sliding"
     buckets = "buckets"
     ruler = "ruler"
+    generate = "generate"
+    teacher_forced = "teacher_forced"
 
 
 class Sizing(str, Enum):
@@ -205,7 +207,8 @@ PROMPT: list[Param] = [
         "authors (the BAM authors' evaluator, token for token), exact (bamctl's exact-length, digit-by-digit form for "
         "byte-level BPEs like GPT-2) or landmark (newlines, generate 10 tokens, first integer); ppl sliding (the "
         "default: windows of each length over one document) or buckets (one pass, mean NLL per position bucket); "
-        "RULER's tasks ruler.")),
+        "RULER's tasks ruler; facts_1/2/3 generate (the default) or teacher_forced (the answer fed, every answer "
+        "token the argmax), e.g. --task facts_2 --protocol teacher_forced.")),
     Param("depths", Optional[str], None, typer.Option(
         rich_help_panel=PROMPT_PANEL,
         help="Needle depths: a count of evenly spaced depths ('5' = 0, .25, .5, .75, 1) or fractions ('0,0.25,0.5'). "
@@ -229,6 +232,10 @@ PROMPT: list[Param] = [
         rich_help_panel=RULER_PANEL,
         help="Essay haystack for the NIAH tasks, instead of the shipped public-domain essays: RULER's "
         "PaulGrahamEssays.json ({\"text\": ...}) or any UTF-8 text file.")),
+    Param("data", Optional[Path], None, typer.Option(
+        rich_help_panel=RULER_PANEL,
+        help="The data set qa_1 and qa_2 read, which bamctl does not ship: SQuAD v2's dev-v2.0.json for qa_1, "
+        "HotpotQA's hotpot_dev_distractor_v1.json for qa_2 (e.g. --task qa_1 --data dev-v2.0.json).")),
     Param("stride", Optional[int], None, typer.Option(
         min=1, rich_help_panel=PERPLEXITY_PANEL,
         help="sliding: tokens the window advances (default: the window, non-overlapping; 1 = strict sliding).")),

@@ -26,7 +26,7 @@ def sample_line(sample) -> str:
 @app.command()
 @opt.with_options("samples", "prompt")
 def generate(
-    task: Annotated[str, typer.Argument(help="Tasks, comma separated: passkey, ppl, niah_single_1 ... niah_multiquery, vt, cwe, fwe (see bamctl/data/tasks/*.toml); all: every RULER task.")],
+    task: Annotated[str, typer.Argument(help="Tasks, comma separated: passkey, ppl, niah_single_1 ... niah_multiquery, vt, cwe, fwe, qa_1, qa_2, facts_1 ... facts_3 (see bamctl/data/tasks/*.toml); all: every RULER task but qa_1, qa_2.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="JSONL file to write, one sample per line; '-' writes to stdout.")],
     *,
     samples,

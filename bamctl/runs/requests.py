@@ -37,6 +37,7 @@ class PromptChoices:
     chat_template: bool = False
     sizing: str | None = None
     haystack: Path | None = None
+    data: Path | None = None
     stride: int | None = None
     bucket: int | None = None
     doc_tokens: int | None = None
@@ -45,13 +46,14 @@ class PromptChoices:
 DEFAULT_SAMPLES = {"passkey": 4, "ppl": 1}  # passkey: x 5 default depths = 20 per length
 RULER_DEFAULT_SAMPLES = 20
 RULER_PROTOCOL = "ruler"  # the protocol of every RULER task in bamctl/data/tasks/ruler.toml
-ALL_TASKS = "all"  # --task all: every RULER task
-PATH_OPTIONS = {"corpus": "corpus_path", "haystack": "haystack_path"}  # option -> the generator's argument
+ALL_TASKS = "all"  # --task all: every RULER task but the QA tasks, which need --data
+PATH_OPTIONS = {"corpus": "corpus_path", "haystack": "haystack_path", "data": "data_path"}  # option -> the generator's argument
 # The options of PROMPT handed to generators, each with the tasks it applies to: (how errors name
 # them, whether a task is one of them).
 RULER_TASKS = ("RULER's tasks", lambda spec: spec.protocol == RULER_PROTOCOL)
 PPL_TASKS = ("--task ppl", lambda spec: spec.generator == "ppl")
-TASK_OPTIONS = {"sizing": RULER_TASKS, "haystack": RULER_TASKS, "stride": PPL_TASKS, "bucket": PPL_TASKS,
+QA_TASKS = ("qa_1 and qa_2", lambda spec: spec.generator == "qa")
+TASK_OPTIONS = {"sizing": RULER_TASKS, "haystack": RULER_TASKS, "data": QA_TASKS, "stride": PPL_TASKS, "bucket": PPL_TASKS,
                 "doc_tokens": PPL_TASKS, "corpus": PPL_TASKS}
 
 
@@ -128,13 +130,22 @@ def task_names(text: str) -> list[str]:
 
     names = []
     for name in (t.strip() for t in text.split(",") if t.strip()):
-        expanded = [t for t in every_task() if get_task(t).protocol == RULER_PROTOCOL] if name == ALL_TASKS else [name]
+        expanded = [t for t in every_task() if _in_all(t)] if name == ALL_TASKS else [name]
         names += [t for t in expanded if t not in names]
     if not names:
         raise BamctlError("--task needs at least one task name")
     for name in names:
         get_task(name)
     return names
+
+
+def _in_all(task: str) -> bool:
+    """Whether ``--task all`` runs ``task``: every RULER task but those reading a data set the user
+    names (``qa_1`` and ``qa_2``: one ``--data`` file cannot be both)."""
+    from bamctl.tasks import get_task
+
+    spec = get_task(task)
+    return spec.protocol == RULER_PROTOCOL and not QA_TASKS[1](spec)
 
 
 def _task_options(task: str, prompt) -> dict:

@@ -60,6 +60,12 @@ def _passkey_digits(predicted_ids: Sequence[int], sample: Sample) -> float:
     return sum(hits) / len(hits) if hits else 0.0
 
 
+def _answer_exact(predicted_ids: Sequence[int], sample: Sample) -> float:
+    """1.0 when, fed the answer after the prompt, the model's argmax at every answer token is that token, else 0.0."""
+    targets = list(sample.target_ids)
+    return float(bool(targets) and list(predicted_ids) == targets)
+
+
 _INTEGER = re.compile(r"\d+")
 
 
@@ -84,6 +90,7 @@ METRICS: dict[str, Callable] = {
     "string_match_part": _match_part,
     "passkey_exact": _passkey_exact,
     "passkey_digits": _passkey_digits,
+    "answer_exact": _answer_exact,
     "first_integer_match": _first_integer_match,
     "mean_nll": _mean_nll,
 }

@@ -22,10 +22,12 @@ from bamctl.errors import BamctlError, did_you_mean
 from bamctl.fingerprints import digest, file_digest
 from bamctl.lengths import parse_depths
 from bamctl.tasks.common_words import cwe_sample
+from bamctl.tasks.facts import facts_sample
 from bamctl.tasks.frequent_words import fwe_sample
 from bamctl.tasks.metrics import METRICS
 from bamctl.tasks.passkey import authors_scoring, passkey_sample
 from bamctl.tasks.perplexity import ppl_options, ppl_plan, ppl_sample, ppl_setting, ppl_shortfall
+from bamctl.tasks.qa import qa_sample, qa_shortfall, required_data
 from bamctl.tasks.ruler import niah_sample, niah_takes_depths
 from bamctl.tasks.sample import SCORING_KINDS, Sample, SampleSlot
 from bamctl.tasks.texts import common_word_files, corpus_files, read_toml, tasks_dir, word_files
@@ -94,8 +96,21 @@ def niah_files(spec: "TaskSpec", options: dict) -> list[Path]:
     return [*([Path(path)] if path else corpus_files("essays")), *word_files()]
 
 
+def essay_files(spec: "TaskSpec", options: dict) -> list[Path]:
+    return corpus_files("essays")
+
+
 def cwe_files(spec: "TaskSpec", options: dict) -> list[Path]:
     return common_word_files()
+
+
+def qa_files(spec: "TaskSpec", options: dict) -> list[Path]:
+    """The user's data set (``--data``): a QA task without one is refused here, at planning."""
+    return [required_data(spec.task, spec.args["dataset"], options.get("data_path"))]
+
+
+def qa_samples_shortfall(spec: "TaskSpec", lengths: list[int], n_samples: int, tokenizer: Tokenizer, options: dict) -> str | None:
+    return qa_shortfall(spec.task, spec.args["dataset"], options.get("data_path"), n_samples)
 
 
 def ruler_setting(spec: "TaskSpec", lengths: list[int], options: dict) -> str:
@@ -143,6 +158,10 @@ GENERATORS: dict[str, Generator] = {
     "vt": Generator(vt_sample, version=1, setting=ruler_setting, takes_depths=never),
     "cwe": Generator(cwe_sample, version=1, setting=ruler_setting, files=cwe_files, takes_depths=never),
     "fwe": Generator(fwe_sample, version=1, setting=ruler_setting, takes_depths=never),
+    "facts": Generator(facts_sample, version=1, files=essay_files),
+    "qa": Generator(
+        qa_sample, version=1, setting=ruler_setting, files=qa_files, shortfall=qa_samples_shortfall, takes_depths=never,
+    ),
     "ppl": Generator(
         ppl_sample, version=4, plan=ppl_plan, resolve=ppl_options, setting=ppl_setting, files=ppl_files,
         shortfall=ppl_shortfall, takes_depths=never,
@@ -422,6 +441,8 @@ def _length_by_length(slots: list[SampleSlot]) -> list[SampleSlot]:
 # Scoring kinds whose number sums over the tokens a model scores: models scoring other token
 # sets (another vocabulary, a token subset) give numbers that are not comparable.
 SCORED_OVER_TOKENS = {"nll"}
+# Options naming a file whose contents, not its path, are fingerprinted (in `files`): a moved copy is the same plan.
+CONTENT_PATHS = ("corpus_path", "data_path")
 
 
 def plan_fingerprint(spec: TaskSpec, options: dict, tokenizer: Tokenizer, scored_tokens: str | None = None) -> str:
@@ -438,7 +459,7 @@ def plan_fingerprint(spec: TaskSpec, options: dict, tokenizer: Tokenizer, scored
         "generator": [spec.generator, functions.version],
         "args": spec.args,
         "scoring": [spec.scoring, spec.metric, spec.max_new_tokens],
-        "options": {key: str(value) for key, value in options.items() if key != "corpus_path"},
+        "options": {key: str(value) for key, value in options.items() if key not in CONTENT_PATHS},
         "files": [file_digest(path) for path in functions.files(spec, options)],
         "tokenizer": tokenizer.fingerprint,
     }

@@ -219,13 +219,17 @@ def essay_context(haystack: EssayHaystack, needles: list[str], n_words: int, rng
     """RULER's essay context: Punkt's sentences of the first ``n_words`` words, a needle before
     sentence ``int(count * depth / 100)`` for each drawn depth, every piece joined by one space,
     empty ones included (a needle first or last thus has a space before or after it)."""
-    bounds = haystack.sentences(n_words)
-    n_sents = len(bounds) - 1
     if depth is None:
         depths = sorted(rng.sample(ESSAY_DEPTHS, len(needles)))
-        first_depth = depths[0] / 100
-    else:
-        depths, first_depth = [depth * 100], depth
+        return essay_context_at(haystack, needles, n_words, depths, depths[0] / 100)
+    return essay_context_at(haystack, needles, n_words, [depth * 100], depth)
+
+
+def essay_context_at(haystack: EssayHaystack, needles: list[str], n_words: int, depths: list[float], first_depth: float) -> Context:
+    """The essay context with needle ``i`` before sentence ``int(count * depths[i] / 100)`` (``depths``
+    ascending, in percent), RULER's way (see ``essay_context``)."""
+    bounds = haystack.sentences(n_words)
+    n_sents = len(bounds) - 1
     cuts = [0, *(int(n_sents * (d / 100)) for d in depths), n_sents]
     pieces, starts, length = [], [], 0
     for i, needle in enumerate(needles):
