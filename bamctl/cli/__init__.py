@@ -30,6 +30,7 @@ from bamctl.cli import task_commands  # noqa: E402,F401
 from bamctl.cli import train_commands  # noqa: E402,F401
 from bamctl.cli import submit_commands  # noqa: E402,F401
 from bamctl.cli import harness_commands  # noqa: E402,F401
+from bamctl.cli import pe_commands  # noqa: E402,F401
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130

@@ -41,7 +41,10 @@ def new(
 
     if is_checkpoint_dir(out) and not force:
         raise BamctlError(f"{out} already holds a checkpoint; pass --force to overwrite it, or choose another --out")
+    from bamctl.pe_check import require_passing
+
     config = ModelConfig.from_preset(preset, pe, train_length=train_length, bam_init=bam_init)
+    require_passing(pe, train_length)
     model = new_random_model(config, seed)
     save_checkpoint(model, out, recipe={"kind": "random", "seed": seed, "preset": preset}, provenance={"created_by": "bamctl new"})
     stdout.print(f"wrote {config.label} ({preset}, {model.n_params():,} parameters) to {out}")

@@ -60,8 +60,11 @@ def train(
 
     if cpu_allocator not in ALLOCATORS:
         raise BamctlError(f"--cpu-allocator must be one of {', '.join(ALLOCATORS)}, not {cpu_allocator!r}")
+    from bamctl.pe_check import require_passing
+
     path = recipe_path(recipe)
     spec = load_recipe(path).with_overrides(steps=steps, seed=seed)
+    require_passing(spec.model.pe, spec.model.train_length)  # a plugin that leaks the future never trains
     target = out if out is not None else Path("models") / spec.name  # never into the installed package unasked
     _note_shipped(target)
     resumed = None if restart else resuming_from(target)
