@@ -4,7 +4,8 @@ A sample's ``scoring`` picks one entry of ``ANSWERS``, which asks the back-end a
 of samples of that kind at once (one request each, answered in order: ``Backend``'s batch
 methods), and the sample's metric (``bamctl.tasks.metrics``) scores each answer:
 
-- ``teacher_forced``: argmax at the answer positions (passkey);
+- ``teacher_forced``: argmax at the answer positions (passkey), and the answer's summed
+  log-probability and first token's rank (``answer_scores``);
 - ``generate``: greedy continuation scored by a string metric (RULER, Landmark passkey);
 - ``nll``: per-token negative log-likelihood of the spans the sample says are scored
   (perplexity), one row per span.
@@ -17,12 +18,13 @@ row's number.
 from __future__ import annotations
 
 import hashlib
+import math
 from array import array
 from typing import Callable, Iterable
 
 import torch
 
-from bamctl.backends.base import Backend
+from bamctl.backends.base import Backend, ContinuationScore
 from bamctl.tasks.metrics import score
 from bamctl.tasks.sample import Sample
 
@@ -70,14 +72,30 @@ def answer_teacher_forced_batch(backend: Backend, samples: list[Sample]) -> list
 
 
 def _teacher_forced_rows(backend: Backend, sample: Sample, result) -> list[dict]:
-    predicted = result.predicted_ids[len(sample.answer_ids) - len(sample.target_ids):]
+    first = len(sample.answer_ids) - len(sample.target_ids)  # the first scored answer token
+    predicted = result.predicted_ids[first:]
     value = score(sample.metric, predicted, sample)
     return [{
         "expected": _decode(backend, sample.target_ids).strip(),
         "predicted": _decode(backend, predicted).strip(),
         "correct": value == 1.0,
         "score": value,
+        **answer_scores(result, first),
     }]
+
+
+def answer_scores(result: ContinuationScore, first: int) -> dict:
+    """The continuous scores of a teacher-forced answer whose scored tokens start at ``first``: the
+    summed log-probability of those tokens (``answer_logprob``, nats) and the rank of the first of
+    them at its position (``answer_rank``, 1 = the argmax; None where the back-end gives no ranks).
+    A 0/1 score says only whether every token was the argmax; these say how far the answer was."""
+    scored = result.logprobs[first:]
+    if not scored:
+        return {"answer_logprob": None, "answer_rank": None}
+    return {
+        "answer_logprob": math.fsum(scored),
+        "answer_rank": None if result.ranks is None else int(result.ranks[first]),
+    }
 
 
 def answer_generate(backend: Backend, sample: Sample) -> list[dict]:
