@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import math
 from array import array
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 import torch
 
@@ -33,13 +33,14 @@ ANSWER_TOKENS = {"teacher_forced": 16, "nll": 0}
 DIGEST_LENGTH = 16  # hex digits, as every fingerprint
 
 
-def request_digest(sample: Sample, feeding: str, stop_ids: Iterable[int] = ()) -> str:
+def request_digest(sample: Sample, feeding: str, stop_ids: Iterable[int] = (), forced: Sequence[int] = ()) -> str:
     """The digest of what a sample asks of a model: the ids fed, what is scored (the answer fed
     after the prompt and its scored targets, or the scored spans), the generation settings (the
     budget and, for a generation, the ids that stop it), the request kind and metric, and what
     the back-end puts around it (``feeding``: BOS, chat template). Two samples with one digest
     ask exactly the same; any change to a prompt gives another, whatever made it (a generator,
-    a depth grid, a corpus)."""
+    a depth grid, a corpus). ``forced``: the expected answer a generation's row also teacher-forces
+    (``--answer-logprob``): a row without its log-probability is not reused for one asked with."""
     stops = sorted(stop_ids) if sample.scoring == "generate" else []
     sha = hashlib.sha256()
     for part in (feeding, sample.scoring, sample.metric, str(sample.max_new_tokens), ",".join(map(str, stops))):
@@ -49,6 +50,8 @@ def request_digest(sample: Sample, feeding: str, stop_ids: Iterable[int] = ()) -
     for span in sample.scored:
         sha.update(f"{span.start}:{span.stop}:{span.position}".encode() + b"\x1f")
     sha.update("\x1f".join(sample.answers).encode())
+    if forced:  # absent otherwise: rows asked without it keep the digests they had
+        sha.update(b"forced\x1f" + array("q", forced).tobytes())
     return sha.hexdigest()[:DIGEST_LENGTH]
 
 
@@ -117,6 +120,25 @@ def _generated_rows(backend: Backend, sample: Sample, ids: list[int]) -> list[di
     text = _decode(backend, ids)
     value = score(sample.metric, text, sample)
     return [{"expected": " | ".join(sample.answers), "predicted": text, "correct": value == 1.0, "score": value}]
+
+
+def expected_answer_ids(backend: Backend, sample: Sample) -> list[int]:
+    """The tokens a generation would be right with, to teacher-force after its prompt: the sample's
+    answers in the order the task lists them, joined by ", ", after a space unless the prompt ends in
+    one (RULER's answer prefixes end in a word, a colon or a space; the landmark passkey in a word).
+    A task that accepts its answers in any order (string_match_all) then gets the log-probability of
+    one order: a lower bound on the set's."""
+    text = ", ".join(sample.answers)
+    return list(backend.tokenizer.encode(text if sample.prompt[-1:].isspace() else " " + text))
+
+
+def score_generated_answers(backend: Backend, samples: list[Sample], rows: list[list[dict]]) -> None:
+    """One more pass over each generated sample's prompt with its expected answer teacher-forced
+    (``expected_answer_ids``): each row gains ``answer_logprob`` and ``answer_rank`` (``answer_scores``)."""
+    results = backend.score_continuations([(sample.input_ids, expected_answer_ids(backend, sample)) for sample in samples])
+    for sample_rows, result in zip(rows, results, strict=True):
+        for row in sample_rows:
+            row.update(answer_scores(result, 0))
 
 
 def answer_nll(backend: Backend, sample: Sample) -> list[dict]:

@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
+from bamctl.cli import options as opt
 from bamctl.cli.app import app
+from bamctl.lengths import parse_size
 from bamctl.runs.checks import check_baseline
 from bamctl.cli.plot_paths import plot_path
 from bamctl.errors import BamctlError
@@ -76,11 +78,13 @@ def _load(directory: Path, task: list[str] | None, model: list[str] | None, wher
     return frame
 
 
-def _summaries(frame: pd.DataFrame, threshold: float, model: list[str] | None, baseline: str | None) -> list:
+def _summaries(frame: pd.DataFrame, threshold: float, model: list[str] | None, baseline: str | None,
+               relative: float | None = None, base_length: int | None = None) -> list:
     """The summaries of the rows, with ``--baseline`` checked against the models they show."""
     from bamctl.results.summary import summarize
 
-    summaries = summarize(frame, threshold=threshold, models=model, baseline=baseline)
+    summaries = summarize(frame, threshold=threshold, models=model, baseline=baseline, relative=relative,
+                          base_length=base_length)
     if baseline is not None:
         check_baseline(baseline, list(dict.fromkeys(m for s in summaries for m in s.models)))
     return summaries
@@ -98,6 +102,8 @@ def show(
     model: ModelOption = None,
     where: WhereOption = None,
     threshold: ThresholdOption = 0.9,
+    relative: opt.Relative = None,
+    base_length: opt.BaseLength = None,
     baseline: BaselineOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout instead of tables.")] = False,
     show_engines: Annotated[bool, typer.Option("--engines", help="Under the tables, list what the rows ran on: dtype, device and attention path per model.")] = False,
@@ -113,8 +119,9 @@ def show(
     from bamctl.results.provenance import dropped, engines
     from bamctl.results.render import render_summaries, summaries_to_json
 
+    base = None if base_length is None else parse_size(base_length)
     frame = _load(directory, task, model, where)
-    summaries = _summaries(frame, threshold, model, baseline)
+    summaries = _summaries(frame, threshold, model, baseline, relative, base)
     if as_json:
         document = summaries_to_json(summaries)
         if show_engines:
