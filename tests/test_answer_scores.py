@@ -186,3 +186,24 @@ def test_one_key_has_no_interval_and_rows_without_log_probs_say_why():
         summarize(frame_of(generated), metric="answer_logprob")
     with pytest.raises(BamctlError, match="one of score, answer_logprob"):
         summarize(frame_of(generated), metric="answer_rank")
+
+
+def test_plots_draw_the_answer_logprob_from_stored_rows(tmp_path, capsys):
+    from results_fakes import fake_row
+
+    from bamctl.cli import main
+    from bamctl.results.plots import curves_figure
+    from bamctl.results.store import ResultStore
+
+    rows = [fake_row(model, length=length, sample=i, score=0.0, answer_logprob=-length / 512 - i / 10 - bump)
+            for model, bump in (("tiny-rope", 0.0), ("tiny-bam", 1.0)) for length in (512, 1024, 2048) for i in range(3)]
+    ResultStore(tmp_path / "res").append(rows)
+    ax, = curves_figure(ResultStore(tmp_path / "res").read(), metric="answer_logprob").axes
+    drawn = {line.get_label().split(" (")[0]: list(line.get_ydata()) for line in ax.get_lines() if line.get_label()[0] != "_"}
+    # each model's line is its mean answer log-probability per length, falling as the rows do
+    assert drawn["tiny-rope"] == pytest.approx([-1.1, -2.1, -4.1]) and drawn["tiny-bam"] == pytest.approx([-2.1, -3.1, -5.1])
+    assert "log-prob" in ax.get_ylabel()
+    for command in ("curves", "grid"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["plot", command, "--dir", str(tmp_path / "res"), "--metric", "answer_logprob", "--out", str(tmp_path / f"{command}.png")])
+        assert exit_.value.code in (0, None) and (tmp_path / f"{command}.png").stat().st_size > 0

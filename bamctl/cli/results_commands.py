@@ -214,16 +214,18 @@ def curves(
     model: ModelOption = None,
     where: WhereOption = None,
     threshold: ThresholdOption = 0.9,
+    metric: opt.CellMetric = "score",
 ) -> None:
-    """Plot accuracy against context length (log2 axis), one line per model with its training length
-    dashed, one panel per task; the plot `bamctl compare` draws, from stored rows.
+    """Plot accuracy (or --metric answer_logprob) against context length (log2 axis), one line per model
+    with its training length dashed, one panel per task; the plot `bamctl compare` draws, from stored rows.
 
     Example: bamctl plot curves --task passkey --out passkey.png
     """
     from bamctl.results.plots import plot_curves
 
     frame = _load(directory, task, model, where)
-    typer.echo(str(plot_curves(frame, plot_path(directory, out, "curves"), models=model, threshold=threshold)))
+    typer.echo(str(plot_curves(frame, plot_path(directory, out, "curves"), models=model, threshold=threshold,
+                               metric=metric)))
 
 
 @plot_app.command("grid")
@@ -235,9 +237,11 @@ def grid(
     where: WhereOption = None,
     threshold: ThresholdOption = 0.9,
     baseline: BaselineOption = None,
+    metric: opt.CellMetric = "score",
 ) -> None:
     """Plot models × lengths with each cell's number written in it, coloured by accuracy (or by
-    perplexity against the model's own at its shortest length); the picture `bamctl compare` draws.
+    perplexity against the model's own at its shortest length, or by --metric answer_logprob); the
+    picture `bamctl compare` draws.
 
     Example: bamctl plot grid --dir results/main --task passkey --baseline alibi --out passkey.png
     """
@@ -246,7 +250,8 @@ def grid(
     frame = _load(directory, task, model, where)
     if baseline is not None:
         _summaries(frame, threshold, model, baseline)
-    typer.echo(str(plot_grid(frame, plot_path(directory, out, "grid"), models=model, threshold=threshold, baseline=baseline)))
+    typer.echo(str(plot_grid(frame, plot_path(directory, out, "grid"), models=model, threshold=threshold, baseline=baseline,
+                             metric=metric)))
 
 
 @plot_app.command("heatmap")
