@@ -135,10 +135,13 @@ def expected_answer_ids(backend: Backend, sample: Sample) -> list[int]:
 def score_generated_answers(backend: Backend, samples: list[Sample], rows: list[list[dict]]) -> None:
     """One more pass over each generated sample's prompt with its expected answer teacher-forced
     (``expected_answer_ids``): each row gains ``answer_logprob`` and ``answer_rank`` (``answer_scores``)."""
-    results = backend.score_continuations([(sample.input_ids, expected_answer_ids(backend, sample)) for sample in samples])
-    for sample_rows, result in zip(rows, results, strict=True):
+    expected = [expected_answer_ids(backend, sample) for sample in samples]
+    asked = [i for i, ids in enumerate(expected) if ids]  # a sample with no answer has nothing to force
+    results = dict(zip(asked, backend.score_continuations([(samples[i].input_ids, expected[i]) for i in asked]), strict=True))
+    for i, sample_rows in enumerate(rows):
+        scores = answer_scores(results[i], 0) if i in results else {"answer_logprob": None, "answer_rank": None}
         for row in sample_rows:
-            row.update(answer_scores(result, 0))
+            row.update(scores)
 
 
 def answer_nll(backend: Backend, sample: Sample) -> list[dict]:

@@ -17,6 +17,10 @@ its prompts, which is the mean of the per-draw means whenever every draw has as 
 (as every plan gives: depths × one draw). The certified effective length uses the interval's
 lower bound, and `min_certifiable_n` counts draws.
 
+Two views beside accuracy: `answer_logprob_table`, the mean answer log-probability per cell with a
+bootstrap interval over draws (`--metric answer_logprob`), and `relative_effective_length`, the
+effective length against each model's own score at a base length (`--relative`, NoLiMa's rule).
+
 A column is one model identity, (model_hash, backend) (`model_labels`): an hf and a vLLM run
 of one checkpoint are two models. A summary records the `compute_version`s of its rows, so
 rows computed by other code are never pooled without its caption saying so.
@@ -300,8 +304,9 @@ def best_models(table: pd.DataFrame, metric: Literal["accuracy", "perplexity", "
 @dataclass(frozen=True)
 class Summary:
     """The summary of one (task, protocol, setting, fingerprint): a wide table and, for accuracy,
-    effective lengths; ``metric`` "answer_logprob" when its cells hold the mean answer log-probability. ``distinct`` marks a summary that shares its (task, protocol, setting)
-    with another of other prompts, so its title names its fingerprint."""
+    effective lengths (``metric`` "answer_logprob": its cells hold the mean answer log-probability).
+    ``distinct`` marks a summary that shares its (task, protocol, setting) with another of other
+    prompts, so its title names its fingerprint."""
 
     task: str
     protocol: str
