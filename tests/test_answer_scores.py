@@ -207,3 +207,22 @@ def test_plots_draw_the_answer_logprob_from_stored_rows(tmp_path, capsys):
         with pytest.raises(SystemExit) as exit_:
             main(["plot", command, "--dir", str(tmp_path / "res"), "--metric", "answer_logprob", "--out", str(tmp_path / f"{command}.png")])
         assert exit_.value.code in (0, None) and (tmp_path / f"{command}.png").stat().st_size > 0
+
+
+def test_the_authors_protocols_unscored_leading_token_is_left_out_of_both_scores():
+    """The authors' protocol feeds " " + key but scores only the digits: the space's log-probability
+    and rank are not the answer's (what a sum over every fed token would get wrong)."""
+    from types import SimpleNamespace
+
+    from bamctl.answers import ANSWERS
+    from bamctl.backends.base import ContinuationScore
+    from bamctl.tasks.sample import SampleSlot
+
+    slot = SampleSlot("passkey", "authors", "teacher_forced", "passkey_exact", 0, 64, 0.5, 0, 0)
+    sample = slot.sample(input_ids=[7] * 10, prompt="...", answers=["123"], answer_ids=[220, 16, 17, 18],
+                         target_ids=[16, 17, 18])
+    fed = ContinuationScore(predicted_ids=[220, 16, 17, 99], logprobs=[-9.0, -0.5, -0.25, -2.0], ranks=[40, 1, 1, 3])
+    backend = SimpleNamespace(score_continuations=lambda requests: [fed],
+                              tokenizer=SimpleNamespace(decode=lambda ids: "".join(map(str, ids))))
+    (row,), = ANSWERS["teacher_forced"](backend, [sample])
+    assert row["answer_logprob"] == -2.75 and row["answer_rank"] == 1 and row["score"] == 0.0
