@@ -226,3 +226,14 @@ def test_the_authors_protocols_unscored_leading_token_is_left_out_of_both_scores
                               tokenizer=SimpleNamespace(decode=lambda ids: "".join(map(str, ids))))
     (row,), = ANSWERS["teacher_forced"](backend, [sample])
     assert row["answer_logprob"] == -2.75 and row["answer_rank"] == 1 and row["score"] == 0.0
+
+
+def test_a_near_certain_answer_keeps_its_digits_in_the_table():
+    from results_fakes import frame_of
+
+    from bamctl.results.render import format_cell
+    from bamctl.results.summary import summarize
+
+    values = {(sample, 0.5): -3e-4 * (1 + sample) for sample in range(3)}  # a trained model's found keys
+    summary, = summarize(frame_of(_logprob_rows("tiny-rope", values)), metric="answer_logprob")
+    assert format_cell(summary, 1024, "tiny-rope").startswith("-6.0e-04 [")  # not "-0.00", which hides the scale

@@ -17,7 +17,7 @@ from matplotlib.ticker import FixedLocator, NullLocator
 
 from bamctl.errors import BamctlError
 from bamctl.plotting import save_figure
-from bamctl.results.render import format_length
+from bamctl.results.render import format_length, format_logprob
 from bamctl.results.summary import GROUP_COLUMNS, is_perplexity, model_labels, summarize, with_fingerprint_labels
 
 PANEL_INCHES = (6.0, 4.0)
@@ -275,7 +275,9 @@ def grid_figure(
             if np.isnan(number):
                 continue
             mark = s.mark(s.lengths[column], s.models[row])
-            if s.metric != "perplexity":
+            if s.metric == "answer_logprob":
+                text = f"{format_logprob(number)}{mark}"
+            elif s.metric == "accuracy":
                 text = f"{number:.2f}{mark}"
             else:  # the number the colour shows, under the perplexity itself
                 text = f"{_perplexity_label(number)}{mark}\n×{_ratio_label(ratio[row, column])}"

@@ -59,7 +59,7 @@ def format_cell(summary: Summary, length: int, model: str) -> str | None:
         if _missing(mean):
             return None
         lo, hi = table.at[length, ("lo", model)], table.at[length, ("hi", model)]
-        text = f"{mean:.2f}" + ("" if _missing(lo) else f" [{lo:.2f}, {hi:.2f}]")
+        text = format_logprob(mean) + ("" if _missing(lo) else f" [{format_logprob(lo)}, {format_logprob(hi)}]")
     else:
         ppl = table.at[length, ("ppl", model)]
         if _missing(ppl):
@@ -68,6 +68,11 @@ def format_cell(summary: Summary, length: int, model: str) -> str | None:
     if uniform_counts(summary) is None:
         text += f" ({counts_text(summary, int(table.at[length, ('n', model)]), int(table.at[length, ('n_draws', model)]))})"
     return text
+
+
+def format_logprob(value: float) -> str:
+    """-11.62, -0.25; a near-certain answer keeps its digits: -3.1e-05, never "-0.00"."""
+    return f"{value:.2f}" if value == 0 or abs(value) >= 0.005 else f"{value:.1e}"
 
 
 def prompt_unit(summary: Summary) -> str:
@@ -196,7 +201,7 @@ def effective_rows(summary: Summary) -> list[tuple[str, list[str]]]:
     ]
     if summary.relative_effective is not None:
         rows += [
-            (f"relative effective length (≥ {summary.relative:g} × own base)", [format_relative(summary, m) for m in summary.models]),
+            ("relative effective length", [format_relative(summary, m) for m in summary.models]),  # its share: the caption
             ("certified relative effective length", [format_relative(summary, m, certified=True) for m in summary.models]),
         ]
     return rows
