@@ -4,7 +4,8 @@ A sample's ``scoring`` picks one entry of ``ANSWERS``, which asks the back-end a
 of samples of that kind at once (one request each, answered in order: ``Backend``'s batch
 methods), and the sample's metric (``bamctl.tasks.metrics``) scores each answer:
 
-- ``teacher_forced``: argmax at the answer positions (passkey);
+- ``teacher_forced``: argmax at the answer positions (passkey), and the answer's summed
+  log-probability and first token's rank (``answer_scores``);
 - ``generate``: greedy continuation scored by a string metric (RULER, Landmark passkey);
 - ``nll``: per-token negative log-likelihood of the spans the sample says are scored
   (perplexity), one row per span.
@@ -17,12 +18,13 @@ row's number.
 from __future__ import annotations
 
 import hashlib
+import math
 from array import array
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 import torch
 
-from bamctl.backends.base import Backend
+from bamctl.backends.base import Backend, ContinuationScore
 from bamctl.tasks.metrics import score
 from bamctl.tasks.sample import Sample
 
@@ -31,13 +33,14 @@ ANSWER_TOKENS = {"teacher_forced": 16, "nll": 0}
 DIGEST_LENGTH = 16  # hex digits, as every fingerprint
 
 
-def request_digest(sample: Sample, feeding: str, stop_ids: Iterable[int] = ()) -> str:
+def request_digest(sample: Sample, feeding: str, stop_ids: Iterable[int] = (), forced: Sequence[int] = ()) -> str:
     """The digest of what a sample asks of a model: the ids fed, what is scored (the answer fed
     after the prompt and its scored targets, or the scored spans), the generation settings (the
     budget and, for a generation, the ids that stop it), the request kind and metric, and what
     the back-end puts around it (``feeding``: BOS, chat template). Two samples with one digest
     ask exactly the same; any change to a prompt gives another, whatever made it (a generator,
-    a depth grid, a corpus)."""
+    a depth grid, a corpus). ``forced``: the expected answer a generation's row also teacher-forces
+    (``--answer-logprob``): a row without its log-probability is not reused for one asked with."""
     stops = sorted(stop_ids) if sample.scoring == "generate" else []
     sha = hashlib.sha256()
     for part in (feeding, sample.scoring, sample.metric, str(sample.max_new_tokens), ",".join(map(str, stops))):
@@ -47,6 +50,8 @@ def request_digest(sample: Sample, feeding: str, stop_ids: Iterable[int] = ()) -
     for span in sample.scored:
         sha.update(f"{span.start}:{span.stop}:{span.position}".encode() + b"\x1f")
     sha.update("\x1f".join(sample.answers).encode())
+    if forced:  # absent otherwise: rows asked without it keep the digests they had
+        sha.update(b"forced\x1f" + array("q", forced).tobytes())
     return sha.hexdigest()[:DIGEST_LENGTH]
 
 
@@ -70,14 +75,30 @@ def answer_teacher_forced_batch(backend: Backend, samples: list[Sample]) -> list
 
 
 def _teacher_forced_rows(backend: Backend, sample: Sample, result) -> list[dict]:
-    predicted = result.predicted_ids[len(sample.answer_ids) - len(sample.target_ids):]
+    first = len(sample.answer_ids) - len(sample.target_ids)  # the first scored answer token
+    predicted = result.predicted_ids[first:]
     value = score(sample.metric, predicted, sample)
     return [{
         "expected": _decode(backend, sample.target_ids).strip(),
         "predicted": _decode(backend, predicted).strip(),
         "correct": value == 1.0,
         "score": value,
+        **answer_scores(result, first),
     }]
+
+
+def answer_scores(result: ContinuationScore, first: int) -> dict:
+    """The continuous scores of a teacher-forced answer whose scored tokens start at ``first``: the
+    summed log-probability of those tokens (``answer_logprob``, nats) and the rank of the first of
+    them at its position (``answer_rank``, 1 = the argmax; None where the back-end gives no ranks).
+    A 0/1 score says only whether every token was the argmax; these say how far the answer was."""
+    scored = result.logprobs[first:]
+    if not scored:
+        return {"answer_logprob": None, "answer_rank": None}
+    return {
+        "answer_logprob": math.fsum(scored),
+        "answer_rank": None if result.ranks is None else int(result.ranks[first]),
+    }
 
 
 def answer_generate(backend: Backend, sample: Sample) -> list[dict]:
@@ -99,6 +120,28 @@ def _generated_rows(backend: Backend, sample: Sample, ids: list[int]) -> list[di
     text = _decode(backend, ids)
     value = score(sample.metric, text, sample)
     return [{"expected": " | ".join(sample.answers), "predicted": text, "correct": value == 1.0, "score": value}]
+
+
+def expected_answer_ids(backend: Backend, sample: Sample) -> list[int]:
+    """The tokens a generation would be right with, to teacher-force after its prompt: the sample's
+    answers in the order the task lists them, joined by ", ", after a space unless the prompt ends in
+    one (RULER's answer prefixes end in a word, a colon or a space; the landmark passkey in a word).
+    A task that accepts its answers in any order (string_match_all) then gets the log-probability of
+    one order: a lower bound on the set's."""
+    text = ", ".join(sample.answers)
+    return list(backend.tokenizer.encode(text if sample.prompt[-1:].isspace() else " " + text))
+
+
+def score_generated_answers(backend: Backend, samples: list[Sample], rows: list[list[dict]]) -> None:
+    """One more pass over each generated sample's prompt with its expected answer teacher-forced
+    (``expected_answer_ids``): each row gains ``answer_logprob`` and ``answer_rank`` (``answer_scores``)."""
+    expected = [expected_answer_ids(backend, sample) for sample in samples]
+    asked = [i for i, ids in enumerate(expected) if ids]  # a sample with no answer has nothing to force
+    results = dict(zip(asked, backend.score_continuations([(samples[i].input_ids, expected[i]) for i in asked]), strict=True))
+    for i, sample_rows in enumerate(rows):
+        scores = answer_scores(results[i], 0) if i in results else {"answer_logprob": None, "answer_rank": None}
+        for row in sample_rows:
+            row.update(scores)
 
 
 def answer_nll(backend: Backend, sample: Sample) -> list[dict]:

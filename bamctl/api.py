@@ -79,6 +79,7 @@ def evaluate(
     reuse: bool = False,
     quiet: bool = False,
     shard: str | None = None,
+    answer_logprob: bool = False,
     device: str | None = None,
     dtype: str | None = None,
     chunk_size: int | None = None,
@@ -124,19 +125,31 @@ def compare(
     *,
     threshold: float = 0.9,
     baseline: str | None = None,
+    metric: str = "score",
+    relative: float | None = None,
+    base_length: int | str | None = None,
     **options,
 ) -> Comparison:
     """Run ``models`` on identical samples (``evaluate``'s keywords) and summarise them side by
     side: accuracy with 95% Wilson intervals over the independent draws, effective and certified
     lengths at ``threshold``, and each model tested against ``baseline`` (default: the first) at
-    each length (a paired sign-flip test over the draws, Holm over lengths)."""
-    from bamctl.results.summary import summarize
+    each length (a paired sign-flip test over the draws, Holm over lengths). ``metric``
+    ``"answer_logprob"``: the cells hold the mean answer log-probability instead (``--metric``).
+    ``relative`` (``--relative``): also each model's effective length relative to its own score at
+    ``base_length`` (``--base-length``; default: its shortest tested length)."""
+    from bamctl.lengths import parse_size
+    from bamctl.results.summary import check_metric, check_relative, summarize
+
+    check_metric(metric)
+    base = None if base_length is None else parse_size(str(base_length))
+    check_relative(relative, base)
 
     outcome = _run(models, task, {**_defaults(), **options}, baseline=baseline)
     names = outcome.names
     rows = outcome.rows()
     summaries = [] if rows.empty else summarize(rows, threshold=threshold, models=names, baseline=baseline or names[0],
-                                                current_versions=outcome.versions)
+                                                current_versions=outcome.versions, metric=metric, relative=relative,
+                                                base_length=base)
     return Comparison(rows=rows, summaries=summaries)
 
 
@@ -185,11 +198,11 @@ def _checked_run(models, task, given: dict, baseline: str | None):
         return run_models(models, asked, run_options(given), out=Path(given["dir"]),
                           batch_size=parse_batch_size(given["batch_size"], "batch_size"),
                           force=given["force"], reuse=given["reuse"], shard=given["shard"], quiet=given["quiet"],
-                          names=names, console=_console())
+                          names=names, console=_console(), answer_logprob=given["answer_logprob"])
 
 
 INTEGERS = ("chunk_size", "stride", "bucket", "doc_tokens", "tensor_parallel")  # positive integers or None
-FLAGS = ("force", "reuse", "quiet", "chat_template", "trust_remote_code")  # True or False
+FLAGS = ("force", "reuse", "quiet", "chat_template", "trust_remote_code", "answer_logprob")  # True or False
 
 
 def _checked(given: dict) -> dict:

@@ -31,7 +31,7 @@ from typing import Callable
 
 import torch
 
-from bamctl.answers import ANSWER_TOKENS, ANSWERS, answer_length, request_digest
+from bamctl.answers import ANSWER_TOKENS, ANSWERS, answer_length, expected_answer_ids, request_digest, score_generated_answers
 from bamctl.backends import Backend
 from bamctl.backends.base import UNBOUNDED
 from bamctl.code_version import compute_version
@@ -106,8 +106,11 @@ def _peak_memory_bytes(device: str) -> int:
 class Evaluation:
     """One back-end over one task request, writing rows into a store."""
 
-    def __init__(self, backend: Backend, request: TaskRequest, store: ResultStore, *, model_name: str, run_id: str | None = None):
+    def __init__(self, backend: Backend, request: TaskRequest, store: ResultStore, *, model_name: str, run_id: str | None = None,
+                 answer_logprob: bool = False):
         self.backend, self.request, self.store = backend, request, store
+        # generated rows also teacher-force their expected answer (one more pass over the prompt)
+        self.answer_logprob = answer_logprob
         self.plan = request.plan(backend.tokenizer, scored_tokens=backend.scored_tokens, bos_for=backend.bos_for)
         info = backend.info
         self.compute_version = run_compute_version(backend)
@@ -250,7 +253,7 @@ class Evaluation:
         if not any(candidates):
             return rows, None
         sample = self.plan.build(slot)
-        asked = request_digest(sample, self.backend.feeding, self.backend.stop_ids)
+        asked = self._digest(sample)
         todo = []
         for row, candidate, ok in zip(rows, candidates, current):
             if candidate is not None and candidate.request_digest == asked:
@@ -270,6 +273,14 @@ class Evaluation:
         self.backend.check_fits(prompt, answer)
         if batch_size is not None and batch_size > 1:
             self.backend.check_batch_fits(prompt, answer, batch_size)
+
+    def _forces_answers(self, sample: Sample) -> bool:
+        return self.answer_logprob and sample.scoring == "generate"
+
+    def _digest(self, sample: Sample) -> str:
+        """The sample's request digest, the answer it teacher-forces after a generation included."""
+        forced = expected_answer_ids(self.backend, sample) if self._forces_answers(sample) else ()
+        return request_digest(sample, self.backend.feeding, self.backend.stop_ids, forced)
 
     def _identity(self, slot: SampleSlot, position: int | None) -> dict:
         return {
@@ -294,6 +305,8 @@ class Evaluation:
         samples = [sample for sample, _ in batch]
         start = time.perf_counter()
         answered = ANSWERS[samples[0].scoring](self.backend, samples)
+        if self._forces_answers(samples[0]):
+            score_generated_answers(self.backend, samples, answered)
         elapsed = time.perf_counter() - start
         seconds = elapsed / sum(len(results) for results in answered)
         tokens_per_s = sum(sample.n_tokens for sample in samples) / elapsed if elapsed > 0 else 0.0
@@ -306,7 +319,7 @@ class Evaluation:
         for (sample, todo), results, counted in zip(batch, answered, blocks, strict=True):
             by_position = {result.get("position"): result for result in results}
             fitting = self.backend.fitting(sample.scoring, sample.n_tokens, answer_length(sample))
-            request = request_digest(sample, self.backend.feeding, self.backend.stop_ids)
+            request = self._digest(sample)
             rows += [
                 {
                     **row,

@@ -43,10 +43,13 @@ def fake_row(
     draw: str | None = UNSET,
     backend: str = UNSET,
     compute_version: str | None = UNSET,
+    answer_logprob: float | None = UNSET,
+    answer_rank: int | None = UNSET,
 ) -> dict[str, Any]:
     model_hash, train_length, pe = MODELS[model]
     perplexity = nll is not None
-    given = {"draw": draw, "backend": backend, "compute_version": compute_version}
+    given = {"draw": draw, "backend": backend, "compute_version": compute_version, "answer_logprob": answer_logprob,
+             "answer_rank": answer_rank}
     return {
         "run_id": run_id,
         "created_at": created_at or BASE_TIME,
@@ -77,6 +80,9 @@ def fake_row(
         "predicted": None if perplexity else ("12345" if score >= 1 else "99999"),
         "correct": None if perplexity else score >= 1,
         "score": score,
+        # a right key near certain, a wrong one far down: any value a teacher-forced row may hold
+        "answer_logprob": None if perplexity else (-0.05 if score >= 1 else -7.5),
+        "answer_rank": None if perplexity else (1 if score >= 1 else 12),
         "nll": nll,
         "n_scored": n_scored,
         "position": 0 if perplexity else None,

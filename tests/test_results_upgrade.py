@@ -78,3 +78,21 @@ def test_version_6_rows_read_with_a_null_model_revision_and_keep_their_keys(tmp_
     # unlike the versions before 6, its request digest and compute version stay: it can be reused
     (key, stored), = store.done_requests().items()
     assert key == row_key(row) and (stored.request_digest, stored.compute_version) == ("rq-passkey-1024-0.5-0-0", "cv-1")
+
+
+def test_version_8_rows_read_with_null_answer_scores_and_keep_their_keys(tmp_path):
+    from results_fakes import fake_row
+
+    from bamctl.results.schema import SCHEMA, row_key, rows_to_table
+
+    row = fake_row()
+    v8 = rows_to_table([row]).drop_columns(["answer_logprob", "answer_rank"])
+    v8 = v8.replace_schema_metadata({**SCHEMA.metadata, VERSION_KEY: b"8"})
+    pq.write_table(v8, tmp_path / "part-00000000000000000001-a.parquet")
+    store = ResultStore(tmp_path)
+    table = store.read_table()
+    for name in ("answer_logprob", "answer_rank"):
+        assert table.column(name).null_count == 1 == table.num_rows
+    assert table.column("score").to_pylist() == [row["score"]]
+    (key, stored), = store.done_requests().items()  # still reused when its request and code match
+    assert key == row_key(row) and (stored.request_digest, stored.compute_version) == ("rq-passkey-1024-0.5-0-0", "cv-1")

@@ -71,6 +71,10 @@ class ContinuationScore:
 
     predicted_ids: list[int]  # argmax at each target position
     logprobs: list[float]  # log p(target_t | prefix)
+    # rank of each target among every token the model scores at its position: 1 + the tokens
+    # scored strictly above it (1 = the argmax; a tie shares the better rank); None where the
+    # back-end cannot see the whole distribution
+    ranks: list[int] | None = None
 
 
 class Backend(ABC):

@@ -101,9 +101,11 @@ class LogitsLoopBackend(ShapedBackend):
         for logits, (_, target_ids) in zip(found, requests):
             logprobs = torch.log_softmax(logits, dim=-1)
             target = torch.tensor(list(target_ids), dtype=torch.long, device=logprobs.device)
+            chosen = logprobs.gather(1, target[:, None])
             answers.append(ContinuationScore(
                 predicted_ids=logprobs.argmax(-1).tolist(),
-                logprobs=logprobs.gather(1, target[:, None])[:, 0].tolist(),
+                logprobs=chosen[:, 0].tolist(),
+                ranks=((logprobs > chosen).sum(-1) + 1).tolist(),
             ))
         return answers
 

@@ -60,8 +60,8 @@ class EngineBackend(Backend):
 
     # The engine runs a batch's sequences side by side; one request is a batch of one.
     def score_continuations(self, requests) -> list[ContinuationScore]:
-        return [ContinuationScore(predicted_ids=predicted, logprobs=logprobs)
-                for predicted, logprobs in self.engine.score_continuations(requests)]
+        return [ContinuationScore(predicted_ids=predicted, logprobs=logprobs, ranks=ranks)
+                for predicted, logprobs, ranks in self.engine.score_continuations(requests, with_ranks=True)]
 
     def generate_many(self, prompts, max_new_tokens, stop_strings=None):
         return self.engine.generate_many(prompts, max_new_tokens, stop_ids=tuple(sorted(self.stop_ids)),

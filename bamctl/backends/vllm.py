@@ -244,12 +244,13 @@ class VLLMBackend(ShapedBackend):
         answers = []
         for ids, (_, target), output in zip(fed, requests, self._run(fed, 1, prompt_logprobs=1), strict=True):
             entries = output.prompt_logprobs  # entry t: log p(. | ids[:t])
-            predicted, logprobs = [], []
+            predicted, logprobs, ranks = [], [], []
             for t in range(len(ids) - len(target), len(ids)):
                 entry = entries[t]
                 predicted.append(next(token for token, lp in entry.items() if lp.rank == 1))
                 logprobs.append(float(entry[ids[t]].logprob))
-            answers.append(ContinuationScore(predicted_ids=predicted, logprobs=logprobs))
+                ranks.append(int(entry[ids[t]].rank))  # vLLM ranks the prompt's own token over the whole vocabulary
+            answers.append(ContinuationScore(predicted_ids=predicted, logprobs=logprobs, ranks=ranks))
         return answers
 
     def score_continuation(self, prompt_ids: Sequence[int], target_ids: Sequence[int]):

@@ -19,6 +19,7 @@ from rich.console import Console
 
 from bamctl.cli import options as opt
 from bamctl.cli.app import app
+from bamctl.lengths import parse_size
 from bamctl.cli.plot_paths import plot_path
 from bamctl.cli.requests import asked_requests
 from bamctl.runs.checks import check_baseline
@@ -31,7 +32,8 @@ stderr = Console(stderr=True, highlight=False)
 
 
 def run_models(
-    models: list[str], asked, ev, prompt, *, threshold: float = 0.9, plot: Path | None = None, baseline: str | None = None
+    models: list[str], asked, ev, prompt, *, threshold: float = 0.9, plot: Path | None = None, baseline: str | None = None,
+    metric: str = "score", relative: float | None = None, base_length: int | None = None,
 ) -> None:
     """Evaluate every model on the requests ``asked`` (``bamctl.runs.requests.AskedRequests``) with
     ``bamctl.runs.runner.run_models``, which checks everything before the first model loads;
@@ -41,18 +43,20 @@ def run_models(
     from bamctl.runs.runner import parse_batch_size, run_models as run, run_options
 
     report = {"names": model_names(models), "json": ev.json, "threshold": threshold, "plot": plot and str(plot),
-              "baseline": baseline}
+              "baseline": baseline, "metric": metric, "relative": relative, "base_length": base_length}
     outcome = run(models, asked, run_options({**asdict(ev), **asdict(prompt)}), out=ev.dir,
                   batch_size=parse_batch_size(ev.batch_size),
-                  force=ev.force, reuse=ev.reuse, shard=ev.shard, quiet=ev.quiet, report=report, console=stderr)
+                  force=ev.force, reuse=ev.reuse, shard=ev.shard, quiet=ev.quiet, report=report, console=stderr,
+                  answer_logprob=ev.answer_logprob)
     if outcome.submitted:  # `bamctl submit` prints the whole sweep's table: no partial table or plot here
         return
     _report(outcome.rows(), outcome.names, json_output=ev.json, threshold=threshold, plot=plot, baseline=baseline,
-            current_versions=outcome.versions)
+            current_versions=outcome.versions, metric=metric, relative=relative, base_length=base_length)
 
 
 def _report(frame, names: list[str], *, json_output: bool, threshold: float, plot: Path | None,
-            baseline: str | None = None, current_versions: set | None = None) -> None:
+            baseline: str | None = None, current_versions: set | None = None, metric: str = "score",
+            relative: float | None = None, base_length: int | None = None) -> None:
     """Summaries of the rows a run covered (``bamctl.runs.runner.covered_rows``), as one table set or JSON document."""
     import json
 
@@ -62,7 +66,8 @@ def _report(frame, names: list[str], *, json_output: bool, threshold: float, plo
     if frame.empty:  # e.g. a shard that drew no sample
         stderr.print("no result rows for this request yet")
         return
-    summaries = summarize(frame, threshold=threshold, models=names, baseline=baseline, current_versions=current_versions)
+    summaries = summarize(frame, threshold=threshold, models=names, baseline=baseline, current_versions=current_versions,
+                          metric=metric, relative=relative, base_length=base_length)
     if json_output:
         typer.echo(json.dumps(summaries_to_json(summaries), indent=2))
     else:
@@ -70,7 +75,7 @@ def _report(frame, names: list[str], *, json_output: bool, threshold: float, plo
     if plot is not None:
         from bamctl.results.plots import plot_grid
 
-        path = plot_grid(frame, plot, models=names, threshold=threshold, baseline=baseline)
+        path = plot_grid(frame, plot, models=names, threshold=threshold, baseline=baseline, metric=metric)
         stderr.print(f"plot written to {path}")
 
 
@@ -128,6 +133,9 @@ def compare(
     task: Annotated[str, typer.Option("--task", "-t", help="passkey, a RULER task (niah_single_1, ...) or ppl.")] = "passkey",
     plot: Annotated[Optional[Path], typer.Option(help="PNG of models x lengths, each cell coloured by its score with the number written in it (default: beside the folder holding the results, never inside it, so Parquet readers meet only data: results-passkey.png for --dir results, results-main-passkey.png for --dir results/main; `bamctl plot curves` draws lines).")] = None,
     threshold: opt.Threshold = 0.9,
+    metric: opt.CellMetric = "score",
+    relative: opt.Relative = None,
+    base_length: opt.BaseLength = None,
     baseline: Annotated[Optional[str], typer.Option(help="The model every other is tested against at each length, on the samples both ran: a paired sign-flip test over the independent draws (passkey keys, RULER draws, documents; every flip enumerated up to 13 draws; the exact McNemar test when each draw is one 0/1 prompt), Holm over lengths. Default: the first model.")] = None,
     *,
     samples,
@@ -140,13 +148,19 @@ def compare(
     5 depths of a passkey index share one key; perplexity for ppl); the best model per
     length is highlighted; "effective length" is the longest length up to which every
     tested length reaches --threshold, and its multiple of the model's training length;
-    "certified" asks the same of the Wilson lower bound. Each model is tested against
+    "certified" asks the same of the Wilson lower bound; --relative adds the effective length
+    against each model's own score at the base length. Each model is tested against
     --baseline at each length: ▲/▼ mark a significant difference. Perplexity is compared
     only between models that score the same token ids.
 
     Example: bamctl compare rope alibi bam --task passkey --lengths 128..8k --seed 0,1 --baseline alibi
     """
+    from bamctl.results.summary import check_metric, check_relative
+
     names = model_names(models)
+    check_metric(metric)
+    base = None if base_length is None else parse_size(base_length)
+    check_relative(relative, base)
     if baseline is not None:
         check_baseline(baseline, names)
 
@@ -158,5 +172,8 @@ def compare(
         threshold=threshold,
         plot=plot_path(evaluation.dir, plot, task),
         baseline=baseline or names[0],
+        metric=metric,
+        relative=relative,
+        base_length=base,
     )
 

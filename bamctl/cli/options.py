@@ -188,6 +188,12 @@ EVALUATION: list[Param] = [
         rich_help_panel=OUTPUT_PANEL,
         help="Also reuse stored rows that another compute version (other bamctl code, kernel or library versions) "
         "computed for the very same request; tables then say they hold them. Default: such rows are computed again.")),
+    Param("answer_logprob", bool, False, typer.Option(
+        "--answer-logprob", rich_help_panel=OUTPUT_PANEL,
+        help="Generated rows (RULER, passkey landmark) also teacher-force the expected answer after the prompt and keep "
+        "its summed log-probability and first token's rank (answer_logprob, answer_rank), for `compare --metric "
+        "answer_logprob`: one more pass over every prompt, so off by default; teacher-forced rows always keep them. "
+        "Example: bamctl ruler bam-ssmax --answer-logprob")),
     Param("shard", Optional[str], None, typer.Option(
         rich_help_panel=OUTPUT_PANEL,
         help="I/N: evaluate only every N-th sample starting at I (0-based), all shards writing one --dir; auto: I and N "
@@ -262,6 +268,20 @@ def _document_tokens(text: str) -> int:
 
 
 Threshold = Annotated[float, typer.Option(min=0.0, max=1.0, help="Accuracy that counts as 'still working' for the effective length.")]
+Relative = Annotated[Optional[float], typer.Option(
+    min=0.0, max=1.0,
+    help="Also give each model's effective length relative to its own short-context score (NoLiMa's): the longest "
+         "length from --base-length up to which every tested length has a mean score of at least this share of the "
+         "model's own mean there, and its certified form (Wilson lower bounds against the base's upper bound); fairer "
+         "to a weak small model than --threshold. Example: --relative 0.85")]
+BaseLength = Annotated[Optional[str], typer.Option(
+    help="The tested length whose score --relative takes as each model's own (an integer or a number with k); "
+         "default: the shortest length each model was tested at. Example: --relative 0.85 --base-length 1k")]
+
+CellMetric = Annotated[str, typer.Option(
+    help="What each passkey or RULER cell shows: score (accuracy, with effective lengths) or answer_logprob (the "
+         "mean summed log-probability of the answer's scored tokens under teacher forcing, with a 95% bootstrap "
+         "interval over the keys or draws; it moves where a 0/1 score does not). Example: --metric answer_logprob")]
 ModelArgument = Annotated[str | None, typer.Argument(
     help="Catalog name, checkpoint directory, or PREFIX:PATH (hf:, bam:, vllm:, hf:ORG/NAME for a Hub id); "
          "left out: the shipped flagship reference of the task (bam-ssmax; lm-bam for ppl).",

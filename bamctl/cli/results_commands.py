@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
+from bamctl.cli import options as opt
 from bamctl.cli.app import app
+from bamctl.lengths import parse_size
 from bamctl.runs.checks import check_baseline
 from bamctl.cli.plot_paths import plot_path
 from bamctl.errors import BamctlError
@@ -76,11 +78,13 @@ def _load(directory: Path, task: list[str] | None, model: list[str] | None, wher
     return frame
 
 
-def _summaries(frame: pd.DataFrame, threshold: float, model: list[str] | None, baseline: str | None) -> list:
+def _summaries(frame: pd.DataFrame, threshold: float, model: list[str] | None, baseline: str | None,
+               relative: float | None = None, base_length: int | None = None) -> list:
     """The summaries of the rows, with ``--baseline`` checked against the models they show."""
     from bamctl.results.summary import summarize
 
-    summaries = summarize(frame, threshold=threshold, models=model, baseline=baseline)
+    summaries = summarize(frame, threshold=threshold, models=model, baseline=baseline, relative=relative,
+                          base_length=base_length)
     if baseline is not None:
         check_baseline(baseline, list(dict.fromkeys(m for s in summaries for m in s.models)))
     return summaries
@@ -98,6 +102,8 @@ def show(
     model: ModelOption = None,
     where: WhereOption = None,
     threshold: ThresholdOption = 0.9,
+    relative: opt.Relative = None,
+    base_length: opt.BaseLength = None,
     baseline: BaselineOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout instead of tables.")] = False,
     show_engines: Annotated[bool, typer.Option("--engines", help="Under the tables, list what the rows ran on: dtype, device and attention path per model.")] = False,
@@ -113,8 +119,9 @@ def show(
     from bamctl.results.provenance import dropped, engines
     from bamctl.results.render import render_summaries, summaries_to_json
 
+    base = None if base_length is None else parse_size(base_length)
     frame = _load(directory, task, model, where)
-    summaries = _summaries(frame, threshold, model, baseline)
+    summaries = _summaries(frame, threshold, model, baseline, relative, base)
     if as_json:
         document = summaries_to_json(summaries)
         if show_engines:
@@ -207,16 +214,18 @@ def curves(
     model: ModelOption = None,
     where: WhereOption = None,
     threshold: ThresholdOption = 0.9,
+    metric: opt.CellMetric = "score",
 ) -> None:
-    """Plot accuracy against context length (log2 axis), one line per model with its training length
-    dashed, one panel per task; the plot `bamctl compare` draws, from stored rows.
+    """Plot accuracy (or --metric answer_logprob) against context length (log2 axis), one line per model
+    with its training length dashed, one panel per task; the plot `bamctl compare` draws, from stored rows.
 
     Example: bamctl plot curves --task passkey --out passkey.png
     """
     from bamctl.results.plots import plot_curves
 
     frame = _load(directory, task, model, where)
-    typer.echo(str(plot_curves(frame, plot_path(directory, out, "curves"), models=model, threshold=threshold)))
+    typer.echo(str(plot_curves(frame, plot_path(directory, out, "curves"), models=model, threshold=threshold,
+                               metric=metric)))
 
 
 @plot_app.command("grid")
@@ -228,9 +237,11 @@ def grid(
     where: WhereOption = None,
     threshold: ThresholdOption = 0.9,
     baseline: BaselineOption = None,
+    metric: opt.CellMetric = "score",
 ) -> None:
     """Plot models × lengths with each cell's number written in it, coloured by accuracy (or by
-    perplexity against the model's own at its shortest length); the picture `bamctl compare` draws.
+    perplexity against the model's own at its shortest length, or by --metric answer_logprob); the
+    picture `bamctl compare` draws.
 
     Example: bamctl plot grid --dir results/main --task passkey --baseline alibi --out passkey.png
     """
@@ -239,7 +250,8 @@ def grid(
     frame = _load(directory, task, model, where)
     if baseline is not None:
         _summaries(frame, threshold, model, baseline)
-    typer.echo(str(plot_grid(frame, plot_path(directory, out, "grid"), models=model, threshold=threshold, baseline=baseline)))
+    typer.echo(str(plot_grid(frame, plot_path(directory, out, "grid"), models=model, threshold=threshold, baseline=baseline,
+                             metric=metric)))
 
 
 @plot_app.command("heatmap")

@@ -100,7 +100,8 @@ def _print_table(command: list[str], record, shards: int, report: dict) -> None:
     covered, names_by_identity, versions = shard_report.merged(reports)
     _report(covered_rows(ResultStore(record.out).read(), covered, names_by_identity), report["names"], json_output=report["json"],
             threshold=report["threshold"], plot=Path(report["plot"]) if report["plot"] else None, baseline=report["baseline"],
-            current_versions=versions)
+            current_versions=versions, metric=report.get("metric", "score"),
+            relative=report.get("relative"), base_length=report.get("base_length"))
 
 
 def _dry_run(executor, command: list[str], todo: list[int], shards: int) -> None:

@@ -348,18 +348,21 @@ class StreamingEngine:
 
     @torch.inference_mode()
     def score_continuations(
-        self, requests: Sequence[tuple[Sequence[int], Sequence[int]]]
-    ) -> list[tuple[list[int], list[float]]]:
+        self, requests: Sequence[tuple[Sequence[int], Sequence[int]]], with_ranks: bool = False
+    ) -> list[tuple]:
         """Teacher forcing of (prompt ids, target ids) pairs: one pass over each prompt + target,
         scored at the target positions. Per pair, the argmax token at each target position and the
-        log-probability of each target."""
+        log-probability of each target; ``with_ranks``: also each target's rank among the model's
+        tokens there (1 + those scored strictly above it; 1 = the argmax)."""
         batch = [list(prompt) + list(target) for prompt, target in requests]
         positions = [range(len(prompt) - 1, len(ids) - 1) for (prompt, _), ids in zip(requests, batch)]
         answers = []
         for logits, (_, target_ids) in zip(self.logits_at_many(batch, positions), requests):
             logprobs = torch.log_softmax(logits, dim=-1)
             target = self._model_ids(target_ids)
-            answers.append((self._tokenizer_ids(logprobs.argmax(-1)).tolist(), logprobs.gather(1, target[:, None])[:, 0].tolist()))
+            chosen = logprobs.gather(1, target[:, None])
+            answer = (self._tokenizer_ids(logprobs.argmax(-1)).tolist(), chosen[:, 0].tolist())
+            answers.append((*answer, ((logprobs > chosen).sum(-1) + 1).tolist()) if with_ranks else answer)
         return answers
 
     def score_continuation(self, prompt_ids: Sequence[int], target_ids: Sequence[int]) -> tuple[list[int], list[float]]:

@@ -17,7 +17,7 @@ from matplotlib.ticker import FixedLocator, NullLocator
 
 from bamctl.errors import BamctlError
 from bamctl.plotting import save_figure
-from bamctl.results.render import format_length
+from bamctl.results.render import format_length, format_logprob
 from bamctl.results.summary import GROUP_COLUMNS, is_perplexity, model_labels, summarize, with_fingerprint_labels
 
 PANEL_INCHES = (6.0, 4.0)
@@ -60,31 +60,38 @@ def train_label(model: str, train: int) -> str:
 
 
 def plot_curves(
-    frame: pd.DataFrame, path: str | Path, *, models: Sequence[str] | None = None, threshold: float = 0.9
+    frame: pd.DataFrame, path: str | Path, *, models: Sequence[str] | None = None, threshold: float = 0.9,
+    metric: str = "score",
 ) -> Path:
     """Accuracy (or perplexity) against length on a log2 axis, one line per model, the draw-level
     Wilson band shaded,
-    each model's training length a dashed vertical line in its colour; one panel per task."""
-    return save_figure(curves_figure(frame, models=models, threshold=threshold), path)
+    each model's training length a dashed vertical line in its colour; one panel per task.
+    ``metric`` "answer_logprob": the mean answer log-probability instead, its bootstrap band shaded."""
+    return save_figure(curves_figure(frame, models=models, threshold=threshold, metric=metric), path)
 
 
-def curves_figure(frame: pd.DataFrame, *, models: Sequence[str] | None = None, threshold: float = 0.9) -> Figure:
+# The column of a summary's table each kind of summary plots.
+PLOTTED = {"accuracy": "score", "perplexity": "ppl", "answer_logprob": "answer_logprob"}
+
+
+def curves_figure(frame: pd.DataFrame, *, models: Sequence[str] | None = None, threshold: float = 0.9,
+                  metric: str = "score") -> Figure:
     """The figure of ``plot_curves``; its legend sits right of each panel, over no data."""
     if frame.empty:
         raise BamctlError("no result rows to plot")
-    summaries = summarize(frame, threshold=threshold, models=models)
+    summaries = summarize(frame, threshold=threshold, models=models, metric=metric)
     labels = [[train_label(m, int(s.table[("train_length", m)].iloc[0])) for m in s.models] for s in summaries]
     legend_inches = 0.8 + label_inches(sum(labels, []), "small")  # beside each panel: it never covers a curve
     fig = Figure(figsize=((PANEL_INCHES[0] + legend_inches) * len(summaries), PANEL_INCHES[1]), layout="constrained")
     axes = fig.subplots(1, len(summaries), squeeze=False)[0]
     for ax, s, names in zip(axes, summaries, labels):
-        value = "score" if s.metric == "accuracy" else "ppl"
+        value = PLOTTED[s.metric]
         for i, (model, name) in enumerate(zip(s.models, names)):
             colour = f"C{i % 10}"
             series = s.table[value][model].dropna()
             train = int(s.table[("train_length", model)].iloc[0])
             ax.plot(series.index, series.to_numpy(), marker="o", color=colour, label=name)
-            if s.metric == "accuracy":
+            if s.metric != "perplexity":
                 lo, hi = s.table["lo"][model].loc[series.index], s.table["hi"][model].loc[series.index]
                 ax.fill_between(series.index, lo.to_numpy(), hi.to_numpy(), color=colour, alpha=0.15, linewidth=0)
             ax.axvline(train, color=colour, linestyle="--", linewidth=1, alpha=0.8)
@@ -97,6 +104,8 @@ def curves_figure(frame: pd.DataFrame, *, models: Sequence[str] | None = None, t
             ax.set_ylim(-0.02, 1.02)
             ax.set_ylabel(f"accuracy (Wilson 95% band over {s.unit})")
             ax.axhline(s.threshold, color="grey", linestyle=":", linewidth=1)
+        elif s.metric == "answer_logprob":
+            ax.set_ylabel(f"mean answer log-prob, nats (bootstrap 95% band over {s.unit})")
         else:
             ax.set_ylabel("perplexity")
             finite = s.table["ppl"].stack().dropna()
@@ -217,7 +226,7 @@ def ink_on(colour) -> str:
 
 def plot_grid(
     frame: pd.DataFrame, path: str | Path, *, models: Sequence[str] | None = None, threshold: float = 0.9,
-    baseline: str | None = None,
+    baseline: str | None = None, metric: str = "score",
 ) -> Path:
     """Models × lengths, each cell coloured by its value and the number written in it; one panel per
     task. Accuracy: dark to light on [0, 1] (cividis: readable in greyscale and without telling
@@ -225,17 +234,19 @@ def plot_grid(
     coloured by the ratio to the model's own perplexity at its shortest length (log scale), so a
     flat row stays pale and a blow-up turns orange; each cell writes that ratio under its
     perplexity, so the colour can be read. Legible with many models, where
-    overlaid curves and bands are not: the default picture of `compare`."""
-    return save_figure(grid_figure(frame, models=models, threshold=threshold, baseline=baseline), path)
+    overlaid curves and bands are not: the default picture of `compare`. ``metric``
+    "answer_logprob": each cell the mean answer log-probability, coloured over the panel's own range."""
+    return save_figure(grid_figure(frame, models=models, threshold=threshold, baseline=baseline, metric=metric), path)
 
 
 def grid_figure(
     frame: pd.DataFrame, *, models: Sequence[str] | None = None, threshold: float = 0.9, baseline: str | None = None,
+    metric: str = "score",
 ) -> Figure:
     """The figure of ``plot_grid``."""
     if frame.empty:
         raise BamctlError("no result rows to plot")
-    summaries = summarize(frame, threshold=threshold, models=models, baseline=baseline)
+    summaries = summarize(frame, threshold=threshold, models=models, baseline=baseline, metric=metric)
     labels = [[train_label(m, int(s.table[("train_length", m)].iloc[0])) for m in s.models] for s in summaries]
     keys = [f"\n▲/▼ vs {s.baseline}, Holm p\u00a0<\u00a00.05" if s.baseline else "" for s in summaries]
     longest_title = max(len(line) for s, key in zip(summaries, keys) for line in (s.title + key).splitlines())
@@ -248,11 +259,13 @@ def grid_figure(
     fig = Figure(figsize=(width, height), layout="constrained")
     axes = fig.subplots(len(summaries), 1, squeeze=False, height_ratios=[len(s.models) + 2 for s in summaries])[:, 0]
     for ax, s, names, title in zip(axes, summaries, labels, titles):
-        value = "score" if s.metric == "accuracy" else "ppl"
-        grid = s.table[value].T.reindex(s.models).to_numpy(dtype=float)  # (models, lengths)
+        grid = s.table[PLOTTED[s.metric]].T.reindex(s.models).to_numpy(dtype=float)  # (models, lengths)
         if s.metric == "accuracy":
             image = ax.imshow(grid, cmap=SCORE_COLOURS, vmin=0.0, vmax=1.0, aspect="auto")
             colour_bar_label = "accuracy"
+        elif s.metric == "answer_logprob":  # unbounded below: the panel's own range, higher lighter as scores
+            image = ax.imshow(grid, cmap=SCORE_COLOURS, vmin=np.nanmin(grid), vmax=np.nanmax(grid), aspect="auto")
+            colour_bar_label = "mean answer log-prob (nats)"
         else:
             first = np.array([row[~np.isnan(row)][0] if (~np.isnan(row)).any() else np.nan for row in grid])
             ratio = grid / first[:, None]
@@ -262,19 +275,21 @@ def grid_figure(
             if np.isnan(number):
                 continue
             mark = s.mark(s.lengths[column], s.models[row])
-            if s.metric == "accuracy":
+            if s.metric == "answer_logprob":
+                text = f"{format_logprob(number)}{mark}"
+            elif s.metric == "accuracy":
                 text = f"{number:.2f}{mark}"
             else:  # the number the colour shows, under the perplexity itself
                 text = f"{_perplexity_label(number)}{mark}\n×{_ratio_label(ratio[row, column])}"
-            shown = number if s.metric == "accuracy" else np.log2(ratio[row, column])
-            ax.text(column, row, text, ha="center", va="center", fontsize=8 if s.metric == "accuracy" else 7,
+            shown = number if s.metric != "perplexity" else np.log2(ratio[row, column])
+            ax.text(column, row, text, ha="center", va="center", fontsize=8 if s.metric != "perplexity" else 7,
                     color=ink_on(image.to_rgba(shown)))
         ax.set_xticks(range(len(s.lengths)), [format_length(x) for x in s.lengths])
         ax.set_yticks(range(len(s.models)), names)
         ax.set_xlabel("context length (tokens)")
         ax.set_title(title, fontsize="medium")
         bar = fig.colorbar(image, ax=ax, label=colour_bar_label, shrink=0.9)
-        if s.metric != "accuracy":  # the colour is log2 of the ratio each cell writes: label it as ratios
+        if s.metric == "perplexity":  # the colour is log2 of the ratio each cell writes: label it as ratios
             bar.set_ticks(RATIO_TICKS, labels=[f"×{2.0 ** t:g}" for t in RATIO_TICKS])
     return fig
 

@@ -54,6 +54,12 @@ def format_cell(summary: Summary, length: int, model: str) -> str | None:
         if _missing(score):
             return None
         text = f"{score:.2f} [{table.at[length, ('lo', model)]:.2f}, {table.at[length, ('hi', model)]:.2f}]"
+    elif summary.metric == "answer_logprob":
+        mean = table.at[length, ("answer_logprob", model)]
+        if _missing(mean):
+            return None
+        lo, hi = table.at[length, ("lo", model)], table.at[length, ("hi", model)]
+        text = format_logprob(mean) + ("" if _missing(lo) else f" [{format_logprob(lo)}, {format_logprob(hi)}]")
     else:
         ppl = table.at[length, ("ppl", model)]
         if _missing(ppl):
@@ -64,9 +70,14 @@ def format_cell(summary: Summary, length: int, model: str) -> str | None:
     return text
 
 
+def format_logprob(value: float) -> str:
+    """-11.62, -0.25; a near-certain answer keeps its digits: -3.1e-05, never "-0.00"."""
+    return f"{value:.2f}" if value == 0 or abs(value) >= 0.005 else f"{value:.1e}"
+
+
 def prompt_unit(summary: Summary) -> str:
     """What one row of a cell is: prompts, or for perplexity the windows or buckets scored."""
-    if summary.metric == "accuracy":
+    if summary.metric != "perplexity":
         return "prompts"
     return {"sliding": "windows", "buckets": "buckets"}.get(summary.protocol, "spans")
 
@@ -163,14 +174,49 @@ def format_effective(summary: Summary, model: str, certified: bool = False) -> s
     return f"{format_length(length)}{ratio}"
 
 
+def format_relative(summary: Summary, model: str, certified: bool = False) -> str:
+    """A relative effective length as ``format_effective`` writes an absolute one; "no base score" where
+    the model has no cell at the base length or scores 0 there (nothing to be a share of)."""
+    assert summary.relative_effective is not None
+    row = summary.relative_effective.loc[model]
+    length, ratio = (row["certified"], row["certified_ratio"]) if certified else (row["length"], row["ratio"])
+    if _missing(row["base_score"]) or row["base_score"] <= 0:
+        return "no base score"
+    if certified and _missing(length) and not _missing(row["needs_draws"]):
+        return f"needs ≥ {int(row['needs_draws'])} {summary.unit} per cell"
+    if _missing(length):
+        return f"< {format_length(int(row['base_length']))}"
+    ratio = "" if _missing(ratio) else f" ({format_ratio(ratio)})"
+    return f"{format_length(length)}{ratio}"
+
+
 def effective_rows(summary: Summary) -> list[tuple[str, list[str]]]:
-    """The effective-length rows of a table: (label, one cell per model)."""
+    """The effective-length rows of a table: (label, one cell per model); with ``--relative``, the
+    relative ones after them."""
     if summary.effective is None:
         return []
-    return [
+    rows = [
         ("effective length", [format_effective(summary, m) for m in summary.models]),
         ("certified effective length", [format_effective(summary, m, certified=True) for m in summary.models]),
     ]
+    if summary.relative_effective is not None:
+        rows += [
+            ("relative effective length", [format_relative(summary, m) for m in summary.models]),  # its share: the caption
+            ("certified relative effective length", [format_relative(summary, m, certified=True) for m in summary.models]),
+        ]
+    return rows
+
+
+def relative_caption(summary: Summary) -> str:
+    """What the relative rows mean, with each model's base length and score."""
+    if summary.relative_effective is None:
+        return ""
+    bases = ", ".join(f"{m} {row['base_score']:.2f} at {format_length(int(row['base_length']))}"
+                      for m, row in summary.relative_effective.iterrows()
+                      if not _missing(row["base_length"]) and not _missing(row["base_score"]))
+    return (f"; relative effective length: longest length from the base up to which every tested length has a mean ≥ "
+            f"{summary.relative:g} × the model's own mean at the base ({bases}); certified: every Wilson lower bound "
+            f"≥ {summary.relative:g} × the base's Wilson upper bound")
 
 
 def header_label(summary: Summary, model: str) -> str:
@@ -187,10 +233,14 @@ def caption(summary: Summary) -> str:
         legend = (f"; ▲/▼ better/worse than {summary.baseline} on the same {unit} ({paired_test_name(summary)}, "
                   f"Holm-adjusted over lengths, p < {ALPHA:g})")
     notes = "".join(f"; {line}" for line in reach_lines(summary) + dtype_lines(summary) + version_lines(summary))
+    if summary.metric == "answer_logprob":
+        return (f"{cells}mean answer log-probability (nats: the log-probabilities of the answer's scored tokens, "
+                f"summed, under teacher forcing) [95% bootstrap interval over the {unit}: {unit} resampled, each "
+                f"{unit[:-1]} its mean; none with one {unit[:-1]}]; highest per length in bold{legend}{notes}")
     if summary.metric == "accuracy":
         return (f"{cells}mean score [95% Wilson interval over the {unit}: each {unit[:-1]}'s mean score, n = {unit}]; best per "
                 f"length in bold; effective length: longest length up to which every tested length has a mean ≥ "
-                f"{summary.threshold:g}; certified: the same with the Wilson lower bound{legend}{notes}")
+                f"{summary.threshold:g}; certified: the same with the Wilson lower bound{relative_caption(summary)}{legend}{notes}")
     warning = "" if summary.scored_alike else (
         "; the models scored different tokens of the same documents (other vocabularies): their perplexities "
         "are not comparable, and no paired test is made")
@@ -348,6 +398,22 @@ def summary_to_dict(summary: Summary) -> dict[str, Any]:
                 "certified_needs_draws": None if _missing(row["needs_draws"]) else int(row["needs_draws"]),
             }
             for model, row in summary.effective.iterrows()
+        ]
+    out["relative_effective_length"] = None
+    if summary.relative_effective is not None:
+        out["relative_effective_length"] = [
+            {
+                "model": model,
+                "relative": summary.relative,
+                "base_length": None if _missing(row["base_length"]) else int(row["base_length"]),
+                "base_score": _json_float(row["base_score"]),
+                "length": None if _missing(row["length"]) else int(row["length"]),
+                "ratio": _json_float(row["ratio"]),
+                "certified_length": None if _missing(row["certified"]) else int(row["certified"]),
+                "certified_ratio": _json_float(row["certified_ratio"]),
+                "certified_needs_draws": None if _missing(row["needs_draws"]) else int(row["needs_draws"]),
+            }
+            for model, row in summary.relative_effective.iterrows()
         ]
     return out
 

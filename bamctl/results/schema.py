@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 VERSION_KEY = b"bamctl.schema_version"
 
 
@@ -35,7 +35,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("scoring", pa.string(), False, "the request kind the model answered: teacher_forced, generate or nll"),
     Column("fingerprint", pa.string(), True, "hash of everything that made the prompt and its scoring: task spec and generator version, data file contents (texts, word lists, --corpus), tokenizer, resolved options, what the back-end puts around a prompt (BOS, chat template); null in rows written before version 3, and in rows of versions 3 and 4 read today (their `model_hash` covered the weights alone: never trusted)"),
     Column("model", pa.string(), False, "model name as the user gave it"),
-    Column("request_digest", pa.string(), True, "digest of exactly what the sample asked of the model: the ids fed, the answer fed after them and its scored targets (or the scored spans), the generation budget, the request kind and metric, what the back-end put around the prompt (BOS, chat template); a row is reused only for the same digest; null before version 6 (such rows are recomputed)"),
+    Column("request_digest", pa.string(), True, "digest of exactly what the sample asked of the model: the ids fed, the answer fed after them and its scored targets (or the scored spans), the generation budget, the request kind and metric, what the back-end put around the prompt (BOS, chat template), and the expected answer a generation teacher-forces with `--answer-logprob`; a row is reused only for the same digest; null before version 6 (such rows are recomputed)"),
     Column("model_hash", pa.string(), False, "hash of the model weights and every config field that changes its forward pass (bamctl checkpoints: config.json's `model` table; the authors' checkpoints: the config read from args.json, prior form included; hf:/vllm:: config.json and generation_config.json), and of `rope_scaling` when RoPE is scaled at inference (another model); a renamed folder keeps it; identifies the model"),
     Column("model_revision", pa.string(), True, "the Hub commit sha of an hf:/vllm: model named by its Hub id (`hf:ORG/NAME[@REVISION]`, resolved through the Hugging Face cache); also in `model_hash`, so two revisions never share rows, even with identical weights; null for local folders, bamctl's own models and rows before version 7"),
     Column("backend", pa.string(), True, "the back-end that computed the row: native (bamctl's engine), authors (bam:), hf, vllm; part of the model's identity (an hf and a vLLM run of one checkpoint are two models); null before version 6"),
@@ -58,6 +58,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("predicted", pa.string(), True, "model answer; null for perplexity"),
     Column("correct", pa.bool_(), True, "whether the answer counts as right; null for perplexity"),
     Column("score", pa.float64(), False, "the task's metric: in [0, 1] for accuracy tasks (1.0/0.0 for exact match, fraction found for string_match_all); mean token NLL (nll / n_scored) for perplexity; per task in \"What `score` holds\" below"),
+    Column("answer_logprob", pa.float64(), True, "the answer's summed log-probability under teacher forcing, nats (at most 0): the log-probabilities of the answer tokens `score` judges (passkey: the key's digits; a generated row: its answers in the order the task lists them, joined by \", \", after a space unless the prompt ends in one), each given the prompt and the answer tokens before it; continuous where `score` is 0 or 1, so a fading answer shows before it is lost; teacher_forced rows of every back-end; generate rows (RULER, passkey landmark) only when run with `--answer-logprob`, which teacher-forces the expected answer after the prompt in one more pass; null otherwise, for perplexity and before version 9"),
+    Column("answer_rank", pa.int64(), True, "rank of the answer's first scored token among every token the model scores at its position, 1-based: 1 = the argmax, else 1 + the tokens scored strictly above it (a tie shares the better rank); null where `answer_logprob` is"),
     Column("nll", pa.float64(), True, "perplexity only: SUM of the token negative log-likelihoods of the sample, nats"),
     Column("n_scored", pa.int64(), True, "perplexity only: number of tokens whose NLL is in `nll`"),
     Column("position", pa.int64(), True, "perplexity only: the span's label: a sliding window's first new token, or a bucket's first prediction (k * bucket; without a BOS it scores document tokens from k * bucket + 1); null otherwise"),
@@ -197,6 +199,9 @@ def upgrade(table: pa.Table, version: int) -> pa.Table:
 
     Before version 8 no row counted the key blocks its kernel left out: ``skipped_blocks`` and
     ``key_blocks`` read as null; nothing else changes.
+
+    Before version 9 no row kept its answer's log-probability or rank: ``answer_logprob`` and
+    ``answer_rank`` read as null; nothing else changes.
     """
     if version < 5 and "fingerprint" in table.column_names:
         table = table.set_column(table.column_names.index("fingerprint"), "fingerprint", pa.nulls(table.num_rows, pa.string()))
@@ -205,7 +210,7 @@ def upgrade(table: pa.Table, version: int) -> pa.Table:
             table = table.set_column(table.column_names.index(name), name, pa.nulls(table.num_rows, pa.string()))
     if version >= 2:
         # version 2 lacked `fingerprint`, version 3 `rope_scaling`, version 6 `model_revision`, version 7
-        # `skipped_blocks` and `key_blocks`: all read as null
+        # `skipped_blocks` and `key_blocks`, version 8 `answer_logprob` and `answer_rank`: all read as null
         return table
     rows = table.to_pylist()
     for row in rows:

@@ -316,3 +316,20 @@ def _perplexity_test(group: pd.DataFrame, model: str, baseline: str):
     lo, hi = bootstrap_interval(d)
     return (int(pairs["rows_b"].sum()), k, SIGN_FLIP if exact else SIGN_FLIP_RANDOM, float(d.mean()), lo, hi,
             sign_flip_p(d), smallest_p(k, exact))
+
+
+# -- a continuous value per prompt, over draws ------------------------------------------------
+
+
+def mean_interval_over_draws(values: np.ndarray, draws: np.ndarray, seed: int = SEED,
+                             resamples: int = BOOTSTRAPS) -> tuple[float, float]:
+    """95% percentile interval of a cell's mean of a continuous per-prompt value (an answer's
+    log-probability) by the cluster bootstrap the paired tests use (Field & Welsh 2007): draws
+    resampled with replacement, each standing for the mean of its prompts, seeded; the draw is the
+    unit, as accuracy's Wilson interval counts it. (nan, nan) with fewer than two draws: one draw
+    says nothing of the spread."""
+    frame = pd.DataFrame({"value": np.asarray(values, dtype=float), "draw": draws}).dropna(subset=["value"])
+    per_draw = frame.groupby("draw", sort=True)["value"].mean().to_numpy()
+    if len(per_draw) < 2:
+        return (math.nan, math.nan)
+    return bootstrap_interval(per_draw, seed, resamples)

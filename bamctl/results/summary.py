@@ -17,6 +17,10 @@ its prompts, which is the mean of the per-draw means whenever every draw has as 
 (as every plan gives: depths × one draw). The certified effective length uses the interval's
 lower bound, and `min_certifiable_n` counts draws.
 
+Two views beside accuracy: `answer_logprob_table`, the mean answer log-probability per cell with a
+bootstrap interval over draws (`--metric answer_logprob`), and `relative_effective_length`, the
+effective length against each model's own score at a base length (`--relative`, NoLiMa's rule).
+
 A column is one model identity, (model_hash, backend) (`model_labels`): an hf and a vLLM run
 of one checkpoint are two models. A summary records the `compute_version`s of its rows, so
 rows computed by other code are never pooled without its caption saying so.
@@ -32,7 +36,10 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from bamctl.results.stats import Z_95, draw_ids, one_copy_per_document, out_of_reach, paired_tests, scored_alike
+from bamctl.errors import BamctlError
+from bamctl.results.stats import (
+    Z_95, draw_ids, mean_interval_over_draws, one_copy_per_document, out_of_reach, paired_tests, scored_alike,
+)
 
 # Rows are pooled only within one (task, protocol, setting), one fingerprint and one dtype: rows
 # made from other prompts (another tokenizer, corpus, task version) or computed in another
@@ -41,6 +48,10 @@ GROUP_COLUMNS = ("task", "protocol", "setting", "fingerprint", "dtype")
 NO_FINGERPRINT = "none"  # how rows written before fingerprints are labelled
 ACCURACY_FIELDS = ("score", "k", "n", "n_draws", "lo", "hi", "train_length")
 PERPLEXITY_FIELDS = ("ppl", "nll", "n_scored", "n", "n_draws", "train_length")
+ANSWER_LOGPROB_FIELDS = ("answer_logprob", "n", "n_draws", "lo", "hi", "train_length")
+# What the cells of a passkey or RULER table hold (`--metric`): the task's score (accuracy), or the
+# mean of the rows' `answer_logprob`, which moves where a 0/1 score does not.
+CELL_METRICS = ("score", "answer_logprob")
 NO_BACKEND = ""  # rows that do not say which back-end computed them: one back-end
 UNRECORDED = "unrecorded"  # how a null compute_version is named in captions
 
@@ -130,6 +141,24 @@ def perplexity_table(frame: pd.DataFrame, models: Sequence[str] | None = None) -
     return _widen(cells, rows, PERPLEXITY_FIELDS, models)
 
 
+def answer_logprob_table(frame: pd.DataFrame, models: Sequence[str] | None = None) -> pd.DataFrame:
+    """Mean ``answer_logprob`` per (length, model) over the prompts that have one (nats: the log-
+    probability of the answer's scored tokens, summed), n = those prompts, n_draws = their distinct
+    draws, and the 95% interval of the mean by a cluster bootstrap over the draws
+    (``stats.mean_interval_over_draws``; NaN with one draw). Rows without one (generate rows asked
+    without it, rows before schema 9) are left out."""
+    _require_one_group(frame)
+    rows = frame.assign(_label=model_labels(frame), _draw=draw_ids(frame))
+    rows = rows[rows["answer_logprob"].notna()] if "answer_logprob" in rows else rows.iloc[:0]
+    rows = rows.assign(_logprob=rows["answer_logprob"].astype(float))
+    grouped = rows.groupby(["length", "_label"])
+    cells = grouped.agg(answer_logprob=("_logprob", "mean"), n=("_logprob", "size"), n_draws=("_draw", "nunique"))
+    bounds = {key: mean_interval_over_draws(g["_logprob"].to_numpy(), g["_draw"].to_numpy()) for key, g in grouped}
+    cells["lo"] = [bounds[key][0] for key in cells.index]
+    cells["hi"] = [bounds[key][1] for key in cells.index]
+    return _widen(cells, rows, ANSWER_LOGPROB_FIELDS, models)
+
+
 def min_certifiable_n(threshold: float, z: float = Z_95) -> int | None:
     """The fewest draws per cell whose draw-level Wilson lower bound can reach ``threshold`` (every
     prompt of every draw correct: n/n has the bound n / (n + z²)); None when no n can (a threshold of 1)."""
@@ -191,18 +220,81 @@ def effective_length(table: pd.DataFrame, threshold: float = 0.9) -> pd.DataFram
     return result
 
 
-def best_models(table: pd.DataFrame, metric: Literal["accuracy", "perplexity"]) -> dict[int, set[str]]:
-    """Per length, the model(s) with the best value (highest score, lowest perplexity); ties share it.
+def _from(values: pd.Series, length: int) -> pd.Series:
+    """The values at ``length`` and longer: a relative effective length starts at its base."""
+    return values[values.index >= length]
+
+
+def relative_effective_length(table: pd.DataFrame, relative: float, base_length: int | None = None) -> pd.DataFrame:
+    """Per model: the effective length against the model's own short-context score (NoLiMa's, Modarressi
+    et al. 2025), fairer to a weak small model than a fixed threshold. The base is the model's mean
+    score at ``base_length`` (default: the shortest length it was tested at); the relative effective
+    length is the longest length from the base up to which every tested length has a mean score at
+    or above ``relative`` × that base score (a dip stops it, as for ``effective_length``). Its
+    *certified* form asks every tested length's draw-level Wilson 95% lower bound to reach
+    ``relative`` × the base's Wilson upper bound: what the draws support whatever the base's true
+    score within its interval, the base cell included (n of n keys certify it from
+    ``min_certifiable_n(relative)`` keys on).
+
+    Returns index = model, columns `length`, `ratio` (÷ train_length), `certified`,
+    `certified_ratio`, `needs_draws` (as ``effective_length``'s, the base cell's count), `base_length`
+    and `base_score`. A model without a cell at the base, or whose base score is 0 (nothing to be a
+    share of), has no relative effective length.
+    """
+    check_relative(relative, base_length)
+    scores, train = table["score"], table["train_length"]
+    counts = next((table[f] for f in ("n_draws", "n") if f in table), None)
+    tested = [int(n) for n in table.index]
+    if base_length is not None and base_length not in tested:
+        raise BamctlError(f"--base-length {base_length} is not a tested length; the table's lengths are "
+                          f"{', '.join(map(str, tested))}")
+    needed = min_certifiable_n(relative)
+    out = []
+    for model in scores.columns:
+        present = scores[model].dropna()
+        base = base_length if base_length is not None else (int(present.index.min()) if len(present) else None)
+        base_score = float(present.get(base, math.nan)) if base is not None else math.nan
+        best = certified = shortest_n = None
+        if not math.isnan(base_score) and base_score > 0:
+            best = _passing_prefix(_from(scores[model], base), relative * base_score)
+            if "lo" in table:
+                certified = _passing_prefix(_from(table["lo"][model], base), relative * float(table["hi"][model].get(base)))
+            if counts is not None and not pd.isna(counts[model].get(base)):
+                shortest_n = counts[model].get(base)
+        train_length = train[model].dropna().max()
+        too_few = certified is None and shortest_n is not None and (needed is None or shortest_n < needed)
+        out.append({
+            "model": model,
+            "length": best,
+            "ratio": best / train_length if best is not None and train_length else math.nan,
+            "certified": certified,
+            "certified_ratio": certified / train_length if certified is not None and train_length else math.nan,
+            "needs_draws": needed if too_few else None,
+            "base_length": base,
+            "base_score": base_score,
+        })
+    columns = ["model", "length", "ratio", "certified", "certified_ratio", "needs_draws", "base_length", "base_score"]
+    result = pd.DataFrame(out, columns=columns).set_index("model")
+    for column in ("length", "certified", "needs_draws", "base_length"):
+        result[column] = result[column].astype("Int64")
+    for column in ("ratio", "certified_ratio", "base_score"):
+        result[column] = result[column].astype(float)
+    return result
+
+
+def best_models(table: pd.DataFrame, metric: Literal["accuracy", "perplexity", "answer_logprob"]) -> dict[int, set[str]]:
+    """Per length, the model(s) with the best value (highest score or answer log-probability, lowest
+    perplexity); ties share it.
 
     Lengths where fewer than two models have a value, or all of them tie, get no winner.
     """
-    values = table["score"] if metric == "accuracy" else table["ppl"]
+    values = table[{"accuracy": "score", "perplexity": "ppl"}.get(metric, metric)]
     winners: dict[int, set[str]] = {}
     for length, row in values.iterrows():
         row = row.dropna()
         if len(row) < 2:
             continue
-        best = row.max() if metric == "accuracy" else row.min()
+        best = row.min() if metric == "perplexity" else row.max()
         tied = {str(m) for m in row.index[np.isclose(row.to_numpy(dtype=float), best)]}
         if len(tied) < len(row):  # when every model ties, nothing stands out
             winners[int(length)] = tied
@@ -212,13 +304,14 @@ def best_models(table: pd.DataFrame, metric: Literal["accuracy", "perplexity"]) 
 @dataclass(frozen=True)
 class Summary:
     """The summary of one (task, protocol, setting, fingerprint): a wide table and, for accuracy,
-    effective lengths. ``distinct`` marks a summary that shares its (task, protocol, setting)
-    with another of other prompts, so its title names its fingerprint."""
+    effective lengths (``metric`` "answer_logprob": its cells hold the mean answer log-probability).
+    ``distinct`` marks a summary that shares its (task, protocol, setting) with another of other
+    prompts, so its title names its fingerprint."""
 
     task: str
     protocol: str
     setting: str
-    metric: Literal["accuracy", "perplexity"]
+    metric: Literal["accuracy", "perplexity", "answer_logprob"]
     table: pd.DataFrame
     effective: pd.DataFrame | None
     threshold: float
@@ -232,6 +325,8 @@ class Summary:
     compute_versions: tuple = ()  # distinct compute_version of the rows, sorted; None: rows that do not say
     reused_versions: tuple | None = None  # of those, the ones the current run did not compute with (None: not asked)
     other_dtypes: tuple = ()  # (dtype, models) of this (task, protocol, setting) in other dtypes: in tables of their own
+    relative: float | None = None  # --relative: the share of each model's own base score that counts (None: not asked)
+    relative_effective: pd.DataFrame | None = None  # relative_effective_length's, for accuracy tables when asked
 
     @property
     def unit(self) -> str:
@@ -265,7 +360,7 @@ class Summary:
         """▲ significantly better than the baseline at this length, ▼ worse, "" otherwise."""
         for result in self.paired:
             if result.model == model and result.length == length and result.significant:
-                better = result.difference > 0 if self.metric == "accuracy" else result.difference < 0
+                better = result.difference < 0 if self.metric == "perplexity" else result.difference > 0
                 return "▲" if better else "▼"
         return ""
 
@@ -288,12 +383,19 @@ def compute_versions(rows: pd.DataFrame) -> tuple:
 
 def summarize(
     frame: pd.DataFrame, threshold: float = 0.9, models: Sequence[str] | None = None, baseline: str | None = None,
-    current_versions: Iterable[str] | None = None,
+    current_versions: Iterable[str] | None = None, metric: str = "score", relative: float | None = None,
+    base_length: int | None = None,
 ) -> list[Summary]:
     """One Summary per (task, protocol, setting, fingerprint) in the rows, in sorted order; with a
     ``baseline`` (a model label), each other model is tested against it on the samples both ran.
     ``current_versions``: the compute versions this run computed with; a summary then names the
-    versions of its rows that are not among them (rows reused from earlier runs)."""
+    versions of its rows that are not among them (rows reused from earlier runs). ``metric``
+    (``CELL_METRICS``): what passkey and RULER cells hold, their score or the mean
+    ``answer_logprob`` (then tested against the baseline per draw as scores are). ``relative``:
+    accuracy tables also give each model's effective length relative to its own score at
+    ``base_length`` (default: its shortest), ``relative_effective_length``."""
+    check_metric(metric)
+    check_relative(relative, base_length)
     current = None if current_versions is None else set(current_versions)
     summaries = []
     frame = with_fingerprint_labels(frame)
@@ -308,30 +410,64 @@ def summarize(
         labels = model_labels(rows)
         models_by_dtype[triple] = {str(d): set(labels[rows["dtype"] == d]) for d in rows["dtype"].unique()}
     for (task, protocol, setting, fingerprint, dtype), rows in groups:
+        if metric == "answer_logprob":
+            _require_answer_logprobs(rows, task)
         if is_perplexity(rows):
-            table, metric, effective = perplexity_table(rows, models), "perplexity", None
+            table, kind, effective = perplexity_table(rows, models), "perplexity", None
+        elif metric == "answer_logprob":
+            table, kind, effective = answer_logprob_table(rows, models), "answer_logprob", None
         else:
-            table, metric = accuracy_table(rows, models), "accuracy"
+            table, kind = accuracy_table(rows, models), "accuracy"
             effective = effective_length(table, threshold)
+        relative_effective = None
+        if relative is not None and kind == "accuracy":
+            relative_effective = relative_effective_length(table, relative, base_length)
         distinct = bool(shared[(task, protocol, setting)] > 1)
         labels = list(table["n"].columns)
         labelled = rows.assign(_label=model_labels(rows), _draw=draw_ids(rows))
-        if metric == "perplexity":
+        if kind == "perplexity":
             labelled = one_copy_per_document(labelled)
-        alike = metric != "perplexity" or scored_alike(labelled)
+        if kind == "answer_logprob":  # the paired test of scores, on each prompt's answer log-probability
+            labelled = labelled[labelled["answer_logprob"].notna()].assign(score=labelled["answer_logprob"])
+        alike = kind != "perplexity" or scored_alike(labelled)
         paired = ()
         if baseline is not None and baseline in labels and len(labels) > 1 and alike:
-            paired = tuple(paired_tests(labelled, labels, baseline, metric))
+            paired = tuple(paired_tests(labelled, labels, baseline, "perplexity" if kind == "perplexity" else "accuracy"))
         versions = compute_versions(rows)
         summaries.append(Summary(
-            str(task), str(protocol), str(setting), metric, table, effective, threshold, str(fingerprint), distinct,
+            str(task), str(protocol), str(setting), kind, table, effective, threshold, str(fingerprint), distinct,
             baseline if paired else None, paired, str(dtype), bool(dtypes[(task, protocol, setting)] > 1), alike,
             compute_versions=versions,
             reused_versions=None if current is None else tuple(v for v in versions if v not in current),
             other_dtypes=tuple((other, tuple(sorted(names))) for other, names in sorted(models_by_dtype[(task, protocol, setting)].items())
                                if other != str(dtype)),
+            relative=relative if relative_effective is not None else None, relative_effective=relative_effective,
         ))
     return summaries
+
+
+def check_metric(metric: str) -> None:
+    """A ``--metric`` the tables cannot show is one line naming those they can."""
+    if metric not in CELL_METRICS:
+        raise BamctlError(f"--metric {metric} is not offered; use one of {', '.join(CELL_METRICS)}")
+
+
+def check_relative(relative: float | None, base_length: int | None) -> None:
+    """``--relative`` is a share in (0, 1]; ``--base-length`` means nothing without it."""
+    if base_length is not None and relative is None:
+        raise BamctlError("--base-length goes with --relative (e.g. --relative 0.85 --base-length 1k)")
+    if relative is not None and not 0 < relative <= 1:
+        raise BamctlError(f"--relative must be in (0, 1], a share of the model's own score at the base length, not {relative:g}")
+
+
+def _require_answer_logprobs(rows: pd.DataFrame, task: str) -> None:
+    """``--metric answer_logprob`` over rows that hold none is one line saying why they hold none."""
+    if is_perplexity(rows):
+        raise BamctlError(f"--metric answer_logprob: {task} rows have no answer to score (perplexity); "
+                          "it applies to passkey and RULER")
+    if "answer_logprob" not in rows or rows["answer_logprob"].isna().all():
+        raise BamctlError(f"--metric answer_logprob: no {task} row holds an answer log-probability (generated rows "
+                          "hold one only when run with --answer-logprob; rows written before schema 9 hold none)")
 
 
 def with_fingerprint_labels(frame: pd.DataFrame) -> pd.DataFrame:

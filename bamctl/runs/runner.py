@@ -142,7 +142,7 @@ def model_label(model) -> str:
 def run_models(
     models: list, asked, run, *, out: Path, batch_size: int | None = None, force: bool = False, reuse: bool = False,
     shard: str | None = None, quiet: bool = False, names: list[str] | None = None, report: dict | None = None,
-    console: Console | None = None,
+    console: Console | None = None, answer_logprob: bool = False,
 ) -> RunOutcome:
     """Evaluate every model on the requests ``asked`` (``bamctl.runs.requests.AskedRequests``)
     with the engine options ``run`` (``bamctl.backends.RunOptions``), rows into ``out``.
@@ -150,7 +150,8 @@ def run_models(
     ``models``: references (catalog names, folders, ``PREFIX:PATH``) or models in memory
     (``bamctl.backends.in_memory``); ``names``: what rows call them (default ``model_names``);
     ``batch_size``: None for auto; ``shard``: 'I/N' or 'auto'; ``report``: what a shard of
-    ``bamctl submit`` records for the table submit prints.
+    ``bamctl submit`` records for the table submit prints; ``answer_logprob``: generated rows also
+    teacher-force their expected answer (``--answer-logprob``).
     """
     from bamctl.backends import open_backend, peek_backend
     from bamctl.cluster import sweep
@@ -221,7 +222,8 @@ def run_models(
                     f"{identity[1]}): its column shows the same rows")
                 del backend
                 continue
-            evaluations = [Evaluation(backend, request, store, model_name=name, run_id=run_id) for request in requests]
+            evaluations = [Evaluation(backend, request, store, model_name=name, run_id=run_id, answer_logprob=answer_logprob)
+                           for request in requests]
             outcome.versions.update(evaluation.compute_version for evaluation in evaluations)
             steps = _ModelRun(evaluations, name, progress, say, prompts, notes, out=out, shard_of=shard_of,
                               batch_size=batch_size, force=force, reuse=reuse, quiet=quiet)
