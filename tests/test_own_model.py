@@ -419,3 +419,16 @@ def test_bam_ssmax_as_a_plain_module_gives_the_native_back_ends_numbers(tmp_path
     assert set(rows[1]["backend"]) == {"module"}
     nll = [r.sort_values(["length", "position"])["nll"].to_numpy() for r in rows]
     assert len(nll[0]) == len(nll[1]) and (abs(nll[0] - nll[1]) / nll[0]).max() < 1e-5
+
+
+def test_a_module_without_parameters_runs(tmp_path, capsys):
+    """Its memory estimate reads the element size of parameters it may not have (a fixed-logits baseline)."""
+    from bamctl.cli import main
+
+    path = _write_builder(tmp_path, "import torch\nclass M(torch.nn.Module):\n    train_length = 64\n"
+                          "    def forward(self, ids):\n        return torch.zeros(ids.shape[0], ids.shape[1], 50257)\n"
+                          "def build():\n    return M(), 'gpt2'\n")
+    with pytest.raises(SystemExit) as exited:
+        main(["passkey", f"py:{path}:build", "--lengths", "128", "--samples", "1", "--depths", "0.5",
+              "--dir", str(tmp_path / "res")])
+    assert exited.value.code == 0, capsys.readouterr().err

@@ -509,7 +509,7 @@ class ModuleBackend(LogitsLoopBackend):
         attention scores of the whole sequence at once (square in its length, as an eager
         attention materialises them); a cached step holds its cache and one chunk's scores."""
         width, layers, heads = model_shape(self.model)
-        element = next(self.model.parameters()).element_size()
+        element = next(self.model.parameters(), torch.empty(0)).element_size()  # a module may have no parameters
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
         chunk = min(self.chunk_size, n_tokens) if self.chunked else n_tokens
         cache = 2 * layers * width * n_tokens * element if self.chunked else 0
