@@ -22,7 +22,8 @@ from torch import nn
 
 from bamctl.attention_math import AttentionInputs, dense_attention, depends_on_content
 from bamctl.errors import BamctlError, did_you_mean
-from bamctl.positional import PE_REGISTRY, SINUSOIDAL_LAYOUTS, RopeScaling, parse_pe_name, pe_label, pe_spec
+from bamctl.pe_plugins import parse_pe_name, pe_spec
+from bamctl.positional import PE_REGISTRY, SINUSOIDAL_LAYOUTS, RopeScaling, pe_label
 from bamctl.positional import check_distance_table
 
 
@@ -61,7 +62,7 @@ class ModelConfig:
     # Tokenizer ids this model has rows for (bamctl.vocab.VocabSubset), plus one UNK row;
     # None: one row per tokenizer id. Lets tiny reference models stay tiny.
     token_subset: list[int] | None = None
-    # A plugin PE's record (bamctl.positional.pe_spec): where it was found, its file's digest and text;
+    # A plugin PE's record (bamctl.pe_plugins.pe_spec): where it was found, its file's digest and text;
     # None for the zoo's. A checkpoint whose plugin file no longer holds that text does not load.
     pe_source: dict | None = None
 

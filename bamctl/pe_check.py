@@ -61,7 +61,8 @@ def failures(checks: list[Check]) -> list[Check]:
 
 def require_passing(pe: str, train_length: int) -> None:
     """The quick checks, before ``new`` or ``train`` writes anything; one line on the first failure."""
-    from bamctl.positional import PE_REGISTRY, parse_pe_name
+    from bamctl.pe_plugins import parse_pe_name
+    from bamctl.positional import PE_REGISTRY
 
     base, _ = parse_pe_name(pe)
     if base in PE_REGISTRY:

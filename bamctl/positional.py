@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from bamctl.attention_math import PiecewiseBias, gives_bias
-from bamctl.errors import BamctlError, did_you_mean
+from bamctl.errors import BamctlError
 
 # exp() of anything above this would overflow float32 once SSMax multiplies it by
 # s * log(n); -exp(80) = -5.5e34 is already "minus infinity" for a softmax.
@@ -553,29 +552,13 @@ def _zoo() -> dict[str, PESpec]:
 SSMAX_SUFFIX = "-ssmax"
 
 
-def parse_pe_name(name: str) -> tuple[str, bool]:
-    """``"bam-ssmax"`` -> ``("bam", True)``; a plugin's reference (``./my_pe.py:Sandwich-ssmax``) is
-    found and checked against the PE protocol; unknown names raise with close matches."""
-    base, ssmax = (name[: -len(SSMAX_SUFFIX)], True) if name.endswith(SSMAX_SUFFIX) else (name, False)
-    if base not in PE_REGISTRY:
-        if is_plugin_reference(base):
-            pe_spec(base)  # found and checked now, one line if not
-            return base, ssmax
-        plugins = list(installed_plugins())
-        choices = [*PE_REGISTRY, *plugins, *(f"{n}{SSMAX_SUFFIX}" for n in [*PE_REGISTRY, *plugins])]
-        raise BamctlError(f"unknown positional encoding {name!r}{did_you_mean(name, choices)} (a plugin of your own: "
-                          "FILE.py:CLASS or package.module:CLASS, docs/positional-plugins.md)")
-    return base, ssmax
-
-
-# -- plugins: a PE of the user's, found by reference ----------------------------------------------
+# -- the protocol a PE meets, the zoo's and a plugin's alike (bamctl.pe_plugins finds plugins) ------
 #
-# A plugin is a class of the same protocol as the zoo's above: a torch.nn.Module built once per
-# layer as ``Class(config)`` (or ``Class.from_config(config)``), ``config`` the model's ModelConfig
-# (n_heads, head_dim, train_length ...), with the hooks of what it changes. The module
-# docstring lists them; docs/positional-plugins.md holds the protocol and an example per kind.
+# A PE is a torch.nn.Module class built once per layer as ``Class(config)`` (or
+# ``Class.from_config(config)``), ``config`` the model's ModelConfig (n_heads, head_dim,
+# train_length ...), with the hooks of what it changes. The module docstring lists them;
+# docs/positional-plugins.md holds the protocol and an example per kind.
 
-PLUGIN_GROUP = "bamctl.positional_encodings"  # entry points of installed packages: name = "package.module:Class"
 PLUGIN_HOOKS = ("distance_table(max_distance), score_mod(score, b, h, q_idx, kv_idx) returning the new score (FlexAttention's), "
                 "bias(q_positions, k_positions) with query_dependent = True, "
                 "content_bias(q, scores, q_positions, k_positions), content_scan(q, scores, q_positions, k_positions, "
@@ -584,79 +567,6 @@ PLUGIN_HOOKS = ("distance_table(max_distance), score_mod(score, b, h, q_idx, kv_
                 "embed(h, positions) or position_ids(token_indices)")
 # hooks a class may have alone (a bias's kinds are checked by their flags above)
 POSITION_HOOKS = ("distance_table", "score_mod", "transform_qk", "transform_qk_after_cache", "embed", "position_ids")
-
-
-def is_plugin_reference(name: str) -> bool:
-    return ":" in name or name in installed_plugins()
-
-
-def installed_plugins() -> dict:
-    from bamctl.plugins import entry_points
-
-    return entry_points(PLUGIN_GROUP)
-
-
-def pe_spec(name: str, source: dict | None = None) -> PESpec:
-    """The PE ``name`` names: a zoo entry, or a plugin found by reference. ``source`` is what a
-    checkpoint recorded of its plugin (where it was found, the digest of its code then): code a
-    checkpoint names runs only with the user's consent (``bamctl.consent``), and only when its
-    bytes are still those recorded, both checked before anything of it is imported."""
-    if name in PE_REGISTRY:
-        return PE_REGISTRY[name]
-    return _plugin_spec(name, source)
-
-
-def _plugin_spec(name: str, recorded: dict | None) -> PESpec:
-    from bamctl import consent
-    from bamctl.local_code import is_installed, local_code
-    from bamctl.plugins import is_file_target, load, load_entry_point, locate_module
-
-    who = f"positional encoding {name}"
-    where = recorded.get("where") if recorded else None
-    reference = where or name
-    if where and is_file_target(where.rpartition(":")[0]) and not Path(where.rpartition(":")[0]).is_file():
-        # a checkpoint from another machine or folder: its plugin by the name it was given, from here
-        given = name.rpartition(":")[0]
-        if not (is_file_target(given) and Path(given).expanduser().is_file()):
-            raise BamctlError(f"{who}: its file is neither where the checkpoint found it ({where.rpartition(':')[0]}) "
-                              f"nor at {given} from here; put it back, or run from the folder it was named from")
-        reference = name
-    target, sep, attribute = reference.rpartition(":")
-    if sep:
-        file = Path(target).expanduser().resolve() if is_file_target(target) else locate_module(target)
-        code = None if file is None or not file.is_file() or is_installed(file) else local_code(file)
-        if code is not None and recorded is not None:
-            if recorded.get("digest") not in (None, code.digest):
-                raise BamctlError(f"{who}: {code.describe()} in {code.root} is not the code this checkpoint was made "
-                                  f"with (its digest {code.digest}, recorded {recorded['digest']}); restore those "
-                                  "files, or make a new checkpoint")
-            consent.require(code, who)
-        elif code is not None:
-            consent.named(code)
-        found = load(target, attribute, who)
-    elif reference in installed_plugins():
-        code = None
-        found = load_entry_point(PLUGIN_GROUP, reference, who)
-    else:
-        raise BamctlError(f"{who}: no installed package gives it (entry point group {PLUGIN_GROUP}); install the "
-                          "package that does, or name its file as FILE.py:CLASS")
-    cls = found.value
-    check_plugin(cls, who)
-    digest_now = code.digest if code is not None else file_digest_or_none(found.source)
-    if recorded is not None and recorded.get("digest") is not None and digest_now != recorded["digest"]:
-        raise BamctlError(f"{who}: {found.source} is not the source this checkpoint was made with (its digest "
-                          f"{digest_now or 'none'}, recorded {recorded['digest']}); restore that file, or make a new checkpoint")
-    summary = (cls.__doc__ or cls.__name__).strip().splitlines()[0]
-    source = {"where": found.where, "digest": digest_now, "text": found.source_text}
-    if code is not None and len(code.files) > 1:
-        source["files"] = dict(code.files)  # the helpers it imports, by path from its folder
-    return PESpec(name, summary, cls, source=source)
-
-
-def file_digest_or_none(path) -> str | None:
-    from bamctl.fingerprints import file_digest
-
-    return None if path is None else file_digest(path)
 
 
 def check_plugin(cls, who: str) -> None:

@@ -286,7 +286,8 @@ def list_models(
     Example: bamctl models
     """
     from bamctl.catalog import catalog
-    from bamctl.positional import PLUGIN_GROUP, SSMAX_SUFFIX, installed_plugins
+    from bamctl.pe_plugins import PLUGIN_GROUP, installed_plugins
+    from bamctl.positional import SSMAX_SUFFIX
 
     entries = catalog()
     if json_output:

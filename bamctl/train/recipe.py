@@ -27,7 +27,7 @@ from pathlib import Path
 
 from bamctl.errors import BamctlError, did_you_mean
 from bamctl.model import PRESETS, ModelConfig
-from bamctl.positional import parse_pe_name
+from bamctl.pe_plugins import parse_pe_name
 
 # Evaluation uses small seeds (0, 1, 2, ...); every training passkey sample has a seed at
 # or above this offset, so no training prompt is ever an evaluation prompt.
