@@ -35,6 +35,30 @@ def _progress_display(total: int):
     )
 
 
+LINE_EVERY_S = 60.0  # at most this long between two progress lines when stderr is no terminal
+
+
+def _progress_lines(total: int):
+    """Progress as plain lines on stderr (step, loss, tokens/s, elapsed, time left): at every tenth
+    of the steps and at least every ``LINE_EVERY_S``, so a log shows a long run is alive."""
+    import time
+
+    started, last = time.monotonic(), [time.monotonic()]
+    tenth = max(1, total // 10)
+
+    def show(report) -> None:
+        now = time.monotonic()
+        if report.step % tenth and report.step != total and now - last[0] < LINE_EVERY_S:
+            return
+        last[0] = now
+        elapsed = now - started
+        left = elapsed / max(report.step, 1) * (total - report.step)
+        stderr.print(f"train step {report.step:,}/{total:,}: loss {report.loss:.4f}, {report.tokens_per_s:,.0f} tok/s, "
+                     f"{elapsed:,.0f} s elapsed, about {left:,.0f} s left", soft_wrap=True, highlight=False)
+
+    return show
+
+
 @app.command()
 def train(
     recipe: Annotated[str, typer.Option("--recipe", "-r", help="A shipped recipe's name (bam, rope-ssmax, ...: the recipe of that reference model) or a recipe TOML file (model, PE, data mix, optimiser, schedule, steps, seed).")],
@@ -74,8 +98,9 @@ def train(
 
     if cpu_allocator == "keep":
         keep_freed_cpu_memory()  # this process trains and exits; elsewhere than glibc nothing changes
-    if progress is None:
-        result = run_training(spec, target, device=device, data_dir=data, restart=restart)
+    if progress is None:  # stderr to a file or a scheduler's log: a line every tenth of the run or LINE_EVERY_S
+        result = run_training(spec, target, device=device, data_dir=data, restart=restart,
+                              on_step=_progress_lines(spec.train.steps))
     else:
         with progress:
             task = progress.add_task("train", total=spec.train.steps, loss="-", speed="-")
