@@ -215,6 +215,7 @@ class Attention(nn.Module):
         self.prior = pe_spec(cfg.pe, cfg.pe_source).build(cfg)
         self.transforms_qk = callable(getattr(self.prior, "transform_qk", None))
         self.transforms_after_cache = callable(getattr(self.prior, "transform_qk_after_cache", None))
+        self.observes = callable(getattr(self.prior, "observe", None))  # reads the layer's input (a forget gate)
         # SSMax's s_h, one per head and layer, initialised at ssmax_init (1, as in the SSMax paper).
         self.ssmax_scale = nn.Parameter(torch.full((cfg.n_heads,), float(cfg.ssmax_init))) if cfg.ssmax else None
         self.ssmax_scope = cfg.ssmax_scope
@@ -223,6 +224,8 @@ class Attention(nn.Module):
         """Outputs for rows ``keep_from:`` of the chunk; keys and values for all of its rows."""
         B, T, C = x.shape
         Q = T - keep_from  # queries asked for: a suffix of the chunk
+        if self.observes:  # the layer's normalised input, every row of every chunk, before any of it is attended
+            self.prior.observe(x, where.positions)
         k = self.wk(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
         v = self.wv(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
         q = self.wq(x[:, keep_from:]).view(B, Q, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, Q, Dh)

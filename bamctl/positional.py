@@ -564,7 +564,7 @@ PLUGIN_HOOKS = ("distance_table(max_distance), score_mod(score, b, h, q_idx, kv_
                 "content_bias(q, scores, q_positions, k_positions), content_scan(q, scores, q_positions, k_positions, "
                 "carry) or pair_bias(q, k, q_positions) with content_dependent = True, "
                 "transform_qk(q, k, q_positions, k_positions), transform_qk_after_cache(q, k, q_positions, k_positions), "
-                "embed(h, positions) or position_ids(token_indices)")
+                "embed(h, positions) or position_ids(token_indices); observe(x, positions) gives a bias hook the layer's input")
 # hooks a class may have alone (a bias's kinds are checked by their flags above)
 POSITION_HOOKS = ("distance_table", "score_mod", "transform_qk", "transform_qk_after_cache", "embed", "position_ids")
 
