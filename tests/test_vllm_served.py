@@ -214,3 +214,25 @@ def test_a_killed_server_keeps_finished_rows_and_the_rerun_computes_the_rest(smo
         assert len(rows) == 18 and rows["model_hash"].nunique() == 2  # all computed again, under another identity
     finally:
         server.stop()
+
+
+def test_lm_evals_local_completions_gives_bamctl_lm_evals_log_likelihoods(smollm2, served):
+    """lm-eval's own ``local-completions`` (echo + logprobs, its tokenizer the folder's) and ``bamctl
+    lm-eval`` through ``openai:`` on the same server: the same log-likelihoods and greedy flags."""
+    pytest.importorskip("lm_eval", reason="lm-eval not installed (the dev extra)")
+    from lm_eval.models.openai_completions import LocalCompletionsAPI
+
+    from bamctl.harness import BamctlLM
+    from test_harness import choice_pairs, requests
+
+    pairs = [pair for pair in choice_pairs() if pair[0]]  # a context to condition on (lm-eval fills an empty one its own way)
+    lm = BamctlLM(model="openai:smollm2", base_url=served.url)
+    try:
+        mine = lm.loglikelihood(requests("loglikelihood", pairs), disable_tqdm=True)
+    finally:
+        lm.close()
+    peer = LocalCompletionsAPI(model="smollm2", base_url=served.url + "/completions", tokenizer=str(smollm2),
+                               tokenizer_backend="huggingface", tokenized_requests=True, num_concurrent=1, max_retries=1)
+    theirs = peer.loglikelihood(requests("loglikelihood", pairs), disable_tqdm=True)
+    assert [greedy for _, greedy in mine] == [greedy for _, greedy in theirs]
+    assert max(abs(a - b) for (a, _), (b, _) in zip(mine, theirs, strict=True)) <= LOGPROB_TOL
