@@ -101,6 +101,9 @@ def evaluate(
     rope_factor: float | None = None,
     tensor_parallel: int | None = None,
     trust_remote_code: bool = False,
+    base_url: str | None = None,
+    endpoint: str | None = None,
+    concurrency: int | None = None,
     **unknown,
 ):
     """Evaluate ``models`` on ``task``; the rows of exactly this request, as a pandas DataFrame
@@ -201,7 +204,7 @@ def _checked_run(models, task, given: dict, baseline: str | None):
                           names=names, console=_console(), answer_logprob=given["answer_logprob"])
 
 
-INTEGERS = ("chunk_size", "stride", "bucket", "doc_tokens", "tensor_parallel")  # positive integers or None
+INTEGERS = ("chunk_size", "stride", "bucket", "doc_tokens", "tensor_parallel", "concurrency")  # positive integers or None
 FLAGS = ("force", "reuse", "quiet", "chat_template", "trust_remote_code", "answer_logprob")  # True or False
 
 

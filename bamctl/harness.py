@@ -51,7 +51,8 @@ NAME = "bamctl"  # --model bamctl
 TRUNCATE = "truncate"  # beyond_max: cut what is past the model's maximum as HFLM does (the plugin's default)
 BEYOND_MAX_CHOICES = (TRUNCATE, *BEYOND_MAX)  # and the back-end's own: run past it (warn) or refuse
 ENGINE_ARGS = ("device", "dtype", "chunk_size", "attention", "tokenizer", "beyond_max", "bos",
-               "prior_form", "rope_scaling", "rope_factor", "tensor_parallel", "trust_remote_code")
+               "prior_form", "rope_scaling", "rope_factor", "tensor_parallel", "trust_remote_code",
+               "base_url", "endpoint", "concurrency")
 
 
 def _count(value: Any) -> int:
@@ -85,12 +86,13 @@ def _text(value: Any) -> str:
 ARG_TYPES: dict[str, tuple[Callable[[Any], Any], str]] = {
     "chunk_size": (_count, "a positive integer"),
     "tensor_parallel": (_count, "a positive integer"),
+    "concurrency": (_count, "a positive integer"),
     "max_gen_toks": (_count, "a positive integer"),
     "max_batch_size": (_count, "a positive integer"),
     "rope_factor": (_number, "a number"),
     "trust_remote_code": (_flag, "True or False"),
     **{name: (_text, "text") for name in ("device", "dtype", "attention", "tokenizer", "beyond_max", "bos", "prior_form",
-                                               "rope_scaling")},
+                                               "rope_scaling", "base_url", "endpoint")},
 }
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-time set-up on a fresh machine (Python >= 3.11, no GPU needed). Safe to run again.
 #
-#   bash scripts/setup.sh           # .venv: bamctl with its test, Hugging Face and cluster extras
+#   bash scripts/setup.sh           # .venv: bamctl with its test, Hugging Face, cluster and served extras
 #   bash scripts/setup.sh --vllm    # .venv-vllm: the same with vLLM (its CPU build without a GPU)
 #
 # Installs into the active virtual environment, or else into .venv (.venv-vllm with --vllm) in
@@ -54,7 +54,7 @@ if ! "$PYTHON" -c "import torch" 2>/dev/null; then
     pip_install torch==2.13.0
   fi
 fi
-extras="dev,hf,cluster"
+extras="dev,hf,cluster,served"
 if [ "$with_vllm" = 1 ]; then
   if has_gpu; then
     extras="$extras,vllm"  # vLLM's CUDA build, with the torch it wants

@@ -11,6 +11,7 @@ from bamctl.backends.base import Backend
 from bamctl.checkpoint import new_random_model, save_checkpoint
 from bamctl.model import ModelConfig
 from test_external_vllm import fake_vllm  # noqa: F401  (a fixture, used by name)
+from test_vllm_served import served, smollm2  # noqa: F401  (fixtures, used by name)
 
 
 def _native(tmp_path, request):
@@ -44,16 +45,24 @@ def _py(tmp_path, request):
     return f"py:{builder}:build"
 
 
-OPENERS = {"native": _native, "bam": _authors, "hf": _hf, "vllm": _vllm, "py": _py}
+def _openai(tmp_path, request):
+    server = request.getfixturevalue("served")  # a real vllm serve of SmolLM2 (test_vllm_served.py); skips without vLLM
+    OPTIONS["openai"] = RunOptions(base_url=server.url)
+    return "openai:smollm2"
+
+
+OPENERS = {"native": _native, "bam": _authors, "hf": _hf, "vllm": _vllm, "py": _py, "openai": _openai}
 OPTIONS = {"native": RunOptions(device="cpu"), "bam": RunOptions(device="cpu"), "hf": RunOptions(device="cpu"), "vllm": RunOptions(),
            "py": RunOptions(device="cpu")}
+# openai: needs a real server, which only the vllm environment starts (marker vllm)
+NAMES = [pytest.param(name, marks=pytest.mark.vllm) if name == "openai" else name for name in sorted(BACKENDS)]
 
 
 def test_every_registered_back_end_is_covered_here():
     assert set(OPENERS) == set(BACKENDS)
 
 
-@pytest.mark.parametrize("name", sorted(BACKENDS))
+@pytest.mark.parametrize("name", NAMES)
 def test_each_back_end_states_its_feeding_and_tokenizer(name, tmp_path, request):
     cls = _class(BACKENDS[name].target)
     assert issubclass(cls, Backend) and not inspect.isabstract(cls)

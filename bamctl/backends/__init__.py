@@ -2,7 +2,7 @@
 
 A catalog name or checkpoint directory is served by bamctl's streaming engine
 (``native``); ``PREFIX:PATH`` references go to the back-end registered under PREFIX (``py:FILE.py:FUNCTION``:
-a plain PyTorch module a user's function builds);
+a plain PyTorch module a user's function builds; ``openai:NAME``: a model an OpenAI-compatible server serves);
 a bare path to the BAM authors' ``model.pt`` + ``args.json`` goes to ``authors``; a model
 object already in memory (``in_memory``) goes to the back-end its kind has on disk.
 Each back-end module is imported only when a reference asks for it, so heavy
@@ -26,6 +26,7 @@ from bamctl.backends.base import (
     ModuleOptions,
     ModelPeek,
     RunOptions,
+    ServedOptions,
     VLLMOptions,
     options_for,
 )
@@ -66,9 +67,11 @@ BACKENDS: dict[str, BackendEntry] = {
     "vllm": BackendEntry("bamctl.backends.vllm:VLLMBackend", VLLMOptions, "vllm: models", "bamctl.backends.hf_common:peek"),
     "py": BackendEntry("bamctl.backends.module:PyBackend", ModuleOptions, "py: models (plain PyTorch modules)",
                        "bamctl.backends.module:peek"),
+    "openai": BackendEntry("bamctl.backends.served:ServedBackend", ServedOptions,
+                           "openai: models (served through an OpenAI-compatible API)", "bamctl.backends.served:peek"),
 }
 # Prefixes a reference may carry: PREFIX:PATH.
-PREFIXES = ("bam", "hf", "vllm", "py")
+PREFIXES = ("bam", "hf", "vllm", "py", "openai")
 
 
 # A model reference may end in @KIND:FACTOR: that model with RoPE scaled at inference (rope@yarn:8).

@@ -221,6 +221,9 @@ class RunOptions:
     rope_scaling: str | None = None  # RoPE models at inference: linear, ntk or yarn ...
     rope_factor: float | None = None  # ... by this factor
     trust_remote_code: bool = False  # run code a model names: an hf: folder's auto_map, a checkpoint's PE plugin
+    base_url: str | None = None  # openai: the server (http://HOST:PORT/v1); else OPENAI_BASE_URL
+    endpoint: str | None = None  # openai: more servers of the same model (replicas), comma separated
+    concurrency: int | None = None  # openai: requests in flight at once
 
     def asked(self) -> dict[str, Any]:
         """The options the user set, by field name."""
@@ -373,6 +376,24 @@ class ModuleOptions:
     def __post_init__(self):
         positive(self.chunk_size, "chunk_size")
         _one_dtype(self.dtype, "a plain PyTorch module")
+        _check_bos(self.bos)
+
+
+@dataclass(frozen=True)
+class ServedOptions:
+    """A model behind an OpenAI-compatible server (``openai:NAME``): the server computes, bamctl
+    builds the prompts with the model's tokenizer and checks every count the server reports.
+    The API key is read from OPENAI_API_KEY only, never held here (options are recorded)."""
+
+    base_url: str | None = None  # None: OPENAI_BASE_URL
+    endpoint: str | None = None  # further replicas, comma separated
+    concurrency: int = 8  # requests in flight, spread over the servers
+    tokenizer: str | None = None  # a local Hugging Face tokenizer folder; None: the folder the server reports as its root
+    chat_template: bool = False
+    bos: str = "auto"
+
+    def __post_init__(self):
+        positive(self.concurrency, "concurrency")
         _check_bos(self.bos)
 
 

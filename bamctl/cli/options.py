@@ -168,6 +168,18 @@ EVALUATION: list[Param] = [
         help="hf:/vllm: models past their configured max positions: warn (the default; run anyway, extrapolation is the point) or refuse.")),
     Param("tensor_parallel", Optional[int], None, typer.Option(
         min=1, rich_help_panel=EXTERNAL_PANEL, help="vllm: number of GPUs one model is split over (default 1).")),
+    Param("base_url", Optional[str], None, typer.Option(
+        rich_help_panel=EXTERNAL_PANEL,
+        help="openai: the server's OpenAI-compatible API, e.g. --base-url http://127.0.0.1:8000/v1 (default: "
+        "OPENAI_BASE_URL). A key the server needs is read from OPENAI_API_KEY, never from an option, and never written.")),
+    Param("endpoint", Optional[str], None, typer.Option(
+        rich_help_panel=EXTERNAL_PANEL,
+        help="openai: more servers of the same model (replicas), comma separated, e.g. --endpoint "
+        "http://node2:8000/v1,http://node3:8000/v1; requests spread over them and --base-url, and a replica that stops "
+        "answering is left out.")),
+    Param("concurrency", Optional[int], None, typer.Option(
+        min=1, rich_help_panel=EXTERNAL_PANEL,
+        help="openai: requests in flight at once over all servers, e.g. --concurrency 16 (default 8).")),
     Param("bos", Optional[Bos], None, typer.Option(
         rich_help_panel=EXTERNAL_PANEL,
         help="A BOS token before each prompt or document: auto (the default; bam: none for passkey and RULER, one per "
