@@ -116,7 +116,7 @@ def test_a_row_without_fingerprint_is_recomputed_not_trusted(model, tmp_path, ca
     assert all(cell["score"] != pytest.approx(0.123) for cell in summary["cells"])
 
 
-def test_rows_of_other_prompts_are_summarised_apart(tmp_path):
+def test_models_of_other_prompts_share_a_table_and_a_models_own_other_prompts_are_apart(tmp_path):
     from results_fakes import fake_row
 
     from bamctl.results.summary import summarize
@@ -125,9 +125,12 @@ def test_rows_of_other_prompts_are_summarised_apart(tmp_path):
 
     rows = [fake_row("tiny-rope", score=1.0), fake_row("tiny-bam", score=0.0)]
     rows[1]["fingerprint"] = "other"
+    (summary,) = summarize(to_pandas(rows_to_table(rows)))  # two models, each one set of prompts: one table
+    assert summary.models == ["tiny-bam", "tiny-rope"] and not summary.distinct and len(summary.other_prompts) == 1
+    rows.append(fake_row("tiny-rope", score=0.0, seed=7))
+    rows[-1]["fingerprint"] = "other"  # one model's rows of two prompt sets are never pooled in a cell
     summaries = summarize(to_pandas(rows_to_table(rows)))
     assert len(summaries) == 2 and all(s.distinct and s.fingerprint in s.title for s in summaries)
-    assert [len(s.models) for s in summaries] == [1, 1]
 
 
 # What each generator builds for a fixed request, hashed, by generator version. When a change

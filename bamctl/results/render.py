@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from bamctl.results.schema import SCHEMA_VERSION
-from bamctl.results.stats import ALPHA, MCNEMAR, PERMUTATIONS, SIGN_FLIP, SIGN_FLIP_RANDOM, smallest_p
+from bamctl.results.stats import ALPHA, MCNEMAR, PERMUTATIONS, SIGN_FLIP, SIGN_FLIP_RANDOM, UNPAIRED, smallest_p
 from bamctl.results.summary import UNRECORDED, Summary
 
 BEST_STYLE = "bold green"
@@ -107,8 +107,20 @@ def paired_test_name(summary: Summary) -> str:
         MCNEMAR: f"exact McNemar test, one prompt per {summary.unit[:-1]}",
         SIGN_FLIP: f"exact sign-flip permutation test over {summary.unit}",
         SIGN_FLIP_RANDOM: f"sign-flip permutation test over {summary.unit}, {PERMUTATIONS:,} seeded random flips",
+        UNPAIRED: f"for models of other prompts, an unpaired two-sample permutation test over {summary.unit}, "
+                  f"{PERMUTATIONS:,} seeded shuffles",
     }
     return "; ".join(names[t] for t in dict.fromkeys(r.test for r in summary.paired))
+
+
+def prompt_lines(summary: Summary) -> list[str]:
+    """Models of this table that saw other prompts (another tokenizer built them from the same seeds
+    and lengths): why they are tested unpaired."""
+    if not summary.other_prompts:
+        return []
+    names = ", ".join(summary.other_prompts)
+    return [f"{names} saw other prompts than the rest (another tokenizer, the same seeds and lengths): no prompt "
+            f"pairs with one of theirs, so {'it is' if len(summary.other_prompts) == 1 else 'they are'} tested unpaired"]
 
 
 def reach_lines(summary: Summary) -> list[str]:
@@ -232,7 +244,8 @@ def caption(summary: Summary) -> str:
     if summary.baseline is not None:
         legend = (f"; ▲/▼ better/worse than {summary.baseline} on the same {unit} ({paired_test_name(summary)}, "
                   f"Holm-adjusted over lengths, p < {ALPHA:g})")
-    notes = "".join(f"; {line}" for line in reach_lines(summary) + dtype_lines(summary) + version_lines(summary))
+    notes = "".join(f"; {line}" for line in prompt_lines(summary) + reach_lines(summary) + dtype_lines(summary)
+                    + version_lines(summary))
     if summary.metric == "answer_logprob":
         return (f"{cells}mean answer log-probability (nats: the log-probabilities of the answer's scored tokens, "
                 f"summed, under teacher forcing) [95% bootstrap interval over the {unit}: {unit} resampled, each "
@@ -385,6 +398,7 @@ def summary_to_dict(summary: Summary) -> dict[str, Any]:
         "baseline": summary.baseline,
         "paired": [r.to_dict() for r in summary.paired],
         "out_of_reach": [r.to_dict() for r in summary.out_of_reach],
+        "other_prompts": list(summary.other_prompts),
     }
     if summary.effective is not None:
         out["effective_length"] = [

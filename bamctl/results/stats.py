@@ -68,6 +68,7 @@ PAIR_COLUMNS = ("length", "depth", "seed", "sample", "position")
 MCNEMAR = "mcnemar"  # every draw one 0/1 prompt: the exact McNemar test (closed form)
 SIGN_FLIP = "sign-flip"  # exact sign-flip test over draws, every pattern enumerated
 SIGN_FLIP_RANDOM = "sign-flip-random"  # the same test on PERMUTATIONS seeded random patterns
+UNPAIRED = "permutation-unpaired"  # models that saw other prompts: their draws' labels permuted (``unpaired_tests``)
 
 
 @dataclass(frozen=True)
@@ -333,3 +334,49 @@ def mean_interval_over_draws(values: np.ndarray, draws: np.ndarray, seed: int = 
     if len(per_draw) < 2:
         return (math.nan, math.nan)
     return bootstrap_interval(per_draw, seed, resamples)
+
+
+# -- models that saw other prompts: unpaired ---------------------------------------------------
+
+
+def unpaired_tests(rows: pd.DataFrame, models: list[str], baseline: str) -> list[PairedResult]:
+    """Each of ``models`` against the baseline, at each length both ran, where no prompt of one is a
+    prompt of the other (another tokenizer built other prompts from the same seeds): the draws of the
+    two are independent samples, so the test is unpaired (``draw_permutation_test``), Holm-adjusted
+    across lengths as the paired ones are. ``rows`` carry ``_label`` and ``_draw``."""
+    results: list[PairedResult] = []
+    for model in models:
+        own = []
+        for length, group in rows.groupby("length", sort=True):
+            m, b = group[group["_label"] == model], group[group["_label"] == baseline]
+            if m.empty or b.empty:
+                continue
+            own.append(PairedResult(model, baseline, int(length), *draw_permutation_test(
+                m["score"].to_numpy(), m["_draw"].to_numpy(), b["score"].to_numpy(), b["_draw"].to_numpy())))
+        adjusted = holm([r.p for r in own])
+        results += [PairedResult(**{**asdict(r), "p_holm": p}) for r, p in zip(own, adjusted)]
+    return results
+
+
+def draw_permutation_test(m: np.ndarray, m_draws: np.ndarray, b: np.ndarray, b_draws: np.ndarray,
+                          seed: int = SEED, resamples: int = PERMUTATIONS) -> tuple:
+    """Two independent samples of draws, each draw the mean of its prompts' scores: the difference of
+    their means (model - baseline); two-sided p of the two-sample permutation test (the draws' labels
+    shuffled, ``resamples`` seeded shuffles, p = (1 + hits) / (resamples + 1)); the 95% percentile
+    interval of the difference by resampling each sample's draws on its own (seeded). Returns
+    (n, n_draws, test, difference, lo, hi, p, p_min) as ``draw_sign_flip_test`` does: n the prompts
+    and n_draws the draws of both."""
+    per_m = pd.Series(np.asarray(m, dtype=float)).groupby(np.asarray(m_draws)).mean().to_numpy()
+    per_b = pd.Series(np.asarray(b, dtype=float)).groupby(np.asarray(b_draws)).mean().to_numpy()
+    observed = per_m.mean() - per_b.mean()
+    pooled, k = np.concatenate([per_m, per_b]), len(per_m)
+    rng = np.random.default_rng(seed)
+    shuffled = np.array([rng.permutation(pooled) for _ in range(resamples)])
+    differences = shuffled[:, :k].mean(axis=1) - shuffled[:, k:].mean(axis=1)
+    p = float((1 + np.sum(np.abs(differences) >= abs(observed) - 1e-12)) / (resamples + 1))
+    boot = np.random.default_rng(seed + 1)
+    means_m = per_m[boot.integers(0, len(per_m), size=(BOOTSTRAPS, len(per_m)))].mean(axis=1)
+    means_b = per_b[boot.integers(0, len(per_b), size=(BOOTSTRAPS, len(per_b)))].mean(axis=1)
+    spread = means_m - means_b
+    return (len(m) + len(b), len(per_m) + len(per_b), UNPAIRED, float(observed), float(np.quantile(spread, 0.025)),
+            float(np.quantile(spread, 0.975)), p, 1 / (resamples + 1))

@@ -39,6 +39,7 @@ import pandas as pd
 from bamctl.errors import BamctlError
 from bamctl.results.stats import (
     Z_95, draw_ids, mean_interval_over_draws, one_copy_per_document, out_of_reach, paired_tests, scored_alike,
+    unpaired_tests,
 )
 
 # Rows are pooled only within one (task, protocol, setting), one fingerprint and one dtype: rows
@@ -327,6 +328,7 @@ class Summary:
     other_dtypes: tuple = ()  # (dtype, models) of this (task, protocol, setting) in other dtypes: in tables of their own
     relative: float | None = None  # --relative: the share of each model's own base score that counts (None: not asked)
     relative_effective: pd.DataFrame | None = None  # relative_effective_length's, for accuracy tables when asked
+    other_prompts: tuple = ()  # models that saw other prompts than the table's (another tokenizer): tested unpaired
 
     @property
     def unit(self) -> str:
@@ -399,9 +401,9 @@ def summarize(
     current = None if current_versions is None else set(current_versions)
     summaries = []
     frame = with_fingerprint_labels(frame)
-    groups = frame.groupby(list(GROUP_COLUMNS), sort=True)
-    keys = [key for key, _ in groups]
-    shared = pd.Series([key[:3] for key in {key[:4] for key in keys}]).value_counts()  # fingerprints per triple
+    groups = list(table_groups(frame))
+    keys = [key for key, _, _ in groups]
+    shared = pd.Series([key[:3] for key in {key[:4] for key in keys}]).value_counts()  # tables of other prompts per triple
     dtypes = pd.Series([key[:3] for key in {key[:3] + key[4:] for key in keys}]).value_counts()
     # (task, protocol, setting) -> dtype -> models, labelled over the whole triple: one checkpoint run by
     # hf: and by vllm: in two dtypes is then named with its back-end in each table's caption
@@ -409,7 +411,7 @@ def summarize(
     for triple, rows in frame.groupby(list(GROUP_COLUMNS[:3]), sort=True):
         labels = model_labels(rows)
         models_by_dtype[triple] = {str(d): set(labels[rows["dtype"] == d]) for d in rows["dtype"].unique()}
-    for (task, protocol, setting, fingerprint, dtype), rows in groups:
+    for (task, protocol, setting, fingerprint, dtype), rows, other_prompts in groups:
         if metric == "answer_logprob":
             _require_answer_logprobs(rows, task)
         if is_perplexity(rows):
@@ -432,7 +434,10 @@ def summarize(
         alike = kind != "perplexity" or scored_alike(labelled)
         paired = ()
         if baseline is not None and baseline in labels and len(labels) > 1 and alike:
-            paired = tuple(paired_tests(labelled, labels, baseline, "perplexity" if kind == "perplexity" else "accuracy"))
+            alike_labels = [label for label in labels if label not in other_prompts]
+            paired = tuple(paired_tests(labelled, alike_labels, baseline, "perplexity" if kind == "perplexity" else "accuracy"))
+            if kind != "perplexity":  # another vocabulary's NLLs are of other tokens: nothing to test
+                paired += tuple(unpaired_tests(labelled, [label for label in labels if label in other_prompts], baseline))
         versions = compute_versions(rows)
         summaries.append(Summary(
             str(task), str(protocol), str(setting), kind, table, effective, threshold, str(fingerprint), distinct,
@@ -442,8 +447,28 @@ def summarize(
             other_dtypes=tuple((other, tuple(sorted(names))) for other, names in sorted(models_by_dtype[(task, protocol, setting)].items())
                                if other != str(dtype)),
             relative=relative if relative_effective is not None else None, relative_effective=relative_effective,
+            other_prompts=tuple(label for label in labels if label in other_prompts),
         ))
     return summaries
+
+
+def table_groups(frame: pd.DataFrame):
+    """(key, rows, models of other prompts) for each table: one per (task, protocol, setting, dtype).
+    Models whose prompts differ (another tokenizer built other prompts from the same seeds and
+    lengths) share the table, each named in ``other_prompts``, tested unpaired against the baseline;
+    the key's fingerprint is the prompts of most rows. Only where one model's rows hold prompts of two
+    fingerprints (rows from before and after a task changed) is the table split by fingerprint, so
+    no cell ever pools rows of other prompts."""
+    for (task, protocol, setting, dtype), rows in frame.groupby(list(TABLE_COLUMNS), sort=True):
+        labels = model_labels(rows)
+        per_model = rows["fingerprint"].groupby(labels).nunique()
+        if (per_model > 1).any() or rows["fingerprint"].nunique() == 1:
+            for fingerprint, part in rows.groupby("fingerprint", sort=True):
+                yield (task, protocol, setting, fingerprint, dtype), part, frozenset()
+            continue
+        main = rows["fingerprint"].value_counts().index[0]
+        other = frozenset(labels[rows["fingerprint"] != main])
+        yield (task, protocol, setting, main, dtype), rows, other
 
 
 def check_metric(metric: str) -> None:
@@ -477,11 +502,19 @@ def with_fingerprint_labels(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.assign(fingerprint=frame["fingerprint"].astype(object).where(frame["fingerprint"].notna(), NO_FINGERPRINT))
 
 
+TABLE_COLUMNS = ("task", "protocol", "setting", "dtype")  # one table's; its models may differ in prompts (table_groups)
+
+
 def _require_one_group(frame: pd.DataFrame) -> None:
-    groups = with_fingerprint_labels(frame)[list(GROUP_COLUMNS)].drop_duplicates()
+    """One table's rows: one (task, protocol, setting, dtype), and one fingerprint per model, so no
+    cell pools rows of other prompts."""
+    frame = with_fingerprint_labels(frame)
+    groups = frame[list(TABLE_COLUMNS)].drop_duplicates()
     if len(groups) > 1:
         found = ", ".join("/".join(map(str, g)) for g in groups.itertuples(index=False))
-        raise ValueError(f"rows mix several ({', '.join(GROUP_COLUMNS)}): {found}; split them with summarize()")
+        raise ValueError(f"rows mix several ({', '.join(TABLE_COLUMNS)}): {found}; split them with summarize()")
+    if (frame["fingerprint"].groupby(model_labels(frame)).nunique() > 1).any():
+        raise ValueError("a model's rows mix prompts of several fingerprints; split them with summarize()")
 
 
 def _widen(cells: pd.DataFrame, rows: pd.DataFrame, fields: Sequence[str], models: Sequence[str] | None) -> pd.DataFrame:

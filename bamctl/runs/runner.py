@@ -300,13 +300,13 @@ class _ModelRun:
             self.say(line)
 
     def _note_other_prompts(self, evaluation) -> None:
-        """Models whose tokenizers differ see other prompts: say so (their rows are summarised apart)."""
+        """Models whose tokenizers differ see other prompts: say so (they share a table, tested unpaired)."""
         key = (evaluation.request.task, evaluation.plan.spec.protocol)
         fingerprint = evaluation.common["fingerprint"]
         first = self.prompts.setdefault(key, (self.name, fingerprint, evaluation.backend.tokenizer.name))
         if first[1] != fingerprint:
             self.say(f"note: {self.name} sees other {key[0]} prompts than {first[0]} (tokenizer "
-                     f"{evaluation.backend.tokenizer.name} against {first[2]}); their results are summarised apart")
+                     f"{evaluation.backend.tokenizer.name} against {first[2]}): one table, tested unpaired")
 
 
 def _options_per_model(models: list, run, say) -> list:
