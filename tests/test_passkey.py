@@ -116,6 +116,22 @@ def test_teacher_forced_scoring(tok):
     assert passkey_digit_hits(right[:4], sample)[0] is False
 
 
+@pytest.mark.parametrize("digit", [0, 4])
+def test_a_key_wrong_in_one_end_digit_alone_scores_zero(tok, digit):
+    # The first and the last digit are where a scorer that slices its hits would look past a miss;
+    # a key wrong in its last digit alone is the miss the baselines record reports at depth 0.
+    sample = _one(tok, 1024, 0.0)
+    right = list(sample.target_ids)
+    assert len(right) == 5
+    wrong = list(right)
+    wrong[digit] = right[digit] + 1
+    hits = [True] * 5
+    hits[digit] = False
+    assert passkey_digit_hits(wrong, sample) == (False, hits)
+    assert score("passkey_exact", wrong, sample) == 0.0
+    assert score("passkey_digits", wrong, sample) == pytest.approx(0.8)
+
+
 def test_landmark_scoring_takes_the_first_integer(tok):
     sample = _one(tok, 1024, 0.5, protocol="landmark")
     key = sample.answers[0]

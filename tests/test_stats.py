@@ -297,6 +297,23 @@ def test_with_one_prompt_per_draw_the_sign_flip_test_is_exact_mcnemar():
             assert draw_sign_flip_test(m, b, np.zeros(n))[:3] == (n, 1, "sign-flip")
 
 
+def test_the_mcnemar_interval_holds_the_difference_printed_beside_it_and_mirrors_when_the_models_swap():
+    # 8 keys the model finds and the baseline misses, 1 the other way, 31 alike: d = 7/40 = 0.175.
+    # The Wald interval is centred on d (half = 1.96 sqrt(9 - 49/40) / 40 = 0.1366), so it holds d
+    # and not -d; with the models swapped every figure changes sign and the interval mirrors.
+    m = np.array([1.0] * 8 + [0.0] * 1 + [1.0] * 20 + [0.0] * 11)
+    b = np.array([0.0] * 8 + [1.0] * 1 + [1.0] * 20 + [0.0] * 11)
+    n, k, test, difference, lo, hi, p, _ = draw_sign_flip_test(m, b, np.arange(40))
+    assert (n, k, test) == (40, 40, "mcnemar")
+    assert difference == pytest.approx(0.175)
+    half = 1.959963984540054 * math.sqrt(9 - 49 / 40) / 40
+    assert (lo, hi) == pytest.approx((0.175 - half, 0.175 + half))
+    assert lo < difference < hi and not lo < -difference < hi
+    _, _, _, swapped, swapped_lo, swapped_hi, swapped_p, _ = draw_sign_flip_test(b, m, np.arange(40))
+    assert (swapped, swapped_lo, swapped_hi) == pytest.approx((-difference, -hi, -lo))
+    assert swapped_p == pytest.approx(p)
+
+
 def test_the_key_level_interval_is_scipys_wilson_on_the_keys():
     # 8 keys, 6 right at every depth and 2 wrong at every depth: 30 of 40 prompts, 6 of 8 keys
     (summary,) = summarize(_keyed({"tiny-bam": _per_key([1, 1, 1, 0, 1, 1, 0, 1])}))

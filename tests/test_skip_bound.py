@@ -1,0 +1,62 @@
+"""The skipped-mass guarantee, 2^-40 of a row, held against literals of its own rather than the
+constants ``bamctl.engine.block_skip`` exports: a test that imports ``EPSILON`` moves with it, so a
+weakened constant would pass it. The C++ kernel keeps its own copy of the margin
+(``kEpsilonNats`` in ``bamctl/engine/csrc/bam_attention.cpp``); it is read here from the source
+and held to the same literal, so the blockwise, flex and native paths cannot drift apart.
+
+The C++ constant is compared, not generated from the Python one: the kernel's source enters the
+compute version of every row it computes and names its build, so passing the value in at build
+time would move both for no change in any number.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from bamctl.engine import block_skip
+from bamctl.engine.block_skip import negligible, skip_margin
+
+GUARANTEE_BITS = 40  # docs/engine.md, "Certified block skipping": below 2^-40 of a row's mass
+GUARANTEE = 2.0**-40
+KERNEL = Path(block_skip.__file__).with_name("csrc") / "bam_attention.cpp"
+
+
+def test_the_bound_is_two_to_the_minus_forty_of_a_row():
+    assert block_skip.EPSILON == GUARANTEE
+    assert block_skip.EPSILON_NATS == pytest.approx(GUARANTEE_BITS * math.log(2.0), rel=1e-12)
+    # i = 0 sees one key: the margin is log(2^40) itself; i = 1023 sees 1024 keys: 2^50 in all
+    assert skip_margin(torch.tensor([0, 1023])).tolist() == pytest.approx([40 * math.log(2), 50 * math.log(2)], rel=1e-6)
+
+
+@pytest.mark.parametrize("position", [0, 1023, 65535])
+def test_a_block_is_left_out_only_when_every_key_it_could_hold_is_below_the_guarantee(position):
+    # A row at absolute position i sees i + 1 keys. A block whose logits are all `below` nats under
+    # a logit the row has computed may be left out only when i + 1 keys that far down hold less
+    # than 2^-40 of the row: (i + 1) e^-below < 2^-40, i.e. below > 40 ln 2 + ln(i + 1).
+    positions = torch.tensor([position])
+    lower = torch.tensor([3.0])
+    threshold = GUARANTEE_BITS * math.log(2.0) + math.log(position + 1)
+    for below in (threshold - 8.0, threshold - 0.5, threshold - 0.01):  # 2^-28.5 and up of the row: kept
+        assert (position + 1) * math.exp(-below) > GUARANTEE
+        assert not negligible(lower - below, lower, positions).item()
+    for below in (threshold + 0.01, threshold + 5.0):
+        assert (position + 1) * math.exp(-below) < GUARANTEE
+        assert negligible(lower - below, lower, positions).item()
+
+
+def _kernel_constant(name: str) -> float:
+    match = re.search(rf"constexpr\s+float\s+{name}\s*=\s*([0-9.eE+-]+)f?\s*;", KERNEL.read_text())
+    assert match, f"{name} is not declared in {KERNEL.name}"
+    return float(match.group(1))
+
+
+def test_the_cpp_kernel_skips_by_the_same_bound():
+    kernel = _kernel_constant("kEpsilonNats")
+    assert kernel == pytest.approx(GUARANTEE_BITS * math.log(2.0), abs=1e-6)  # float32 keeps ~7 digits
+    assert kernel == pytest.approx(block_skip.EPSILON_NATS, abs=1e-6)
+    assert _kernel_constant("kSlack") == block_skip.SLACK
