@@ -8,12 +8,14 @@ an implementation independent of ours.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pandas as pd
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis", reason="hypothesis not installed (a dev extra: pip install hypothesis)")
-from hypothesis import given, settings  # noqa: E402
+from hypothesis import Phase, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from bamctl.results.stats import draw_sign_flip_test, holm, mcnemar_exact, paired_difference_interval  # noqa: E402
@@ -25,6 +27,11 @@ scipy_stats = pytest.importorskip("scipy.stats", reason="scipy not installed (a 
 
 # Modest and without a deadline: the default suite stays fast, and a loaded machine does not flake.
 SETTINGS = settings(max_examples=60, deadline=None)
+# scripts/mutation.sh runs these once per mutant, where a failure counts as found and shrinking it
+# to the smallest example would only spend the run's time.
+settings.register_profile("mutation", phases=[Phase.explicit, Phase.reuse, Phase.generate])
+if os.environ.get("BAMCTL_HYPOTHESIS_PROFILE"):
+    settings.load_profile(os.environ["BAMCTL_HYPOTHESIS_PROFILE"])
 TOLERANCE = 1e-9  # float rounding between a mean and the same mean resampled
 
 
