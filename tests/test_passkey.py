@@ -145,3 +145,21 @@ def test_landmark_scoring_takes_the_first_integer(tok):
 def test_unknown_protocol(tok, protocol):
     with pytest.raises(BamctlError, match="unknown protocol"):
         generate_samples("passkey", [1024], 1, 0, tok, protocol=protocol)
+
+
+def test_the_filler_breaks_after_every_sentence_end_and_the_white_space_that_follows_it(tok):
+    # the needle goes in at one of these offsets: after '.', '!' or '?', or after the blank lines
+    # after one, never inside a sentence
+    from bamctl.tasks.passkey import _sentence_breaks
+
+    ids = tok.encode("Go. Stop! Why?\n\nEnd")
+    assert [tok.decode([i]) for i in ids] == ["Go", ".", " Stop", "!", " Why", "?", "\n", "\n", "End"]
+    assert _sentence_breaks(tok, tuple(ids)) == (2, 4, 6, 7, 8)
+
+
+def test_a_sample_with_no_key_digits_scores_zero_digits(tok):
+    import dataclasses
+
+    empty = dataclasses.replace(_one(tok, 1024, 0.5), target_ids=[])
+    assert score("passkey_digits", [], empty) == 0.0
+    assert score("passkey_exact", [], empty) == 0.0

@@ -60,3 +60,9 @@ def test_the_cpp_kernel_skips_by_the_same_bound():
     assert kernel == pytest.approx(GUARANTEE_BITS * math.log(2.0), abs=1e-6)  # float32 keeps ~7 digits
     assert kernel == pytest.approx(block_skip.EPSILON_NATS, abs=1e-6)
     assert _kernel_constant("kSlack") == block_skip.SLACK
+
+
+def test_the_skipped_mass_bound_is_each_blocks_keys_at_their_bound_over_the_row_total():
+    # two blocks of 3 and 5 keys, every logit at most -1 and -2, in a row whose logsumexp is 0.5
+    bound = block_skip.skipped_mass_bound(torch.tensor([[-1.0, -2.0]]), torch.tensor([3, 5]), torch.tensor([0.5]))
+    assert bound.item() == pytest.approx((3 * math.exp(-1) + 5 * math.exp(-2)) / math.exp(0.5), rel=1e-6)
