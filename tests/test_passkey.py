@@ -163,3 +163,16 @@ def test_a_sample_with_no_key_digits_scores_zero_digits(tok):
     empty = dataclasses.replace(_one(tok, 1024, 0.5), target_ids=[])
     assert score("passkey_digits", [], empty) == 0.0
     assert score("passkey_exact", [], empty) == 0.0
+
+
+def test_key_depths_are_torchs_float32_linspace_truncated():
+    # the authors place the key at torch.linspace(0, n, k)[i].long(); torch is the reference here, as
+    # in tests/test_fidelity_passkey.py, which the mutation run does not select. From k = 15 on,
+    # torch's vectorised kernel rounds some points otherwise (a fused multiply-add), so k stays below.
+    import torch
+
+    from bamctl.tasks.passkey import linspace_point
+
+    for end in [*range(400), 4093, 65_531, 524_287, 1_048_573]:
+        for steps in range(1, 12):
+            assert [linspace_point(end, i, steps) for i in range(steps)] == torch.linspace(0, end, steps).long().tolist()
