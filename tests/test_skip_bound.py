@@ -66,3 +66,15 @@ def test_the_skipped_mass_bound_is_each_blocks_keys_at_their_bound_over_the_row_
     # two blocks of 3 and 5 keys, every logit at most -1 and -2, in a row whose logsumexp is 0.5
     bound = block_skip.skipped_mass_bound(torch.tensor([[-1.0, -2.0]]), torch.tensor([3, 5]), torch.tensor([0.5]))
     assert bound.item() == pytest.approx((3 * math.exp(-1) + 5 * math.exp(-2)) / math.exp(0.5), rel=1e-6)
+
+
+def test_the_skipped_mass_bound_sums_over_blocks_per_row_in_the_bounds_precision():
+    # (heads, rows, blocks) in float64: the sum runs over the last axis, each row on its own
+    upper = torch.tensor([[[-1.0, -2.0, -30.0], [-3.0, -4.0, -5.0]]], dtype=torch.float64)
+    counts = torch.tensor([3, 5, 7])
+    total = torch.tensor([[0.5, -1.0]], dtype=torch.float64)
+    bound = block_skip.skipped_mass_bound(upper, counts, total)
+    assert bound.shape == (1, 2) and bound.dtype == torch.float64
+    for row, lse in enumerate((0.5, -1.0)):
+        expected = sum(c * math.exp(u) for c, u in zip((3, 5, 7), upper[0, row].tolist())) / math.exp(lse)
+        assert bound[0, row].item() == pytest.approx(expected, rel=1e-13)
