@@ -181,3 +181,15 @@ def test_a_scaled_model_is_another_model_per_scaling_and_per_weights():
     assert scaled_hash("abc123", None) == "abc123"
     hashes = {scaled_hash(h, s) for h in ("abc123", "def456") for s in ("yarn:4", "linear:2")}
     assert len(hashes) == 4 and not hashes & {"abc123", "def456"}
+
+
+def test_a_digest_ignores_key_order_reads_paths_as_text_and_hashes_utf8_json():
+    from pathlib import Path
+
+    from bamctl.fingerprints import digest
+
+    assert digest({"a": 1, "b": [2, 3]}) == digest({"b": [2, 3], "a": 1})
+    assert digest({"corpus": Path("texts/pg.txt")}) == digest({"corpus": "texts/pg.txt"})
+    # the definition restated, on text outside ASCII: stored rows' fingerprints must not move
+    expected = hashlib.sha256(json.dumps({"name": "Gödel"}, ensure_ascii=False).encode()).hexdigest()[:16]
+    assert digest({"name": "Gödel"}) == expected

@@ -78,3 +78,13 @@ def test_the_skipped_mass_bound_sums_over_blocks_per_row_in_the_bounds_precision
     for row, lse in enumerate((0.5, -1.0)):
         expected = sum(c * math.exp(u) for c, u in zip((3, 5, 7), upper[0, row].tolist())) / math.exp(lse)
         assert bound[0, row].item() == pytest.approx(expected, rel=1e-13)
+
+
+def test_near_the_line_large_logits_keep_a_rounding_slack_of_ten_to_the_minus_five_of_their_size():
+    # float32 rounds logits near 10^4 by about 10^-3; a block that close to the line is kept: the
+    # slack is 1e-5 (|upper| + |lower|), 0.2 here, and only a block further down is left out
+    positions = torch.tensor([1023])
+    lower = torch.tensor([10_000.0])
+    line = lower - skip_margin(positions)
+    assert not negligible(line - 0.1, lower, positions).item()
+    assert negligible(line - 0.5, lower, positions).item()
