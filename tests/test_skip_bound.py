@@ -88,3 +88,15 @@ def test_near_the_line_large_logits_keep_a_rounding_slack_of_ten_to_the_minus_fi
     line = lower - skip_margin(positions)
     assert not negligible(line - 0.1, lower, positions).item()
     assert negligible(line - 0.5, lower, positions).item()
+
+
+def test_a_blocks_bias_range_is_the_bias_over_every_row_and_key_it_pairs():
+    # by brute force over the rows and keys of each block: distances i - j, clamped to [0, last]
+    table = torch.stack([-torch.arange(40.0) * 0.5, torch.arange(40.0) ** 0.5])  # (H=2, 40 distances: the far block runs past)
+    first, rows, cols = 40, 4, 8
+    starts = torch.tensor([0, 8, 36, 40])  # far, nearer, over the diagonal, wholly in the future
+    high, low = block_skip.block_bias_range(table, first, rows, starts, cols)
+    for n, start in enumerate(starts.tolist()):
+        distances = [min(max(i - j, 0), 39) for i in range(first, first + rows) for j in range(start, start + cols)]
+        values = table[:, distances]
+        assert high[:, n].tolist() == values.amax(-1).tolist() and low[:, n].tolist() == values.amin(-1).tolist()
