@@ -163,3 +163,41 @@ def test_generator_versions_pin_what_they_build(generator):
     version = GENERATORS[generator].version
     assert version in PINNED[generator], f"record the samples of {generator} version {version}: {built}"
     assert PINNED[generator][version] == built, f"{generator}'s samples changed ({built}): raise its version"
+
+
+def test_a_file_rewritten_is_digested_again_whether_its_size_or_its_time_changed(tmp_path):
+    import os
+
+    from bamctl.fingerprints import file_digest
+
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(b"first text")
+    first = file_digest(path)
+    stamp = path.stat().st_mtime_ns
+    path.write_bytes(b"other text, longer")  # another size, the same time
+    os.utime(path, ns=(stamp, stamp))
+    second = file_digest(path)
+    assert second != first
+    path.write_bytes(b"third text, longer")  # the same size, another time
+    os.utime(path, ns=(stamp + 10**9, stamp + 10**9))
+    assert file_digest(path) not in (first, second)
+
+
+def test_a_scaled_model_is_another_model_per_scaling_and_per_weights():
+    from bamctl.fingerprints import scaled_hash
+
+    assert scaled_hash("abc123", None) == "abc123"
+    hashes = {scaled_hash(h, s) for h in ("abc123", "def456") for s in ("yarn:4", "linear:2")}
+    assert len(hashes) == 4 and not hashes & {"abc123", "def456"}
+
+
+def test_a_digest_ignores_key_order_reads_paths_as_text_and_hashes_utf8_json():
+    from pathlib import Path
+
+    from bamctl.fingerprints import digest
+
+    assert digest({"a": 1, "b": [2, 3]}) == digest({"b": [2, 3], "a": 1})
+    assert digest({"corpus": Path("texts/pg.txt")}) == digest({"corpus": "texts/pg.txt"})
+    # the definition restated, on text outside ASCII: stored rows' fingerprints must not move
+    expected = hashlib.sha256(json.dumps({"name": "Gödel"}, ensure_ascii=False).encode()).hexdigest()[:16]
+    assert digest({"name": "Gödel"}) == expected

@@ -116,6 +116,22 @@ def test_teacher_forced_scoring(tok):
     assert passkey_digit_hits(right[:4], sample)[0] is False
 
 
+@pytest.mark.parametrize("digit", [0, 4])
+def test_a_key_wrong_in_one_end_digit_alone_scores_zero(tok, digit):
+    # The first and the last digit are where a scorer that slices its hits would look past a miss;
+    # a key wrong in its last digit alone is the miss the baselines record reports at depth 0.
+    sample = _one(tok, 1024, 0.0)
+    right = list(sample.target_ids)
+    assert len(right) == 5
+    wrong = list(right)
+    wrong[digit] = right[digit] + 1
+    hits = [True] * 5
+    hits[digit] = False
+    assert passkey_digit_hits(wrong, sample) == (False, hits)
+    assert score("passkey_exact", wrong, sample) == 0.0
+    assert score("passkey_digits", wrong, sample) == pytest.approx(0.8)
+
+
 def test_landmark_scoring_takes_the_first_integer(tok):
     sample = _one(tok, 1024, 0.5, protocol="landmark")
     key = sample.answers[0]
@@ -129,3 +145,34 @@ def test_landmark_scoring_takes_the_first_integer(tok):
 def test_unknown_protocol(tok, protocol):
     with pytest.raises(BamctlError, match="unknown protocol"):
         generate_samples("passkey", [1024], 1, 0, tok, protocol=protocol)
+
+
+def test_the_filler_breaks_after_every_sentence_end_and_the_white_space_that_follows_it(tok):
+    # the needle goes in at one of these offsets: after '.', '!' or '?', or after the blank lines
+    # after one, never inside a sentence
+    from bamctl.tasks.passkey import _sentence_breaks
+
+    ids = tok.encode("Go. Stop! Why?\n\nEnd")
+    assert [tok.decode([i]) for i in ids] == ["Go", ".", " Stop", "!", " Why", "?", "\n", "\n", "End"]
+    assert _sentence_breaks(tok, tuple(ids)) == (2, 4, 6, 7, 8)
+
+
+def test_a_sample_with_no_key_digits_scores_zero_digits(tok):
+    import dataclasses
+
+    empty = dataclasses.replace(_one(tok, 1024, 0.5), target_ids=[])
+    assert score("passkey_digits", [], empty) == 0.0
+    assert score("passkey_exact", [], empty) == 0.0
+
+
+def test_key_depths_are_torchs_float32_linspace_truncated():
+    # the authors place the key at torch.linspace(0, n, k)[i].long(); torch is the reference here, as
+    # in tests/test_fidelity_passkey.py, which the mutation run does not select. From k = 15 on,
+    # torch's vectorised kernel rounds some points otherwise (a fused multiply-add), so k stays below.
+    import torch
+
+    from bamctl.tasks.passkey import linspace_point
+
+    for end in [*range(400), 4093, 65_531, 524_287, 1_048_573]:
+        for steps in range(1, 12):
+            assert [linspace_point(end, i, steps) for i in range(steps)] == torch.linspace(0, end, steps).long().tolist()

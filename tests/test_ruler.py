@@ -211,3 +211,22 @@ def test_per_sample_scores_are_unrounded_and_only_rulers_aggregate_rounds():
     assert per_sample[0] == 1 / 3
     assert sum(per_sample) / 20 * 100 == pytest.approx(100 * 19 / 60, abs=1e-12)
     assert string_match_all(predictions, [sample.answers] * 20) == round(sum(per_sample) / 20 * 100, 2) == 31.67
+
+
+def _nll_sample() -> Sample:
+    return Sample(task="ppl", protocol="sliding", length=8, n_tokens=0, depth=None, seed=0, index=0, prompt="",
+                  input_ids=[], answers=[], needle_positions=[], scoring="nll")
+
+
+def test_mean_nll_is_the_span_nll_per_scored_token_and_nan_without_tokens():
+    import math
+
+    assert score("mean_nll", (10.0, 4), _nll_sample()) == 2.5
+    assert math.isnan(score("mean_nll", (0.0, 0), _nll_sample()))
+
+
+def test_an_unknown_metric_is_refused_with_the_close_names():
+    from bamctl.errors import BamctlError
+
+    with pytest.raises(BamctlError, match=r"^unknown metric 'passkey_exac'; did you mean passkey_exact"):
+        score("passkey_exac", [], _nll_sample())

@@ -17,8 +17,12 @@ from bamctl.results.stats import (
     draws_needed,
     holm,
     mcnemar_exact,
+    one_copy_per_document,
     paired_difference_interval,
+    paired_tests,
+    scored_alike,
     sign_flip_p,
+    sign_flips_are_enumerated,
     smallest_p,
 )
 from bamctl.results.store import to_pandas
@@ -297,6 +301,23 @@ def test_with_one_prompt_per_draw_the_sign_flip_test_is_exact_mcnemar():
             assert draw_sign_flip_test(m, b, np.zeros(n))[:3] == (n, 1, "sign-flip")
 
 
+def test_the_mcnemar_interval_holds_the_difference_printed_beside_it_and_mirrors_when_the_models_swap():
+    # 8 keys the model finds and the baseline misses, 1 the other way, 31 alike: d = 7/40 = 0.175.
+    # The Wald interval is centred on d (half = 1.96 sqrt(9 - 49/40) / 40 = 0.1366), so it holds d
+    # and not -d; with the models swapped every figure changes sign and the interval mirrors.
+    m = np.array([1.0] * 8 + [0.0] * 1 + [1.0] * 20 + [0.0] * 11)
+    b = np.array([0.0] * 8 + [1.0] * 1 + [1.0] * 20 + [0.0] * 11)
+    n, k, test, difference, lo, hi, p, _ = draw_sign_flip_test(m, b, np.arange(40))
+    assert (n, k, test) == (40, 40, "mcnemar")
+    assert difference == pytest.approx(0.175)
+    half = 1.959963984540054 * math.sqrt(9 - 49 / 40) / 40
+    assert (lo, hi) == pytest.approx((0.175 - half, 0.175 + half))
+    assert lo < difference < hi and not lo < -difference < hi
+    _, _, _, swapped, swapped_lo, swapped_hi, swapped_p, _ = draw_sign_flip_test(b, m, np.arange(40))
+    assert (swapped, swapped_lo, swapped_hi) == pytest.approx((-difference, -hi, -lo))
+    assert swapped_p == pytest.approx(p)
+
+
 def test_the_key_level_interval_is_scipys_wilson_on_the_keys():
     # 8 keys, 6 right at every depth and 2 wrong at every depth: 30 of 40 prompts, 6 of 8 keys
     (summary,) = summarize(_keyed({"tiny-bam": _per_key([1, 1, 1, 0, 1, 1, 0, 1])}))
@@ -424,3 +445,72 @@ def test_the_reach_caption_adds_up_and_counts_one_key_as_one_key():
     text = caption(summarize(_keyed(one, lengths=lengths[:2], seeds=(0,)), baseline="tiny-rope")[0])
     assert "with 1 key per cell" in text and "1 keys" not in text
     assert "makes it 2 × 1 = 2, a p of 1 once capped;" in text  # a p-value above 1 is said to be one
+
+
+# -- edges the mutation run (scripts/mutation.sh) found untested -------------------------------
+
+
+def test_json_writes_an_unadjusted_p_as_null_and_an_out_of_reach_comparison_as_its_fields():
+    from bamctl.results.stats import OutOfReach, PairedResult
+
+    result = PairedResult("m", "b", 1024, 8, 8, "mcnemar", 0.25, -0.1, 0.6, 0.5, 0.0078)
+    assert result.to_dict()["p_holm"] is None and result.to_dict()["p"] == 0.5
+    reach = OutOfReach("m", "b", 7, 8, 6, 2 / 64, 7 * 2 / 64, 9)
+    assert reach.to_dict() == {"model": "m", "baseline": "b", "lengths": 7, "n_draws": 8, "n_draws_fewest": 6,
+                               "p_min": 2 / 64, "p_holm_floor": 7 * 2 / 64, "draws_needed": 9}
+
+
+def test_a_paired_interval_with_every_pair_alike_or_one_way_has_no_width():
+    # b + c - (b - c)^2 / n is 0 when no pair differs and when every pair differs the same way
+    assert paired_difference_interval(0, 0, 20) == (0.0, 0.0)
+    assert paired_difference_interval(20, 0, 20) == (1.0, 1.0)
+    assert paired_difference_interval(0, 20, 20) == (-1.0, -1.0)
+
+
+def test_sign_flips_are_enumerated_up_to_and_including_the_resample_budget():
+    assert sign_flips_are_enumerated(3, 8) and not sign_flips_are_enumerated(4, 8)
+    # with a budget below 2^5, five differences take random flips: p is a multiple of 1 / (8 + 1)
+    d = np.array([0.5, 0.25, 1.0, -0.25, 0.75])
+    p = sign_flip_p(d, resamples=8)
+    assert p * 9 == pytest.approx(round(p * 9)) and p != pytest.approx(sign_flip_p(d))
+
+
+def test_draws_needed_stops_at_the_first_k_strictly_below_alpha():
+    assert draws_needed(1, alpha=1.5) == 1  # one draw: 2 / 2 = 1 < 1.5
+    assert draws_needed(4, alpha=0.25) == 6  # k = 5 gives 4 × 2 / 32 = 0.25, not below
+    assert draws_needed(1, alpha=0.3) == 3  # 2 / 8 = 0.25 < 0.3 <= 2 / 4
+
+
+def test_a_document_is_one_per_length_not_one_per_sweep():
+    rows = pd.DataFrame({"_label": ["m", "m", "m"], "length": [256, 512, 256], "_draw": ["doc0"] * 3,
+                         "position": [1, 1, 1], "seed": [0, 0, 1], "sample": [0, 0, 0]})
+    kept = one_copy_per_document(rows)
+    assert kept.index.tolist() == [0, 1]  # both lengths; at 256 the copy of seed 0
+
+
+def test_documents_one_model_lacks_do_not_make_two_models_score_differently():
+    rows = pd.DataFrame({"length": [256] * 3, "_draw": ["doc0", "doc1", "doc0"], "_label": ["a", "a", "b"],
+                         "n_scored": [100, 80, 100]})
+    assert scored_alike(rows)
+    assert not scored_alike(rows.assign(n_scored=[100, 80, 99]))
+
+
+def _perplexity_pairs(documents: int, tokens_b: int = 100):
+    rows = []
+    for model, shift, tokens in (("m", -0.1, 100), ("b", 0.0, tokens_b)):
+        for doc in range(documents):
+            rows.append({"_label": model, "length": 256, "_draw": f"doc{doc}", "nll": (2.0 + shift + doc / 50) * tokens,
+                         "n_scored": tokens})
+    return pd.DataFrame(rows)
+
+
+def test_perplexity_names_its_test_and_smallest_p_by_how_many_documents_it_pairs():
+    (few,) = paired_tests(_perplexity_pairs(3), ["m", "b"], "b", "perplexity")
+    assert (few.test, few.p_min, few.n_draws) == ("sign-flip", 2 / 8, 3)
+    assert few.difference == pytest.approx(-0.1)
+    (many,) = paired_tests(_perplexity_pairs(14), ["m", "b"], "b", "perplexity")
+    assert (many.test, many.p_min) == ("sign-flip-random", 1 / 10_001)
+
+
+def test_perplexity_is_not_paired_when_the_models_scored_different_tokens():
+    assert paired_tests(_perplexity_pairs(3, tokens_b=90), ["m", "b"], "b", "perplexity") == []

@@ -27,6 +27,8 @@ import torch
 
 from bamctl.attention_math import AttentionInputs
 
+# The C++ kernel keeps a copy, kEpsilonNats in csrc/bam_attention.cpp (its source names its build and
+# the compute version of its rows); tests/test_skip_bound.py holds both to 40 ln 2.
 EPSILON_BITS = 40
 EPSILON = 2.0 ** -EPSILON_BITS  # the skipped mass's bound, a fraction of the row's total
 EPSILON_NATS = EPSILON_BITS * math.log(2.0)  # 27.73: log(1 / EPSILON)
