@@ -187,9 +187,10 @@ def test_compare_says_when_models_see_other_prompts(tiny_llama, tmp_path, capsys
     code, out, err = _cli(capsys, "compare", "bam", f"hf:{tiny_llama}", "--task", "ppl", "--lengths", "32",
                           "--device", "cpu", "--dir", str(tmp_path / "r"), "--quiet", "--json")
     assert code == 0, err
-    assert "sees other ppl prompts" in err
-    summaries = __import__("json").loads(out)["summaries"]
-    assert len(summaries) == 2 and len({s["fingerprint"] for s in summaries}) == 2
+    assert "sees other ppl prompts" in err and "one table, not paired" in err
+    (summary,) = __import__("json").loads(out)["summaries"]  # one table; the other vocabulary's NLLs untested
+    assert len(summary["models"]) == 2 and summary["other_prompts"] == [m for m in summary["models"] if m != "bam"]
+    assert summary["paired"] == []
 
 
 def test_quiet_silences_transformers_progress_bars(tiny_llama, tmp_path, capsys):

@@ -84,7 +84,7 @@ def test_a_model_of_other_prompts_shares_the_table_tested_unpaired(tmp_path, cap
               "--depths", "0.5", "--dir", str(tmp_path / "res"), "--json"])
     out, err = capsys.readouterr()
     assert exited.value.code == 0, err
-    assert "other passkey prompts" in err and "one table, tested unpaired" in err, err
+    assert "other passkey prompts" in err and "one table, not paired" in err, err
     (summary,) = json.loads(out)["summaries"]
     assert summary["models"] == ["bam-ssmax", "mine.py:build"] and summary["other_prompts"] == ["mine.py:build"]
     (test,) = summary["paired"]

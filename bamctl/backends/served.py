@@ -87,7 +87,7 @@ def _server_root(url: str) -> str:
 
 
 def _get_json(url: str, path: str, required: bool = True) -> dict | None:
-    import_openai()  # httpx comes with the client: without it, the line that says how to install it
+    import_openai()  # the served extra brings httpx with the client: without it, the line that says how to install it
     import httpx
 
     try:

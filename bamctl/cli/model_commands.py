@@ -164,7 +164,8 @@ def _inspect_hf(reference: str, json_output: bool, trust_remote_code: bool = Fal
 def _inspect_module(reference: str, json_output: bool) -> None:
     """What a py: reference's function returns, as a run would open it: its classes, its training
     length, its size and the identity its rows carry."""
-    from bamctl.backends.module import build, model_shape, module_identity, train_length
+    from bamctl.backends.module import build, defining_files, model_shape, module_identity, train_length
+    from bamctl.local_code import code_of_files
     from bamctl.backends.user_tokenizer import as_tokenizer
 
     found = build(reference)
@@ -180,7 +181,8 @@ def _inspect_module(reference: str, json_output: bool) -> None:
         "tokenizer": as_tokenizer(found.tokenizer, found.name).name if found.tokenizer is not None else None,
         "cached step": getattr(found.step, "__qualname__", None) if found.step is not None else None,
         "model hash": module_identity(found),
-        "files": list(found.source_files),
+        "arguments": found.arguments or None,
+        "files": sorted(code_of_files(defining_files(found))),  # its code as its identity counts it
     }
     if json_output:
         typer.echo(json.dumps(summary, indent=2, default=str))

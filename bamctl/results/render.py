@@ -118,9 +118,11 @@ def prompt_lines(summary: Summary) -> list[str]:
     and lengths): why they are tested unpaired."""
     if not summary.other_prompts:
         return []
-    names = ", ".join(summary.other_prompts)
-    return [f"{names} saw other prompts than the rest (another tokenizer, the same seeds and lengths): no prompt "
-            f"pairs with one of theirs, so {'it is' if len(summary.other_prompts) == 1 else 'they are'} tested unpaired"]
+    one = len(summary.other_prompts) == 1
+    how = "tested unpaired" if summary.metric != "perplexity" else \
+        f"not tested ({'its perplexity is' if one else 'their perplexities are'} of other tokens)"
+    return [f"{', '.join(summary.other_prompts)} saw other prompts than the rest (another tokenizer, the same seeds "
+            f"and lengths): no prompt pairs with one of theirs, so {'it is' if one else 'they are'} {how}"]
 
 
 def reach_lines(summary: Summary) -> list[str]:

@@ -306,7 +306,7 @@ class _ModelRun:
         first = self.prompts.setdefault(key, (self.name, fingerprint, evaluation.backend.tokenizer.name))
         if first[1] != fingerprint:
             self.say(f"note: {self.name} sees other {key[0]} prompts than {first[0]} (tokenizer "
-                     f"{evaluation.backend.tokenizer.name} against {first[2]}): one table, tested unpaired")
+                     f"{evaluation.backend.tokenizer.name} against {first[2]}): one table, not paired")
 
 
 def _options_per_model(models: list, run, say) -> list:
