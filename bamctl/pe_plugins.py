@@ -55,7 +55,7 @@ def pe_spec(name: str, source: dict | None = None) -> PESpec:
 def _plugin_spec(name: str, recorded: dict | None) -> PESpec:
     from bamctl import consent
     from bamctl.local_code import is_installed, local_code
-    from bamctl.plugins import is_file_target, load, load_entry_point, locate_module
+    from bamctl.plugins import file_digest_or_none, is_file_target, load, load_entry_point, locate_module
 
     who = f"positional encoding {name}"
     where = recorded.get("where") if recorded else None
@@ -97,9 +97,3 @@ def _plugin_spec(name: str, recorded: dict | None) -> PESpec:
     if code is not None and len(code.files) > 1:
         source["files"] = dict(code.files)  # the helpers it imports, by path from its folder
     return PESpec(name, summary, cls, source=source)
-
-
-def file_digest_or_none(path) -> str | None:
-    from bamctl.fingerprints import file_digest
-
-    return None if path is None else file_digest(path)
