@@ -1,7 +1,8 @@
 """Back-ends: what answers a task's requests (``base.Backend``), found by a model reference.
 
 A catalog name or checkpoint directory is served by bamctl's streaming engine
-(``native``); ``PREFIX:PATH`` references go to the back-end registered under PREFIX (``py:FILE.py:FUNCTION``:
+(``native``), unless the directory holds a user's module trained by a recipe (``trained-py``,
+``bamctl.module_checkpoint``), which runs as a ``py:`` model; ``PREFIX:PATH`` references go to the back-end registered under PREFIX (``py:FILE.py:FUNCTION``:
 a plain PyTorch module a user's function builds; ``openai:NAME``: a model an OpenAI-compatible server serves);
 a bare path to the BAM authors' ``model.pt`` + ``args.json`` goes to ``authors``; a model
 object already in memory (``in_memory``) goes to the back-end its kind has on disk.
@@ -27,6 +28,7 @@ from bamctl.backends.base import (
     ModelPeek,
     RunOptions,
     ServedOptions,
+    TrainedModuleOptions,
     VLLMOptions,
     options_for,
 )
@@ -67,6 +69,9 @@ BACKENDS: dict[str, BackendEntry] = {
     "vllm": BackendEntry("bamctl.backends.vllm:VLLMBackend", VLLMOptions, "vllm: models", "bamctl.backends.hf_common:peek"),
     "py": BackendEntry("bamctl.backends.module:PyBackend", ModuleOptions, "py: models (plain PyTorch modules)",
                        "bamctl.backends.module:peek"),
+    "trained-py": BackendEntry("bamctl.backends.module:TrainedModuleBackend", TrainedModuleOptions,
+                               "a trained module's checkpoint (bamctl train --model py:...)",
+                               "bamctl.backends.module:peek_trained"),
     "openai": BackendEntry("bamctl.backends.served:ServedBackend", ServedOptions,
                            "openai: models (served through an OpenAI-compatible API)", "bamctl.backends.served:peek"),
 }
@@ -97,6 +102,10 @@ def backend_for(reference: str) -> tuple[BackendEntry, str]:
         return BACKENDS[prefix], rest
     if is_authors_folder(reference):  # a bare path to the authors' model.pt + args.json
         return BACKENDS["bam"], reference
+    from bamctl.module_checkpoint import is_module_checkpoint
+
+    if is_module_checkpoint(reference):  # a user's module trained by a recipe, its code beside it
+        return BACKENDS["trained-py"], reference
     return BACKENDS["native"], reference
 
 

@@ -380,6 +380,14 @@ class ModuleOptions:
 
 
 @dataclass(frozen=True)
+class TrainedModuleOptions(ModuleOptions):
+    """A user's module trained by ``bamctl train --model py:...`` (a checkpoint folder holding its
+    code): as a ``py:`` model, and its code runs only with consent (``bamctl.consent``)."""
+
+    trust_remote_code: bool = False
+
+
+@dataclass(frozen=True)
 class ServedOptions:
     """A model behind an OpenAI-compatible server (``openai:NAME``): the server computes, bamctl
     builds the prompts with the model's tokenizer and checks every count the server reports.

@@ -185,6 +185,16 @@ def build(reference: str) -> UserModel:
     key = (reference, parsed.code_digest())
     if key in _BUILT:
         return _BUILT[key]
+    found = build_fresh(reference)
+    _BUILT.clear()  # one built model kept: the one being checked, then run
+    _BUILT[key] = found
+    return found
+
+
+def build_fresh(reference: str) -> UserModel:
+    """As :func:`build`, calling the function again whatever was built before (training builds
+    its initial model under the recipe's seed)."""
+    parsed = PyReference.parse(reference)
     function = load(parsed.target, parsed.function, PREFIX).value
     if not callable(function):
         raise BamctlError(f"py: {parsed.target}:{parsed.function} is a {type(function).__name__}, not a function")
@@ -195,10 +205,7 @@ def build(reference: str) -> UserModel:
         raise BamctlError(f"py: {parsed.target}:{parsed.function}({_arguments_text(parsed.arguments)}) raised "
                           f"{one_line(err)}") from None
     found = user_model(made, who=f"py: {parsed.target}:{parsed.function}")
-    found = replace(found, name=found.name or parsed.label(), arguments=dict(parsed.arguments))
-    _BUILT.clear()  # one built model kept: the one being checked, then run
-    _BUILT[key] = found
-    return found
+    return replace(found, name=found.name or parsed.label(), arguments=dict(parsed.arguments))
 
 
 _BUILT: dict[tuple, UserModel] = {}
@@ -566,7 +573,7 @@ def _equal_lengths(batch) -> list[list[int]]:
     return list(groups.values())
 
 
-# -- the registry's two doors: a py: reference, and a module in memory -----------------------------
+# -- the registry's doors: a py: reference, a trained module's checkpoint, a module in memory --------
 
 
 class PyBackend(ModuleBackend):
@@ -579,3 +586,52 @@ class PyBackend(ModuleBackend):
 def peek(reference: str, options=None) -> ModelPeek:
     found = build(reference)
     return ModelPeek(train_length=train_length(found, found.name), source_digest=PyReference.parse(reference).code_digest())
+
+
+def load_trained(path: Path) -> UserModel:
+    """The module a folder of ``bamctl train --model py:...`` holds (``bamctl.module_checkpoint``):
+    its code checked and consented to, then built by the folder's own copy of it with the builder's
+    recorded arguments, and the trained weights loaded; named by the folder."""
+    from bamctl.module_checkpoint import check_code, load_weights, read_module_config
+
+    path = Path(path).expanduser()
+    config = read_module_config(path)
+    spec = config["module"]
+    target = check_code(path, config)
+    function = load(target, spec["function"], PREFIX).value
+    call = f"{path.name}: {Path(target).name}:{spec['function']}"
+    try:
+        with running(function), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)  # whatever the builder draws, the weights overwrite
+            made = function(**spec["arguments"])
+    except USER_CODE_FAILS as err:
+        raise BamctlError(f"{call} raised {one_line(err)}") from None
+    found = user_model(made, who=call)
+    load_weights(path, found.module)
+    return replace(found, tokenizer=found.tokenizer or spec["tokenizer"], train_length=int(spec["train_length"]),
+                   name=path.resolve().name, arguments=dict(spec["arguments"]))
+
+
+class TrainedModuleBackend(ModuleBackend):
+    """A folder ``bamctl train --model py:...`` wrote: its module, built by its own copy of the code."""
+
+    def __init__(self, reference: str, options):
+        from bamctl.consent import trusting
+
+        with trusting(options.trust_remote_code):
+            found = load_trained(Path(reference))
+        super().__init__(found, options)
+
+
+def peek_trained(reference: str, options=None) -> ModelPeek:
+    """A trained module's length and code, from its config.json alone (nothing of it runs); its code
+    checked and consented to before any work."""
+    from bamctl.consent import trusting
+    from bamctl.module_checkpoint import check_code, read_module_config
+
+    folder = Path(reference).expanduser()
+    config = read_module_config(folder)
+    with trusting(getattr(options, "trust_remote_code", False)):
+        check_code(folder, config)
+    spec = config["module"]
+    return ModelPeek(train_length=int(spec["train_length"]), tokenizer=spec["tokenizer"], source_digest=spec["code_digest"])

@@ -28,7 +28,10 @@ def tiktoken_tokenizer(encoding):
     """A tiktoken ``Encoding``, fingerprinted by what it does (``bamctl.tokenizer.tiktoken_fingerprint``)."""
     from bamctl.tokenizer import TiktokenTokenizer, tiktoken_fingerprint
 
-    eos = getattr(encoding, "eot_token", None)
+    try:
+        eos = encoding.eot_token
+    except (AttributeError, KeyError):  # tiktoken looks <|endoftext|> up when asked: an encoding may have none
+        eos = None
     return TiktokenTokenizer(name=encoding.name, encoding=encoding, eos_id=eos, fingerprint=tiktoken_fingerprint(encoding))
 
 

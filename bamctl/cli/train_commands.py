@@ -68,6 +68,7 @@ def train(
     device: Annotated[str, typer.Option(help="auto (CUDA when present), cpu, cuda or cuda:N. On CUDA the forward pass runs under bfloat16 autocast.")] = "auto",
     data: Annotated[Optional[Path], typer.Option("--data", help="Folder of training text: *.txt files, or pre-tokenised GPT-2 shards (*.npy, *.bin uint16, llm.c headers accepted). Replaces the shipped corpus.")] = None,
     restart: Annotated[bool, typer.Option("--restart", help="Train from step 0 even where --out holds a saved state or a finished checkpoint; that one stays until the new run finishes (it trains in .NAME.restart beside it, and running again without --restart resumes there).")] = False,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Train your own module instead of the recipe's model: a py: reference (py:FILE.py:FUNCTION[:KEY=VALUE,...]) whose function returns a torch.nn.Module taking GPT-2 token ids (B, T) and returning logits (B, T, V >= 50257). The recipe's data, loss, optimiser, schedule, steps and seed apply unchanged; of its [model] section only train_length does. Writes a checkpoint folder holding the weights and a copy of the code, which every command takes as a model. Default --out: models/FILE-RECIPE.")] = None,
     cpu_allocator: Annotated[str, typer.Option("--cpu-allocator", help="keep: freed memory stays in the process for the next step (glibc's malloc without per-block mmap or trimming; about a quarter faster on a CPU, same weights); system: the C library's defaults.")] = "keep",
 ) -> None:
     """Train a model from a recipe; an interrupted run resumes where it last saved.
@@ -78,6 +79,10 @@ def train(
     holds the full recipe and its provenance (losses, steps, wall time, torch version).
 
     Example: bamctl train --recipe bam --device cpu   (writes models/bam)
+
+    Your own model on a reference's budget, then beside it:
+      bamctl train --recipe bam-ssmax --model py:nanogpt.py:build --out models/nanogpt
+      bamctl compare bam-ssmax models/nanogpt --task passkey
     """
     from bamctl.train import ALLOCATORS, keep_freed_cpu_memory, load_recipe, recipe_path, resuming_from
     from bamctl.train import train as run_training
@@ -88,8 +93,10 @@ def train(
 
     path = recipe_path(recipe)
     spec = load_recipe(path).with_overrides(steps=steps, seed=seed)
-    require_passing(spec.model.pe, spec.model.train_length)  # a plugin that leaks the future never trains
-    target = out if out is not None else Path("models") / spec.name  # never into the installed package unasked
+    module = _module_reference(model)
+    if module is None:
+        require_passing(spec.model.pe, spec.model.train_length)  # a plugin that leaks the future never trains
+    target = out if out is not None else Path("models") / _default_name(spec.name, module)  # never into the package unasked
     _note_shipped(target)
     resumed = None if restart else resuming_from(target)
     progress = _progress_display(spec.train.steps)
@@ -100,7 +107,7 @@ def train(
         keep_freed_cpu_memory()  # this process trains and exits; elsewhere than glibc nothing changes
     if progress is None:  # stderr to a file or a scheduler's log: a line every tenth of the run or LINE_EVERY_S
         result = run_training(spec, target, device=device, data_dir=data, restart=restart,
-                              on_step=_progress_lines(spec.train.steps))
+                              on_step=_progress_lines(spec.train.steps), module=module)
     else:
         with progress:
             task = progress.add_task("train", total=spec.train.steps, loss="-", speed="-")
@@ -108,12 +115,32 @@ def train(
             def show(report) -> None:
                 progress.update(task, completed=report.step, loss=f"{report.loss:.4f}", speed=f"{report.tokens_per_s:,.0f}")
 
-            result = run_training(spec, target, device=device, data_dir=data, restart=restart, on_step=show)
+            result = run_training(spec, target, device=device, data_dir=data, restart=restart, on_step=show, module=module)
     final = result.provenance
+    what = f"{spec.name} ({spec.model.pe}" if module is None else f"{final['model']} (recipe {spec.name}"
     stdout.print(
-        f"wrote {spec.name} ({spec.model.pe}, {spec.train.steps} steps, final loss {final['final_loss']:.4f}, "
+        f"wrote {what}, {spec.train.steps} steps, final loss {final['final_loss']:.4f}, "
         f"{result.wall_time_s:.0f} s) to {target}"
     )
+
+
+def _module_reference(model: str | None) -> str | None:
+    """``--model``'s ``py:`` reference without its prefix; one line for anything else."""
+    if model is None:
+        return None
+    if not model.startswith("py:"):
+        raise BamctlError(f"--model takes a py: reference (py:FILE.py:FUNCTION), not {model!r}: a recipe trains "
+                          "bamctl's own model from its [model] section, or your module")
+    return model.removeprefix("py:")
+
+
+def _default_name(recipe_name: str, module: str | None) -> str:
+    """models/RECIPE, or models/FILE-RECIPE for a module (its file's or module's last name)."""
+    if module is None:
+        return recipe_name
+    target = module.split(":", 1)[0]
+    stem = Path(target).stem if target.endswith(".py") else target.rsplit(".", 1)[-1]
+    return f"{stem}-{recipe_name}"
 
 
 def _note_shipped(target: Path) -> None:

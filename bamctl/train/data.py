@@ -271,13 +271,17 @@ def needle_first(seed: int, global_row: int, fraction: float) -> bool:
 
 @dataclass
 class BatchMaker:
-    """``batch(step, micro)`` -> (inputs, targets), both (B, T) model ids; pure in its arguments."""
+    """``batch(step, micro)`` -> (inputs, targets), both (B, T) model ids (tokenizer ids where
+    ``model_ids`` is False); pure in its arguments."""
 
     recipe: Recipe
     tokenizer: Tokenizer
     text: TokenShards | None
     subset: VocabSubset | None
     filler: TokenShards | None = None  # training passkey filler corpus; None: the protocol's
+    # False: inputs and targets in the tokenizer's ids (a user's module has a row for each), the
+    # targets the subset has no row for still unscored, so every model of a recipe is scored alike
+    model_ids: bool = True
 
     def row_tokens(self) -> int:
         """Tokens of every row: inputs and the shifted targets (train_length + 1), or the longest
@@ -312,9 +316,8 @@ class BatchMaker:
 
     def batch(self, step: int, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         rows = [self.row(step, micro, r) for r in range(self.recipe.train.batch_size)]
-        ids = torch.as_tensor(np.stack([np.asarray(r[0], dtype=np.int64) for r in rows]))  # (B, T+1)
-        if self.subset is not None:
-            ids = self.subset.to_model(ids)
+        tokens = torch.as_tensor(np.stack([np.asarray(r[0], dtype=np.int64) for r in rows]))  # (B, T+1)
+        ids = tokens if self.subset is None else self.subset.to_model(tokens)
         targets = ids[:, 1:].clone()  # (B, T)
         if self.subset is not None:
             targets[targets == self.subset.unk] = IGNORE
@@ -323,4 +326,6 @@ class BatchMaker:
                 keep = torch.zeros(targets.shape[1], dtype=torch.bool)
                 keep[torch.tensor(scored) - 1] = True  # target t is token t + 1
                 targets[b, ~keep] = IGNORE
+        if not self.model_ids:
+            return tokens[:, :-1], torch.where(targets == IGNORE, IGNORE, tokens[:, 1:])
         return ids[:, :-1], targets

@@ -30,12 +30,13 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from bamctl.checkpoint import CONFIG_FILE, checkpoint_folder, new_random_model, save_checkpoint
+from bamctl.checkpoint import CONFIG_FILE, checkpoint_folder, new_random_model
 from bamctl.errors import BamctlError
 from bamctl.files import atomic_write
 from bamctl.model import Transformer
 from bamctl.train.data import IGNORE, BatchMaker, passkey_filler, text_tokens
 from bamctl.train.recipe import Recipe
+from bamctl.train.trainee import OwnModel, UserModule, user_module
 from bamctl.train.vocab import build_token_subset
 from bamctl.vocab import VocabSubset
 
@@ -73,14 +74,17 @@ def lr_at(step: int, recipe: Recipe) -> float:
     return floor + 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0))) * (lr - floor)
 
 
-def param_groups(model: Transformer, recipe: Recipe) -> list[dict]:
+def param_groups(model: Transformer | OwnModel | UserModule, recipe: Recipe) -> list[dict]:
     """Three AdamW groups: matrices with weight decay; norms without; positional (theta, s) without,
-    at its own lr scale — as the BAM authors train their priors."""
+    at its own lr scale — as the BAM authors train their priors. ``model``: a ``Transformer``, or
+    what a recipe trains (``bamctl.train.trainee``)."""
+    trainee = OwnModel(model) if isinstance(model, Transformer) else model
+    model = trainee.module
     o = recipe.optim
-    positional = {id(p) for p in model.positional_parameters()}
+    positional = {id(p) for p in trainee.positional()}
     # A separate embedding decay (>= 0) or lr scale puts the token embeddings in their own group.
     own = o.embedding_weight_decay >= 0 or o.embedding_lr_scale != 1.0
-    embedding = {id(model.tok_embeddings.weight)} if own else set()
+    embedding = {id(trainee.embedding())} if own else set()
     embedding_decay = o.embedding_weight_decay if o.embedding_weight_decay >= 0 else o.weight_decay
     groups = {"decay": [], "no_decay": [], "positional": [], "embedding": []}
     for p in model.parameters():
@@ -103,7 +107,7 @@ def param_groups(model: Transformer, recipe: Recipe) -> list[dict]:
     return out
 
 
-def make_optimizer(model: Transformer, recipe: Recipe) -> torch.optim.AdamW:
+def make_optimizer(model: Transformer | OwnModel | UserModule, recipe: Recipe) -> torch.optim.AdamW:
     o = recipe.optim
     return torch.optim.AdamW(param_groups(model, recipe), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
 
@@ -144,14 +148,24 @@ class Setup:
     """Everything a run needs before its first step."""
 
     recipe: Recipe
-    model: Transformer
+    trainee: OwnModel | UserModule
     batches: BatchMaker
     device: torch.device
     data_source: str
 
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.trainee.module
 
-def prepare(recipe: Recipe, *, device: str = "cpu", data_dir: Path | None = None) -> Setup:
-    """Data, token subset and the seeded initial model for ``recipe``."""
+    def fingerprint(self) -> str:
+        """What a saved state must have been trained with: the recipe, and a user's module's code."""
+        identity = self.trainee.identity
+        return self.recipe.fingerprint() if identity is None else f"{self.recipe.fingerprint()}-{identity[:16]}"
+
+
+def prepare(recipe: Recipe, *, device: str = "cpu", data_dir: Path | None = None, module: str | None = None) -> Setup:
+    """Data, token subset and the seeded initial model for ``recipe``; ``module``: a ``py:``
+    reference (without its prefix) trained in place of the recipe's model."""
     from bamctl.devices import resolve_device
     from bamctl.tokenizer import get_tokenizer
 
@@ -161,10 +175,15 @@ def prepare(recipe: Recipe, *, device: str = "cpu", data_dir: Path | None = None
     filler = passkey_filler(recipe, tokenizer)
     # The subset's frequent ids come from the text, or from the filler corpus in a retrieval-only recipe.
     token_subset = build_token_subset(tokenizer, text if text is not None else filler, recipe.data.vocab_size)
-    model = new_random_model(recipe.model_config(token_subset), recipe.train.seed).to(resolved)
     subset = VocabSubset(token_subset, tokenizer.vocab_size) if token_subset is not None else None
+    batches = BatchMaker(recipe, tokenizer, text, subset, filler, model_ids=module is None)
+    if module is None:
+        trainee = OwnModel(new_random_model(recipe.model_config(token_subset), recipe.train.seed))
+    else:
+        trainee = user_module(module, recipe.train.seed, recipe.model.train_length, batches.row_tokens() - 1)
+    trainee.module.to(resolved)
     source = "none" if text is None else text.name
-    return Setup(recipe, model, BatchMaker(recipe, tokenizer, text, subset, filler), resolved, source)
+    return Setup(recipe, trainee, batches, resolved, source)
 
 
 def _step(setup: Setup, optimizer, step: int) -> float:
@@ -180,7 +199,7 @@ def _step(setup: Setup, optimizer, step: int) -> float:
         inputs, targets = setup.batches.batch(step, micro)
         inputs, targets = inputs.to(setup.device), targets.to(setup.device)
         with autocast:
-            logits = model(inputs)  # (B, T, V), float32
+            logits = setup.trainee.logits(inputs)  # (B, T, V), float32
         loss = row_mean_loss(logits, targets)
         (loss / accum).backward()
         total += loss.item()
@@ -204,7 +223,7 @@ def row_mean_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 def first_losses(recipe: Recipe, n: int = 3, *, data_dir: Path | None = None) -> list[float]:
     """The first ``n`` step losses from the recipe's seed, on CPU, writing nothing."""
     setup = prepare(recipe, device="cpu", data_dir=data_dir)
-    optimizer = make_optimizer(setup.model, recipe)
+    optimizer = make_optimizer(setup.trainee, recipe)
     with _cpu_threads(setup.device, recipe.train.cpu_threads):
         setup.model.train()
         return [_step(setup, optimizer, step) for step in range(n)]
@@ -276,8 +295,8 @@ def _resume(state_path: Path, setup: Setup, optimizer, fingerprint: str) -> Prog
     state = torch.load(state_path, map_location=setup.device, weights_only=True)
     if state.get("fingerprint") != fingerprint:
         raise BamctlError(
-            f"{state_path} belongs to another recipe (fingerprint {state.get('fingerprint')}, this one {fingerprint}); "
-            "pass --restart to discard it"
+            f"{state_path} belongs to another recipe or model (fingerprint {state.get('fingerprint')}, this one "
+            f"{fingerprint}); pass --restart to discard it"
         )
     setup.model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
@@ -308,6 +327,7 @@ def _provenance(setup: Setup, progress: Progress, done: int, finished: bool) -> 
         "torch_version": torch.__version__,
         "python": platform.python_version(),
         "data": setup.data_source,
+        **({} if setup.trainee.label is None else {"model": setup.trainee.label}),
         "recipe_fingerprint": recipe.fingerprint(),
         "saved_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
@@ -315,14 +335,14 @@ def _provenance(setup: Setup, progress: Progress, done: int, finished: bool) -> 
 
 def _save(setup: Setup, optimizer, progress: Progress, out: Path, done: int, finished: bool) -> None:
     """The checkpoint, and (unless finished) the state a later run resumes from; both atomic."""
-    save_checkpoint(setup.model, out, recipe=setup.recipe.to_dict(), provenance=_provenance(setup, progress, done, finished),
-                    dtype=setup.recipe.train.save_dtype)
+    setup.trainee.save(out, recipe=setup.recipe.to_dict(), provenance=_provenance(setup, progress, done, finished),
+                       dtype=setup.recipe.train.save_dtype)
     state_path = out / STATE_FILE
     if finished:
         state_path.unlink(missing_ok=True)
         return
     payload = {
-        "fingerprint": setup.recipe.fingerprint(),
+        "fingerprint": setup.fingerprint(),
         "step": done,
         "model": setup.model.state_dict(),
         "optimizer": optimizer.state_dict(),
@@ -341,17 +361,20 @@ def train(
     data_dir: Path | None = None,
     restart: bool = False,
     on_step: Callable[[StepReport], None] | None = None,
+    module: str | None = None,
 ) -> TrainResult:
     """Train ``recipe`` into checkpoint directory ``out``, resuming from ``out/train_state.pt`` if there.
+    ``module``: a ``py:`` reference (without its prefix) trained in place of the recipe's model
+    (``bamctl.train.trainee``), saved as a module checkpoint (``bamctl.module_checkpoint``).
 
     ``on_step`` is called after every step (progress display); an exception it raises
     stops the run like Ctrl-C does, after the state is saved.
     """
     target = Path(out)
     out = checkpoint_folder(work_folder(target, restart))  # before the data is built: a bad --out fails first
-    setup = prepare(recipe, device=device, data_dir=data_dir)
-    optimizer = make_optimizer(setup.model, recipe)
-    progress = _resume(out / STATE_FILE, setup, optimizer, recipe.fingerprint())
+    setup = prepare(recipe, device=device, data_dir=data_dir, module=module)
+    optimizer = make_optimizer(setup.trainee, recipe)
+    progress = _resume(out / STATE_FILE, setup, optimizer, setup.fingerprint())
     steps = recipe.train.steps
     tokens_per_step = recipe.train.batch_size * recipe.train.grad_accum * recipe.model.train_length
     with _cpu_threads(setup.device, recipe.train.cpu_threads), _stop_requests() as stop:
