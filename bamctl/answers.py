@@ -24,7 +24,7 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
-from bamctl.backends.base import Backend, ContinuationScore
+from bamctl.backends.base import Backend, ContinuationScore, decode_known
 from bamctl.tasks.metrics import score
 from bamctl.tasks.sample import Sample
 
@@ -61,7 +61,7 @@ def answer_length(sample: Sample) -> int:
 
 
 def _decode(backend: Backend, ids: list[int]) -> str:
-    return backend.tokenizer.decode([i for i in ids if i >= 0])  # -1: a token outside the model's vocabulary
+    return decode_known(backend.tokenizer, ids)  # without -1 (outside a subset) or a padded vocabulary's rows
 
 
 def answer_teacher_forced(backend: Backend, sample: Sample) -> list[dict]:

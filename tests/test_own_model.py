@@ -432,3 +432,27 @@ def test_a_module_without_parameters_runs(tmp_path, capsys):
         main(["passkey", f"py:{path}:build", "--lengths", "128", "--samples", "1", "--depths", "0.5",
               "--dir", str(tmp_path / "res")])
     assert exited.value.code == 0, capsys.readouterr().err
+
+
+def test_a_padded_vocabularys_extra_ids_predicted_by_a_module_are_no_text(tmp_path):
+    """nanoGPT pads GPT-2's 50,257 ids to 50,304; a weak model may put its argmax on a padding row.
+    Such an id is no token: the answer holds nothing for it (scored wrong), and the run goes on,
+    teacher-forced and generated alike."""
+    class PaddingFavoured(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.config = inner, inner.config
+
+        def forward(self, idx):
+            logits = self.inner(idx)
+            return torch.cat([logits[..., :50300], logits.amax(-1, keepdim=True) + 1, logits[..., 50301:]], dim=-1)
+
+    model, encoding = PaddingFavoured(nanogpt()), gpt2_encoding()
+    ids = torch.tensor([encoding.encode_ordinary("The pass key is 12345.")])
+    assert model(ids).shape[-1] == 50304 and set(model(ids).argmax(-1).flatten().tolist()) == {50300}
+    rows = bamctl.evaluate((model, encoding), task="passkey", lengths="128", samples=1, depths=[0.5], dir=tmp_path / "a",
+                           quiet=True)
+    assert list(rows["predicted"]) == [""] and list(rows["score"]) == [0.0]
+    rows = bamctl.evaluate((model, encoding), task="niah_single_1", lengths="256", samples=1, dir=tmp_path / "b",
+                           quiet=True)
+    assert list(rows["predicted"]) == [""] and list(rows["score"]) == [0.0]

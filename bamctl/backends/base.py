@@ -405,6 +405,13 @@ class ServedOptions:
         _check_bos(self.bos)
 
 
+def decode_known(tokenizer, ids: Sequence[int]) -> str:
+    """``ids`` as text, leaving out ids the tokenizer has no token for: -1 (a token outside a
+    subset model's vocabulary) and the padding rows of a vocabulary padded past the tokenizer's
+    (nanoGPT's 50,304 for GPT-2's 50,257), which a weak model may well predict."""
+    return tokenizer.decode([i for i in ids if 0 <= i < tokenizer.vocab_size])
+
+
 def holds_stop(decode: Callable[[Sequence[int]], str], strings: Sequence[str], tokens: Sequence[int]) -> bool:
     """Whether the text of ``tokens`` holds one of ``strings``. Asked after every generated token,
     so the last tokens are decoded first (a stop string of n bytes lies within its last n + 1

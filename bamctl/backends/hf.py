@@ -29,10 +29,11 @@ by ``bamctl.backends.hub``. Loading itself is ``local_files_only``, from that fo
 from __future__ import annotations
 
 import inspect
+from functools import partial
 
 import torch
 
-from bamctl.backends.base import HFOptions, ModelInfo, auto_batch_size, stop_tests
+from bamctl.backends.base import HFOptions, ModelInfo, auto_batch_size, decode_known, stop_tests
 from bamctl.backends.logits_loop import LogitsLoopBackend
 from bamctl.backends.hf_common import (
     LengthPolicy,
@@ -224,7 +225,7 @@ class HFBackend(LogitsLoopBackend):
         stops after the model's EOS (included, as the native engine does), a stop string
         (``stop_strings``) or ``max_new_tokens``."""
         fed = [self.lengths.fit_prefix(self.shaper.prefix, list(prompt), max_new_tokens) for prompt in prompts]
-        stopped = stop_tests(self.tokenizer.decode, stop_strings, len(prompts))
+        stopped = stop_tests(partial(decode_known, self.tokenizer), stop_strings, len(prompts))
         if max_new_tokens < 1:
             return [[] for _ in prompts]
         if not self.chunked:  # no cache to decode from: each prompt alone, the whole sequence each step

@@ -27,13 +27,14 @@ import ast
 import inspect
 import re
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
-from bamctl.backends.base import ModelInfo, ModelPeek, ModuleOptions, auto_batch_size, stop_tests
+from bamctl.backends.base import ModelInfo, ModelPeek, ModuleOptions, auto_batch_size, decode_known, stop_tests
 from bamctl.backends.hf_common import LengthPolicy, RequestShaper
 from bamctl.backends.logits_loop import LogitsLoopBackend
 from bamctl.errors import BamctlError
@@ -478,7 +479,7 @@ class ModuleBackend(LogitsLoopBackend):
         there is one (prefill in chunks, then one token at a time), else one whole forward per
         token. Each row stops after EOS (included), a stop string or ``max_new_tokens``."""
         fed = [self.lengths.fit_prefix(self.shaper.prefix, list(prompt), max_new_tokens) for prompt in prompts]
-        stopped = stop_tests(self.tokenizer.decode, stop_strings, len(prompts))
+        stopped = stop_tests(partial(decode_known, self.tokenizer), stop_strings, len(prompts))
         out: list[list[int]] = [[] for _ in prompts]
         if max_new_tokens < 1:
             return out
