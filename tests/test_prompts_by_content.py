@@ -89,6 +89,13 @@ def test_a_model_of_other_prompts_shares_the_table_tested_unpaired(tmp_path, cap
     assert summary["models"] == ["bam-ssmax", "mine.py:build"] and summary["other_prompts"] == ["mine.py:build"]
     (test,) = summary["paired"]
     assert test["model"] == "mine.py:build" and test["test"] == "permutation-unpaired" and test["n_draws"] == 6
+    # a paper's table marks the column and says why under it
+    with pytest.raises(SystemExit) as exited:
+        main(["results", "export", "--dir", str(tmp_path / "res"), "--format", "markdown", "--pivot"])
+    out, err = capsys.readouterr()
+    assert exited.value.code == 0, err
+    assert "| length | bam-ssmax | mine.py:build (other prompts) |" in out
+    assert "mine.py:build saw other prompts than the rest (another tokenizer, the same seeds and lengths)" in out
 
 
 def test_the_unpaired_test_against_scipys_permutation_test():

@@ -25,6 +25,7 @@ from bamctl.results.render import (
     format_cell,
     format_length,
     header_label,
+    prompt_lines,
     reach_lines,
     summaries_to_json,
     uniform_counts,
@@ -183,10 +184,10 @@ def latex_escape(text: str) -> str:
 
 def table_notes(s: Summary) -> list[str]:
     """The lines under a pivot table: its cells' counts (when they are all alike: else each cell
-    gives its own), and the caption's notes on reach and compute versions."""
+    gives its own), and the caption's notes on models of other prompts, reach and compute versions."""
     counts = uniform_counts(s)
     head = [f"{counts_text(s, *counts)} per cell"] if counts is not None else []
-    return head + reach_lines(s) + version_lines(s)
+    return head + prompt_lines(s) + reach_lines(s) + version_lines(s)
 
 
 def _pivot_text(s: Summary) -> tuple[list[str], list[list[str]], list[list[bool]]]:

@@ -234,7 +234,11 @@ def relative_caption(summary: Summary) -> str:
 
 
 def header_label(summary: Summary, model: str) -> str:
-    return f"{model} (baseline)" if model == summary.baseline else model
+    """A column's name, marked where the caption says more: the baseline, and a model that saw other
+    prompts (tested unpaired)."""
+    if model == summary.baseline:
+        return f"{model} (baseline)"
+    return f"{model} (other prompts)" if model in summary.other_prompts else model
 
 
 def caption(summary: Summary) -> str:
