@@ -136,6 +136,16 @@ def test_compare_shows_the_fall_of_a_never_right_models_answer_logprob(tmp_path)
 
     rows = pd.read_parquet(tmp_path / "res")
     assert (rows["score"] == 0).all() and (rows["answer_rank"] > 1).all()  # never right: accuracy shows nothing
+    # the stored rows give the same cells to `results show` and to a paper's table
+    shown = CliRunner().invoke(app, ["results", "show", "--dir", str(tmp_path / "res"), "--metric", "answer_logprob", "--json"])
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.stdout)["summaries"][0]["cells"] == summary["cells"]
+    exported = CliRunner().invoke(app, ["results", "export", "--dir", str(tmp_path / "res"), "--metric", "answer_logprob",
+                                        "--format", "json"])
+    assert exported.exit_code == 0, exported.output
+    assert json.loads(exported.stdout)["summaries"][0]["cells"] == summary["cells"]
+    refused = CliRunner().invoke(app, ["results", "export", "--dir", str(tmp_path / "res"), "--metric", "logprob"])
+    assert refused.exit_code != 0
 
 
 # -- the table: a cell's mean and its interval count draws (keys), not prompts ------------------
@@ -223,7 +233,7 @@ def test_the_authors_protocols_unscored_leading_token_is_left_out_of_both_scores
                          target_ids=[16, 17, 18])
     fed = ContinuationScore(predicted_ids=[220, 16, 17, 99], logprobs=[-9.0, -0.5, -0.25, -2.0], ranks=[40, 1, 1, 3])
     backend = SimpleNamespace(score_continuations=lambda requests: [fed],
-                              tokenizer=SimpleNamespace(decode=lambda ids: "".join(map(str, ids))))
+                              tokenizer=SimpleNamespace(decode=lambda ids: "".join(map(str, ids)), vocab_size=50257))
     (row,), = ANSWERS["teacher_forced"](backend, [sample])
     assert row["answer_logprob"] == -2.75 and row["answer_rank"] == 1 and row["score"] == 0.0
 

@@ -85,6 +85,9 @@ def test_results_show_gives_both_lengths_and_refuses_a_base_it_did_not_test(tmp_
     summary, = json.loads(shown.stdout)["summaries"]
     assert summary["effective_length"][0]["length"] is None
     assert summary["relative_effective_length"][0]["length"] == 2048
+    exported = CliRunner().invoke(app, ["results", "export", "--dir", str(tmp_path), "--relative", "0.85", "--format", "json"])
+    assert exported.exit_code == 0, exported.output
+    assert json.loads(exported.stdout)["summaries"][0]["relative_effective_length"][0]["length"] == 2048
     for args, words in ((["--relative", "0.85", "--base-length", "3k"], "not a tested length"),
                         (["--base-length", "1k"], "goes with --relative")):
         with pytest.raises(SystemExit) as exit_:

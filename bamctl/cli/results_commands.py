@@ -79,15 +79,25 @@ def _load(directory: Path, task: list[str] | None, model: list[str] | None, wher
 
 
 def _summaries(frame: pd.DataFrame, threshold: float, model: list[str] | None, baseline: str | None,
-               relative: float | None = None, base_length: int | None = None) -> list:
+               relative: float | None = None, base_length: int | None = None, metric: str = "score") -> list:
     """The summaries of the rows, with ``--baseline`` checked against the models they show."""
     from bamctl.results.summary import summarize
 
     summaries = summarize(frame, threshold=threshold, models=model, baseline=baseline, relative=relative,
-                          base_length=base_length)
+                          base_length=base_length, metric=metric)
     if baseline is not None:
         check_baseline(baseline, list(dict.fromkeys(m for s in summaries for m in s.models)))
     return summaries
+
+
+def _checked_cells(metric: str, relative: float | None, base_length: str | None) -> int | None:
+    """``--metric``, ``--relative`` and ``--base-length`` checked before any row is read; the base length in tokens."""
+    from bamctl.results.summary import check_metric, check_relative
+
+    check_metric(metric)
+    base = None if base_length is None else parse_size(base_length)
+    check_relative(relative, base)
+    return base
 
 
 def _stdout() -> Console:
@@ -104,6 +114,7 @@ def show(
     threshold: ThresholdOption = 0.9,
     relative: opt.Relative = None,
     base_length: opt.BaseLength = None,
+    metric: opt.CellMetric = "score",
     baseline: BaselineOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout instead of tables.")] = False,
     show_engines: Annotated[bool, typer.Option("--engines", help="Under the tables, list what the rows ran on: dtype, device and attention path per model.")] = False,
@@ -119,9 +130,9 @@ def show(
     from bamctl.results.provenance import dropped, engines
     from bamctl.results.render import render_summaries, summaries_to_json
 
-    base = None if base_length is None else parse_size(base_length)
+    base = _checked_cells(metric, relative, base_length)
     frame = _load(directory, task, model, where)
-    summaries = _summaries(frame, threshold, model, baseline, relative, base)
+    summaries = _summaries(frame, threshold, model, baseline, relative, base, metric)
     if as_json:
         document = summaries_to_json(summaries)
         if show_engines:
@@ -180,6 +191,9 @@ def export(
     model: ModelOption = None,
     where: WhereOption = None,
     threshold: ThresholdOption = 0.9,
+    relative: opt.Relative = None,
+    base_length: opt.BaseLength = None,
+    metric: opt.CellMetric = "score",
     baseline: BaselineOption = None,
     stats: Annotated[bool, typer.Option("--stats", help="Write the paired tests against --baseline (difference, 95% interval, Holm-adjusted p) instead of the summary.")] = False,
 ) -> None:
@@ -191,7 +205,8 @@ def export(
 
     if stats and baseline is None:
         raise BamctlError("--stats needs --baseline: the model the others are tested against")
-    summaries = _summaries(_load(directory, task, model, where), threshold, model, baseline)
+    base = _checked_cells(metric, relative, base_length)
+    summaries = _summaries(_load(directory, task, model, where), threshold, model, baseline, relative, base, metric)
     if stats and not any(s.paired for s in summaries):
         raise BamctlError(f"--baseline {baseline} shares no samples of the same tokens with another model: no paired test to write")
     text = export_text(summaries, fmt.value, pivot=pivot, stats=stats)
