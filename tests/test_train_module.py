@@ -342,6 +342,13 @@ def test_a_trained_module_is_the_py_model_of_its_file_with_its_weights(as_traine
     original.module.load_state_dict(load_file(folders["nano"] / "model.safetensors"))
     assert {module_identity(original)} == here
     assert {module_identity(load_trained(folders["nano"]))} == here
+    code, output = cli("inspect", folders["nano"], "--json")  # what inspect says the rows carry, they carry
+    assert code == 0, output
+    shown = json.loads(output)
+    assert {shown["model hash"]} == here and shown["module"] == "GPT" and shown["training length"] == 128
+    assert shown["files"] == ["layers.py", "nanogpt.py"]
+    code, output = cli("ppl", folders["nano"], "--lengths", "128", "--samples", "1", "--dir", tmp_path / "ppl")
+    assert code == 0 and "nano was trained on synthetic passkey prompts only" in output, output  # the recipe's kind
 
 
 def test_a_trained_modules_code_runs_only_with_consent(trained, tmp_path, monkeypatch):

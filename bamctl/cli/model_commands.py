@@ -93,7 +93,7 @@ def inspect(
     from bamctl.errors import BamctlError
 
     entry, rest = backend_for(model)
-    if entry in (BACKENDS["hf"], BACKENDS["vllm"], BACKENDS["py"]):
+    if entry in (BACKENDS["hf"], BACKENDS["vllm"], BACKENDS["py"], BACKENDS["trained-py"]):
         drawn = [flag for flag, value in (("--plot", plot), ("--attention-map", attention_map)) if value is not None]
         if drawn:  # they read bamctl's own priors and attention; another model's are its own code's
             verb = "draw" if len(drawn) > 1 else "draws"
@@ -101,6 +101,8 @@ def inspect(
                               f"{model} is not one")
         if entry is BACKENDS["py"]:
             _inspect_module(rest, json_output)
+        elif entry is BACKENDS["trained-py"]:
+            _inspect_module(rest, json_output, trained=True, trust_remote_code=trust_remote_code)
         else:
             _inspect_hf(rest, json_output, trust_remote_code)
         return
@@ -161,18 +163,25 @@ def _inspect_hf(reference: str, json_output: bool, trust_remote_code: bool = Fal
     stdout.print(table)
 
 
-def _inspect_module(reference: str, json_output: bool) -> None:
-    """What a py: reference's function returns, as a run would open it: its classes, its training
-    length, its size and the identity its rows carry."""
-    from bamctl.backends.module import build, defining_files, model_shape, module_identity, train_length
-    from bamctl.local_code import code_of_files
-    from bamctl.backends.user_tokenizer import as_tokenizer
+def _inspect_module(reference: str, json_output: bool, *, trained: bool = False, trust_remote_code: bool = False) -> None:
+    """What a py: reference's function returns, or a trained module's folder holds, as a run would
+    open it: its classes, its training length, its size and the identity its rows carry."""
+    from pathlib import Path
 
-    found = build(reference)
+    from bamctl.backends.module import _class_name, build, defining_files, load_trained, model_shape, module_identity, train_length
+    from bamctl.backends.user_tokenizer import as_tokenizer
+    from bamctl.consent import trusting
+    from bamctl.local_code import code_of_files
+
+    if trained:
+        with trusting(trust_remote_code):
+            found = load_trained(Path(reference))
+    else:
+        found = build(reference)
     width, layers, heads = model_shape(found.module)
     summary = {
-        "reference": f"py:{reference}",
-        "module": f"{type(found.module).__module__}.{type(found.module).__qualname__}",
+        "reference": reference if trained else f"py:{reference}",
+        "module": _class_name(type(found.module)),  # a user's file's class by its name, an installed one's with its module
         "training length": train_length(found, found.name),
         "parameters": sum(p.numel() for p in found.module.parameters()),
         "width": width,

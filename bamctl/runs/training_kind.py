@@ -9,6 +9,8 @@ checkpoints) are language models or unknown: nothing is said of them.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from typing import Callable
 
 PASSKEY_ONLY = "passkey-only"
@@ -41,9 +43,14 @@ def trained_on(reference) -> str | None:
     try:
         reference, _ = split_rope_suffix(reference, RunOptions())
         entry, rest = backend_for(reference)
-        if entry is not BACKENDS["native"]:
+        if entry is BACKENDS["trained-py"]:  # a user's module trained by a recipe keeps it beside its weights
+            from bamctl.module_checkpoint import read_module_config
+
+            recipe = read_module_config(Path(rest).expanduser()).get("recipe") or {}
+        elif entry is BACKENDS["native"]:
+            recipe = read_config(checkpoint_path(rest)).get("recipe") or {}
+        else:
             return None
-        recipe = read_config(checkpoint_path(rest)).get("recipe") or {}
     except (BamctlError, OSError, ValueError):
         return None
     data = recipe.get("data")
