@@ -97,6 +97,19 @@ def test_a_shard_with_other_task_options_is_refused_before_writing(models, tmp_p
     assert ResultStore(out).part_files() == before
 
 
+def test_a_shard_asking_for_answer_logprobs_the_others_did_not_is_refused_before_writing(models, tmp_path, capsys):
+    """Generated rows with and without the teacher-forced answer's figures would mix in one table."""
+    out = tmp_path / "results"
+    command = ["ruler", models[0], "--task", "niah_single_1", "--lengths", "256", "--samples", "2", "--dir", out, "--quiet"]
+    assert run_cli(*command, "--shard", "0/2") == 0
+    before = ResultStore(out).part_files()
+    assert run_cli(*command, "--shard", "1/2", "--answer-logprob") == 2
+    err = capsys.readouterr().err
+    assert "unfinished other sweep" in err and "answer_logprob" in err, err
+    assert ResultStore(out).part_files() == before
+    assert run_cli(*command, "--shard", "1/2") == 0  # the sweep it belongs to goes on
+
+
 def test_a_submitted_shard_refuses_a_sweep_other_than_the_one_submitted(models, tmp_path, capsys):
     from bamctl.cli.submit_commands import plan_sweep
 

@@ -200,7 +200,11 @@ def run_models(
     if asked.lengths is None:
         tell(checks.planned_lengths_line(requests, plans, peeks))
     code = {label: peek.source_digest for label, peek in zip(labels, peeks) if peek.source_digest}
-    shard_run = sweep.enter(out, sweep.describe(labels, requests, model_plans(requests, peeks), run.asked(), code), shard_of,
+    # what the rows hold is part of the sweep: a shard with --answer-logprob beside one without would
+    # leave half the generated rows without the figure a summary averages (left out when off, so
+    # sweeps recorded before it keep their ids)
+    engine = {**run.asked(), **({"answer_logprob": True} if answer_logprob else {})}
+    shard_run = sweep.enter(out, sweep.describe(labels, requests, model_plans(requests, peeks), engine, code), shard_of,
                             report=report or {})
     store = ResultStore(out)
     store.ensure_writable()
