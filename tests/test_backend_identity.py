@@ -45,15 +45,28 @@ def _py(tmp_path, request):
     return f"py:{builder}:build"
 
 
+def _trained_py(tmp_path, request):
+    """A folder as ``bamctl train --model py:...`` leaves it (its module saved untrained: the
+    back-end reads the folder, whatever the weights are)."""
+    from bamctl.backends.module import PyReference, build_fresh
+    from bamctl.module_checkpoint import save_module_checkpoint
+
+    reference = _py(tmp_path, request).removeprefix("py:")
+    found = build_fresh(reference)
+    return str(save_module_checkpoint(found.module, PyReference.parse(reference), tmp_path / "trained", train_length=256,
+                                      recipe={}, provenance={}))
+
+
 def _openai(tmp_path, request):
     server = request.getfixturevalue("served")  # a real vllm serve of SmolLM2 (test_vllm_served.py); skips without vLLM
     OPTIONS["openai"] = RunOptions(base_url=server.url)
     return "openai:smollm2"
 
 
-OPENERS = {"native": _native, "bam": _authors, "hf": _hf, "vllm": _vllm, "py": _py, "openai": _openai}
+OPENERS = {"native": _native, "bam": _authors, "hf": _hf, "vllm": _vllm, "py": _py, "trained-py": _trained_py,
+           "openai": _openai}
 OPTIONS = {"native": RunOptions(device="cpu"), "bam": RunOptions(device="cpu"), "hf": RunOptions(device="cpu"), "vllm": RunOptions(),
-           "py": RunOptions(device="cpu")}
+           "py": RunOptions(device="cpu"), "trained-py": RunOptions(device="cpu")}
 # openai: needs a real server, which only the vllm environment starts (marker vllm)
 NAMES = [pytest.param(name, marks=pytest.mark.vllm) if name == "openai" else name for name in sorted(BACKENDS)]
 
