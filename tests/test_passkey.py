@@ -166,13 +166,36 @@ def test_a_sample_with_no_key_digits_scores_zero_digits(tok):
 
 
 def test_key_depths_are_torchs_float32_linspace_truncated():
-    # the authors place the key at torch.linspace(0, n, k)[i].long(); torch is the reference here, as
-    # in tests/test_fidelity_passkey.py, which the mutation run does not select. From k = 15 on,
-    # torch's vectorised kernel rounds some points otherwise (a fused multiply-add), so k stays below.
+    """The authors place the key at torch.linspace(0, n, k)[i].long(); torch is the reference here,
+    as in tests/test_fidelity_passkey.py (which the mutation run does not select). The depth counts
+    reach past 14, where torch's fused multiply-add in the second half (AVX2 and AVX-512 kernels)
+    moves the middle point of 15, 27, 29 or 31 depths for some n; torch built without it (its
+    DEFAULT kernels) is not what the authors ran on an x86 CPU, so the test skips there."""
     import torch
 
     from bamctl.tasks.passkey import linspace_point
 
-    for end in [*range(400), 4093, 65_531, 524_287, 1_048_573]:
-        for steps in range(1, 12):
-            assert [linspace_point(end, i, steps) for i in range(steps)] == torch.linspace(0, end, steps).long().tolist()
+    if torch.backends.cpu.get_cpu_capability() == "DEFAULT":
+        pytest.skip("torch runs its kernels without a fused multiply-add here")
+    ends = [*range(300), 4093, 65_531, 524_287, 1_048_573, 3_000_001]
+    for steps in [*range(1, 18), 27, 29, 31, 32, 33, 48, 64]:
+        for end in ends:
+            expected = torch.linspace(0, end, steps).long().tolist()
+            assert [linspace_point(end, i, steps) for i in range(steps)] == expected, (end, steps)
+
+
+def test_the_middle_of_fifteen_depths_is_torchs_fused_multiply_add():
+    """15 depths over 2 units: the middle point counts down from 2 by 7 steps of 2/14 in float32.
+    Fused (one rounding of 2 - 7 * fl(1/7)) it is just below 1, so the key goes after 0 units, as
+    torch.linspace(0, 2, 15).long()[7] puts it; rounding 7 * fl(1/7) to 1.0 first would give 1."""
+    from fractions import Fraction
+
+    import numpy as np
+
+    from bamctl.tasks.passkey import linspace_point
+
+    step = np.float32(2) / np.float32(14)
+    assert 2 - 7 * Fraction(float(step)) < 1  # the exact value a fused multiply-add rounds once
+    assert np.float32(7) * step == np.float32(1.0)  # what rounding the product first gives
+    assert linspace_point(2, 7, 15) == 0
+    assert linspace_point(4, 7, 15) == 1
