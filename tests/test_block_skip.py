@@ -94,6 +94,21 @@ def test_the_margin_counts_every_key_the_row_sees():
     assert not negligible(torch.tensor([-1e9]), torch.tensor([float("-inf")]), torch.tensor([10])).any()
 
 
+def test_a_block_whose_bound_meets_the_rows_logit_exactly_is_kept():
+    """The bound must be strictly below: ``upper + margin + slack < lower`` (the module's docstring).
+    The test restates that sum in float32 and finds the logit ``lower`` it lands on exactly (a fixed
+    point, since the slack barely moves with ``lower``): there the block is kept, one float32 step
+    higher it is left out."""
+    positions = torch.tensor([0, 1023, 524287])
+    upper = torch.tensor([-3.0, 0.0, 2.5])
+    lower = upper + skip_margin(positions)
+    for _ in range(8):
+        lower = upper + skip_margin(positions) + block_skip.SLACK * (upper.abs() + lower.abs())
+    assert torch.equal(upper + skip_margin(positions) + block_skip.SLACK * (upper.abs() + lower.abs()), lower)
+    assert not negligible(upper, lower, positions).any()
+    assert negligible(upper, torch.nextafter(lower, torch.tensor(math.inf)), positions).all()
+
+
 def test_a_mode_other_than_auto_or_off_is_refused():
     from bamctl.errors import BamctlError
 
