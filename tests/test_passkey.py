@@ -199,3 +199,22 @@ def test_the_middle_of_fifteen_depths_is_torchs_fused_multiply_add():
     assert np.float32(7) * step == np.float32(1.0)  # what rounding the product first gives
     assert linspace_point(2, 7, 15) == 0
     assert linspace_point(4, 7, 15) == 1
+
+
+@pytest.mark.parametrize("lead", [" ", ""])
+def test_the_key_goes_to_the_sentence_end_nearest_its_depth_and_never_past_the_filler(tok, lead):
+    """The filler's sentence ends found again by decoding every prefix of the stream (a break after
+    token k when the text so far ends in . ? or !), then, for each filler size and target depth, the
+    nearest one not past the filler's end (the end itself included), ties to the earlier one."""
+    from bamctl.tasks.passkey import _filler_stream
+
+    stream = _filler_stream(tok, lead)
+    longest = len(stream.head) + 3 * len(stream.unit)
+    tokens = stream.tokens(longest)
+    breaks = [0] + [k for k in range(1, longest + 1) if tok.decode(tokens[:k]).rstrip().endswith((".", "?", "!"))]
+    assert set(stream.head_breaks) <= set(breaks)  # the head's own ends, the last one included
+    for limit in range(longest + 1):
+        for target in {0.0, limit / 3, limit / 2, 0.8 * limit, float(limit)}:
+            allowed = [b for b in breaks if b <= limit]
+            expected = min(allowed, key=lambda b: (abs(b - target), b))  # noqa: B023
+            assert stream.sentence_break_near(target, limit) == expected, (limit, target)
