@@ -45,6 +45,10 @@ def test_landmark_prompt_is_exactly_the_length(tok, length):
     assert sample.prompt.endswith("\n" + QUESTION)
     key = sample.answers[0]
     assert f"\nThe pass key is {key}. Remember it. {key} is the pass key.\n" in sample.prompt
+    # Landmark's "\n".join(lines): both filler lines are cut from the start of " ".join(garbage),
+    # so each begins "The grass" with no space before it
+    lines = sample.prompt.split("\n")
+    assert len(lines) == 5 and lines[1].startswith(FILLER[:20]) and lines[3].startswith(FILLER[:20])
     assert sample.scoring == "generate" and sample.max_new_tokens == 10
     assert sample.metric == "first_integer_match" and sample.target_ids == []
 
