@@ -222,3 +222,14 @@ def test_the_key_goes_to_the_sentence_end_nearest_its_depth_and_never_past_the_f
             allowed = [b for b in breaks if b <= limit]
             expected = min(allowed, key=lambda b: (abs(b - target), b))  # noqa: B023
             assert stream.sentence_break_near(target, limit) == expected, (limit, target)
+
+
+@pytest.mark.parametrize("protocol", [None, "landmark"])
+def test_needle_depth_is_the_share_of_the_filler_before_the_key(tok, protocol):
+    """The row's needle_depth (docs/SCHEMA.md: where the needle landed, a fraction of the haystack)
+    is the filler before the key over all the filler, kept to 6 decimals, restated here."""
+    for depth in (0.0, 0.37, 0.5, 1.0):
+        sample = _one(tok, 1024, depth, protocol=protocol)
+        before, filler = sample.meta["filler_before"], sample.meta["filler_tokens"]
+        assert 0 < filler and sample.needle_depth == round(before / filler, 6)
+        assert abs(sample.needle_depth - depth) <= _longest_filler_sentence(tok) / filler
