@@ -233,3 +233,16 @@ def test_needle_depth_is_the_share_of_the_filler_before_the_key(tok, protocol):
         before, filler = sample.meta["filler_before"], sample.meta["filler_tokens"]
         assert 0 < filler and sample.needle_depth == round(before / filler, 6)
         assert abs(sample.needle_depth - depth) <= _longest_filler_sentence(tok) / filler
+
+
+@pytest.mark.parametrize("protocol", [None, "landmark"])
+def test_a_prompt_of_the_minimum_length_has_no_filler_and_its_needle_at_depth_zero(tok, protocol):
+    """At the length a too-short request names as the minimum, the prompt is the fixed pieces alone:
+    no filler, the key right after the task line, needle_depth 0.0 (not a division by zero)."""
+    with pytest.raises(BamctlError, match=r"the minimum is (\d+) tokens") as too_short:
+        _one(tok, 10, 0.5, protocol=protocol)
+    minimum = int(re.search(r"the minimum is (\d+) tokens", str(too_short.value)).group(1))
+    for depth in (0.0, 0.5, 1.0):
+        sample = _one(tok, minimum, depth, protocol=protocol)
+        assert sample.n_tokens == minimum and sample.meta["filler_tokens"] == 0 == sample.meta["filler_before"]
+        assert sample.needle_depth == 0.0
