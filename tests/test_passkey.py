@@ -246,3 +246,35 @@ def test_a_prompt_of_the_minimum_length_has_no_filler_and_its_needle_at_depth_ze
         sample = _one(tok, minimum, depth, protocol=protocol)
         assert sample.n_tokens == minimum and sample.meta["filler_tokens"] == 0 == sample.meta["filler_before"]
         assert sample.needle_depth == 0.0
+
+
+def test_authors_prompts_are_the_authors_generator_token_for_token_with_the_needle_where_it_went():
+    """--protocol authors against the BAM authors' PromptGenerator as tests/test_fidelity_passkey.py
+    restates it (Mistral v0.3's vocabulary encoded by sentencepiece itself, not by bamctl), at
+    lengths with no whole unit of filler, one, and many; and what the row records beside the
+    prompt: the info line's first token (needle_positions), n_prefix / n (needle_depth, 0.0 with no
+    units) and the units (meta)."""
+    import torch
+
+    from bamctl.backends.hf_tokenizer import load_hf_tokenizer
+    from mistral_vocab import INFO, MODEL_FILE, TASK, UNIT, reference_processor
+    from mistral_vocab import QUESTION as ASKED
+    from test_fidelity_passkey import authors_prompt as reference_prompt
+
+    sp, ours = reference_processor(), load_hf_tokenizer(MODEL_FILE)
+    task, unit = sp.encode(TASK), sp.encode(UNIT)
+    k = 5
+    exactly_three = len(task) + len(sp.encode(INFO.format(pass_key=99999))) + len(sp.encode(ASKED)) + 3 * len(unit)
+    for length in (60, 100, exactly_three, 1000):  # n = 0, 1, 3 (not a token to spare), 38
+        samples = list(generate_samples("passkey", [length], 2, 7, ours, [i / (k - 1) for i in range(k)], protocol="authors"))
+        assert len(samples) == 2 * k
+        for sample in samples:
+            i, key = round(sample.depth * (k - 1)), sample.answers[0]
+            prompt, answer, target = reference_prompt(sp, length, lambda n: int(torch.linspace(0, n, k).long()[i]), key)  # noqa: B023
+            assert sample.input_ids == prompt and sample.answer_ids == answer and sample.target_ids == target
+            n, n_prefix = sample.meta["filler_units"], sample.meta["units_before"]
+            assert n == (len(prompt) - len(task) - len(sp.encode(INFO.format(pass_key=key))) - len(sp.encode(ASKED))) // len(unit)
+            at = len(task) + n_prefix * len(unit)
+            assert sample.needle_positions == [at] and prompt[at:at + 3] == sp.encode(INFO.format(pass_key=key))[:3]
+            assert sample.needle_depth == (round(n_prefix / n, 6) if n else 0.0)
+        assert {s.meta["filler_units"] for s in samples} == {max(0, (length - len(task) - len(sp.encode(INFO.format(pass_key=99999))) - len(sp.encode(ASKED))) // len(unit))}
