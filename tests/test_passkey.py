@@ -254,6 +254,8 @@ def test_authors_prompts_are_the_authors_generator_token_for_token_with_the_need
     lengths with no whole unit of filler, one, and many; and what the row records beside the
     prompt: the info line's first token (needle_positions), n_prefix / n (needle_depth, 0.0 with no
     units) and the units (meta)."""
+    import math
+
     import torch
 
     from bamctl.backends.hf_tokenizer import load_hf_tokenizer
@@ -278,3 +280,8 @@ def test_authors_prompts_are_the_authors_generator_token_for_token_with_the_need
             assert sample.needle_positions == [at] and prompt[at:at + 3] == sp.encode(INFO.format(pass_key=key))[:3]
             assert sample.needle_depth == (round(n_prefix / n, 6) if n else 0.0)
         assert {s.meta["filler_units"] for s in samples} == {max(0, (length - len(task) - len(sp.encode(INFO.format(pass_key=99999))) - len(sp.encode(ASKED))) // len(unit))}
+    # a depth asked alone, on no grid of evenly spaced depths: floor(d n) units before it (docs/protocols.md)
+    (alone,) = generate_samples("passkey", [1000], 1, 7, ours, [0.37], protocol="authors")
+    n = alone.meta["filler_units"]
+    assert alone.meta["units_before"] == math.floor(0.37 * n) and n == 38
+    assert alone.input_ids == reference_prompt(sp, 1000, lambda n: math.floor(0.37 * n), alone.answers[0])[0]
