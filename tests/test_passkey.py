@@ -285,3 +285,44 @@ def test_authors_prompts_are_the_authors_generator_token_for_token_with_the_need
     n = alone.meta["filler_units"]
     assert alone.meta["units_before"] == math.floor(0.37 * n) and n == 38
     assert alone.input_ids == reference_prompt(sp, 1000, lambda n: math.floor(0.37 * n), alone.answers[0])[0]
+
+
+class _DummyPrefixPieces:
+    """A SentencePiece-like tokenizer, restated: a dummy "▁" before the text, spaces as "▁", a
+    leading "▁▁" one piece, then either one piece per character or (``glue``) "▁" glued to the
+    digit after it, as a vocabulary with "▁1" pieces would; decoding turns "▁" back into spaces."""
+
+    name = "dummy-prefix"
+
+    def __init__(self, glue: bool):
+        self.glue, self.pieces = glue, []
+
+    def _id(self, piece):
+        if piece not in self.pieces:
+            self.pieces.append(piece)
+        return self.pieces.index(piece)
+
+    def encode(self, text):
+        text, out = "▁" + text.replace(" ", "▁"), []
+        if text.startswith("▁▁"):
+            out, text = ["▁" if self.glue else "▁▁"], text[1 if self.glue else 2:]
+        while text:
+            take = 2 if self.glue and text[0] == "▁" and text[1:2].isdigit() else 1
+            out, text = out + [text[:take]], text[take:]
+        return [self._id(p) for p in out]
+
+    def decode(self, ids):
+        return "".join(self.pieces[i] for i in ids).replace("▁", " ")
+
+
+def test_the_authors_scoring_needs_one_leading_token_and_then_one_token_per_digit():
+    """" " + key as "▁▁" and five digit pieces (Mistral's form) can be scored as the authors do; as
+    "▁", "▁1", "2", "3", "4", "5" it has the right number of tokens but its first digit is not a digit
+    token, so it is refused, as GPT-2 (" 999" + "99": too few tokens) is."""
+    from bamctl.tasks.passkey import authors_scoring
+
+    assert authors_scoring(_DummyPrefixPieces(glue=False), 5) is None
+    glued = _DummyPrefixPieces(glue=True)
+    assert len(glued.encode(" 12345")) == 6 and glued.decode(glued.encode(" 12345")[1:2]) == " 1"
+    assert "encodes ' 99999' as 6 tokens" in authors_scoring(glued, 5)
+    assert "encodes ' 99999' as 2 tokens" in authors_scoring(get_tokenizer("gpt2"), 5)
