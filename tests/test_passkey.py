@@ -326,3 +326,18 @@ def test_the_authors_scoring_needs_one_leading_token_and_then_one_token_per_digi
     assert len(glued.encode(" 12345")) == 6 and glued.decode(glued.encode(" 12345")[1:2]) == " 1"
     assert "encodes ' 99999' as 6 tokens" in authors_scoring(glued, 5)
     assert "encodes ' 99999' as 2 tokens" in authors_scoring(get_tokenizer("gpt2"), 5)
+
+
+def test_a_passkey_sample_by_default_is_a_five_digit_key_among_space_led_pieces(tok):
+    """passkey_sample's defaults, for a task file that names neither: a five-digit key and pieces led
+    by a space (the exact form's), the same sample as one that names them; an unknown form is refused
+    by name."""
+    from bamctl.tasks import get_task
+    from bamctl.tasks.passkey import passkey_sample
+
+    slot = get_task("passkey").slot(length=1024, depth=0.5, seed=3, index=1)
+    plain = passkey_sample(slot=slot, tokenizer=tok, form="exact_length", keys="authors")
+    named = passkey_sample(slot=slot, tokenizer=tok, form="exact_length", keys="authors", join=" ", key_digits=5)
+    assert re.fullmatch(r"[1-9]\d{4}", plain.answers[0]) and plain.input_ids == named.input_ids
+    with pytest.raises(BamctlError, match=r"^unknown passkey form 'lines'; use authors or exact_length$"):
+        passkey_sample(slot=slot, tokenizer=tok, form="lines", keys="authors")
