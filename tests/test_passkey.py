@@ -339,5 +339,6 @@ def test_a_passkey_sample_by_default_is_a_five_digit_key_among_space_led_pieces(
     plain = passkey_sample(slot=slot, tokenizer=tok, form="exact_length", keys="authors")
     named = passkey_sample(slot=slot, tokenizer=tok, form="exact_length", keys="authors", join=" ", key_digits=5)
     assert re.fullmatch(r"[1-9]\d{4}", plain.answers[0]) and plain.input_ids == named.input_ids
+    assert plain.to_json()["meta"]["key"] == plain.answers[0]  # `bamctl generate` writes it with the sample
     with pytest.raises(BamctlError, match=r"^unknown passkey form 'lines'; use authors or exact_length$"):
         passkey_sample(slot=slot, tokenizer=tok, form="lines", keys="authors")
