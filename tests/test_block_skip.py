@@ -109,6 +109,16 @@ def test_a_block_whose_bound_meets_the_rows_logit_exactly_is_kept():
     assert negligible(upper, torch.nextafter(lower, torch.tensor(math.inf)), positions).all()
 
 
+def test_a_blocks_bias_range_is_computed_on_the_device_of_its_table():
+    """The kernels call block_bias_range with a CUDA table and CUDA block starts; every tensor it
+    builds must be on that device, or adding them stops the run. The meta device stands in for an
+    accelerator on a machine without one: it keeps devices and shapes and computes nothing."""
+    table = torch.randn(HEADS, 300, device="meta")
+    starts = torch.tensor([0, 64, 128], device="meta")
+    high, low = block_bias_range(table, 200, 32, starts, 64)
+    assert high.device == low.device == table.device and high.shape == low.shape == (HEADS, 3)
+
+
 def test_a_mode_other_than_auto_or_off_is_refused():
     from bamctl.errors import BamctlError
 
