@@ -342,3 +342,22 @@ def test_a_passkey_sample_by_default_is_a_five_digit_key_among_space_led_pieces(
     assert plain.to_json()["meta"]["key"] == plain.answers[0]  # `bamctl generate` writes it with the sample
     with pytest.raises(BamctlError, match=r"^unknown passkey form 'lines'; use authors or exact_length$"):
         passkey_sample(slot=slot, tokenizer=tok, form="lines", keys="authors")
+
+
+def test_a_key_is_any_five_digit_number_drawn_from_its_slots_own_generator():
+    """The key is randint(10**4, 10**5 - 1) of the generator seeded by the slot's identity, restated
+    here. Python's randint takes 17 random bits and draws again at 90000 or more; two slots were
+    found by searching those bits: at (seed 20, index 5298) the draw is the top, 99999, and at
+    (seed 3, index 6963) the first bits are past the range, so the key comes from the next draw and
+    never has six digits."""
+    from bamctl.tasks import get_task
+    from bamctl.tasks.passkey import passkey_key
+    from bamctl.tasks.sample import sample_rng
+
+    spec = get_task("passkey")
+    keys = {}
+    for seed, index in [(20, 5298), (3, 6963), (0, 0), (7, 3)]:
+        expected = sample_rng(seed, "passkey", "authors", 1024, index).randint(10_000, 99_999)
+        keys[seed, index] = passkey_key(spec.slot(length=1024, depth=0.5, seed=seed, index=index), 5, "authors")
+        assert keys[seed, index] == str(expected)
+    assert keys[20, 5298] == "99999" and len(keys[3, 6963]) == 5
