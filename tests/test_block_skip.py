@@ -83,6 +83,19 @@ def test_a_negative_factor_is_bounded_by_the_smallest_bias():
     assert content.item() == pytest.approx(3 * 2 - 1)
 
 
+def test_the_bias_term_of_the_bound_is_the_larger_of_c_times_either_end_of_the_bias_range():
+    """l = s c + b c: over b in [bias_min, bias_max], b c is linear in b, so its largest value is at
+    one end of the range, max(c bias_max, c bias_min), for factors of either sign and any size
+    (0 and those between 0 and 1 included). Restated here with that maximum, not with the sign
+    test the module uses; the content scope adds bias_max alone."""
+    factor = torch.tensor([-3.0, -0.5, 0.0, 0.25, 0.5, 1.0, 2.0])
+    q_norm, key_norm, bias_max, bias_min = torch.tensor(1.5), torch.tensor(2.0), torch.tensor(-1.0), torch.tensor(-50.0)
+    upper = logit_upper_bound(q_norm, key_norm, bias_max, bias_min, factor, "logits")
+    assert torch.equal(upper, factor.abs() * 3.0 + torch.maximum(factor * bias_max, factor * bias_min))
+    content = logit_upper_bound(q_norm, key_norm, bias_max, bias_min, factor, "content")
+    assert torch.equal(content, factor.abs() * 3.0 + bias_max)
+
+
 def test_the_margin_counts_every_key_the_row_sees():
     positions = torch.tensor([0, 1023, 524287])
     assert torch.allclose(skip_margin(positions), EPSILON_NATS + torch.log(positions.float() + 1))
