@@ -132,6 +132,18 @@ def test_a_blocks_bias_range_is_computed_on_the_device_of_its_table():
     assert high.device == low.device == table.device and high.shape == low.shape == (HEADS, 3)
 
 
+def test_block_counts_add_up_per_sequence_over_calls_of_any_batch_size():
+    """A kernel adds its counts on every call (layers, chunks), for as many sequences as that call
+    holds: each sequence's sums over the calls, restated here by hand, and nothing after take()."""
+    counts = BlockCounts()
+    counts.add([1, 2], [3, 4])
+    counts.add([5], [6])  # a smaller batch adds to the first sequence only
+    counts.add(torch.tensor([1, 1, 7]), torch.tensor([2, 2, 8]))  # a larger one keeps the earlier sums
+    counts.add([0, 3, 0], [1, 1, 1])
+    assert counts.take() == [(1 + 5 + 1 + 0, 3 + 6 + 2 + 1), (2 + 1 + 3, 4 + 2 + 1), (7 + 0, 8 + 1)]
+    assert counts.take() == []
+
+
 def test_a_mode_other_than_auto_or_off_is_refused():
     from bamctl.errors import BamctlError
 
