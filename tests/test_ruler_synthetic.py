@@ -438,6 +438,19 @@ def test_rulers_step_down_takes_steps_until_it_fits_and_refuses_at_one_step():
         ruler_step_down(total, 100, 15, 10, "t")  # 5 left is below one step: RULER would loop
 
 
+@pytest.mark.parametrize("task, smallest, without", [("vt", 0, "without noise"), ("cwe", 10, "with only its 10 common words")])
+def test_a_length_too_short_for_the_smallest_prompt_names_the_tokens_it_needs(tok, task, smallest, without):
+    """Exact sizing refuses a length whose smallest prompt does not fit beside the answer budget, and
+    names that prompt's tokens: those of the generator's sample at its smallest size."""
+    spec = get_task(task)
+    slot = spec.slot(length=100, depth=None, seed=0, index=0)
+    needed = BUILD[task](slot=slot, tokenizer=tok, n_units=smallest, **spec.args).n_tokens
+    message = (f"length 100 is too short for {task}: the prompt {without} already needs {needed} tokens "
+               f"besides the {spec.max_new_tokens}-token answer budget")
+    with pytest.raises(BamctlError, match=f"^{re.escape(message)}$"):
+        list(generate_samples(task, [100], 1, 0, tok))
+
+
 # --- chat template, identity, command line --------------------------------------------------
 
 
