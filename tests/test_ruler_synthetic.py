@@ -383,11 +383,12 @@ def test_largest_fit_is_the_largest_size_that_fits_whatever_the_estimate():
     }
     for _ in range(150):
         cost = _monotone_costs(rng, 400)
-        budget = int(rng.integers(cost(0) - 5, cost(399)))
-        fits = lambda n: cost(n) <= budget  # noqa: E731, B023
-        expected = max((n for n in range(400) if cost(n) <= budget), default=-1)
-        for name, estimate in estimates.items():
-            assert largest_fit(fits, estimate(cost), budget - cost(0)) == expected, (name, budget)
+        # the edges too: nothing fits, only size 0 fits, sizes 0 and 1 fit
+        for budget in (cost(0) - 1, cost(0), cost(1), cost(2) - 1, int(rng.integers(cost(0) - 5, cost(399)))):
+            fits = lambda n: cost(n) <= budget  # noqa: E731, B023
+            expected = max((n for n in range(400) if cost(n) <= budget), default=-1)
+            for name, estimate in estimates.items():
+                assert largest_fit(fits, estimate(cost), budget - cost(0)) == expected, (name, budget)
 
 
 def test_size_exact_finds_the_largest_size_and_names_what_the_smallest_prompt_needs():
@@ -399,9 +400,10 @@ def test_size_exact_finds_the_largest_size_and_names_what_the_smallest_prompt_ne
     rng = np.random.default_rng(11)
     for _ in range(60):
         cost = _monotone_costs(rng, 300)
-        budget = int(rng.integers(cost(0), cost(299)))
-        expected = max(n for n in range(300) if cost(n) <= budget)
-        assert size_exact(cost, lambda n: cost(n) - cost(0), budget, "{needed}") == expected  # noqa: B023
+        for budget in (cost(0), cost(1), int(rng.integers(cost(0), cost(299)))):  # size 0 alone fits at cost(0)
+            expected = max(n for n in range(300) if cost(n) <= budget)
+            assert size_exact(cost, lambda n: cost(n) - cost(0), budget, "{needed}") == expected  # noqa: B023
+    assert size_exact(lambda n: 40 + n, lambda n: n, 40, "{needed}") == 0
     with pytest.raises(BamctlError, match="^the bare prompt needs 57 tokens$"):
         size_exact(lambda n: 57 + n, lambda n: n, 56, "the bare prompt needs {needed} tokens")
 
