@@ -279,7 +279,8 @@ def test_authors_prompts_are_the_authors_generator_token_for_token_with_the_need
             at = len(task) + n_prefix * len(unit)
             assert sample.needle_positions == [at] and prompt[at:at + 3] == sp.encode(INFO.format(pass_key=key))[:3]
             assert sample.needle_depth == (round(n_prefix / n, 6) if n else 0.0)
-        assert {s.meta["filler_units"] for s in samples} == {max(0, (length - len(task) - len(sp.encode(INFO.format(pass_key=99999))) - len(sp.encode(ASKED))) // len(unit))}
+        fixed = len(task) + len(sp.encode(INFO.format(pass_key=99999))) + len(sp.encode(ASKED))  # the longest key's info line
+        assert {s.meta["filler_units"] for s in samples} == {max(0, (length - fixed) // len(unit))}
     # a depth asked alone, on no grid of evenly spaced depths: floor(d n) units before it (docs/protocols.md)
     (alone,) = generate_samples("passkey", [1000], 1, 7, ours, [0.37], protocol="authors")
     n = alone.meta["filler_units"]
