@@ -2,7 +2,8 @@
 
 A survivor listed in scripts/mutation_equivalent.toml, with the reason it cannot change any output,
 counts as equivalent, not as a survivor. The score is killed / (killed + survived): timeouts count
-as killed (the mutant made a test loop), mutants no selected test reaches count as survivors, and
+as killed (the mutant made a test loop), and so does a test process the mutant got killed
+(SIGKILL, a segfault); mutants no selected test reaches count as survivors, and
 modules whose mutants have not run say so.
 
     python scripts/mutation_tally.py            # the table docs/testing.md shows
@@ -21,7 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 MUTANTS = ROOT / "mutants"
 EQUIVALENT = ROOT / "scripts" / "mutation_equivalent.toml"
 
-KILLED = {1, 3, 36, -24, 24, 152, 255, 37}  # a failing test, an error, a timeout
+# a failing test, an error, a timeout, or the test process killed (SIGKILL after the CPU time limit
+# or on exhausted memory, or a segfault: mutmut says "segfault" for both signals)
+KILLED = {1, 3, 36, -24, 24, 152, 255, 37, -9, -11}
 SURVIVED = {0, 5, 33}  # every selected test passed, or none reaches the mutant
 
 

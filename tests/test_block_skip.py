@@ -83,6 +83,19 @@ def test_a_negative_factor_is_bounded_by_the_smallest_bias():
     assert content.item() == pytest.approx(3 * 2 - 1)
 
 
+def test_the_bias_term_of_the_bound_is_the_larger_of_c_times_either_end_of_the_bias_range():
+    """l = s c + b c: over b in [bias_min, bias_max], b c is linear in b, so its largest value is at
+    one end of the range, max(c bias_max, c bias_min), for factors of either sign and any size
+    (0 and those between 0 and 1 included). Restated here with that maximum, not with the sign
+    test the module uses; the content scope adds bias_max alone."""
+    factor = torch.tensor([-3.0, -0.5, 0.0, 0.25, 0.5, 1.0, 2.0])
+    q_norm, key_norm, bias_max, bias_min = torch.tensor(1.5), torch.tensor(2.0), torch.tensor(-1.0), torch.tensor(-50.0)
+    upper = logit_upper_bound(q_norm, key_norm, bias_max, bias_min, factor, "logits")
+    assert torch.equal(upper, factor.abs() * 3.0 + torch.maximum(factor * bias_max, factor * bias_min))
+    content = logit_upper_bound(q_norm, key_norm, bias_max, bias_min, factor, "content")
+    assert torch.equal(content, factor.abs() * 3.0 + bias_max)
+
+
 def test_the_margin_counts_every_key_the_row_sees():
     positions = torch.tensor([0, 1023, 524287])
     assert torch.allclose(skip_margin(positions), EPSILON_NATS + torch.log(positions.float() + 1))
@@ -92,6 +105,43 @@ def test_the_margin_counts_every_key_the_row_sees():
     assert not negligible(lower - EPSILON_NATS - 0.5, lower, positions)[1:].any()
     assert negligible(lower - skip_margin(positions) - 0.01, lower, positions).all()
     assert not negligible(torch.tensor([-1e9]), torch.tensor([float("-inf")]), torch.tensor([10])).any()
+
+
+def test_a_block_whose_bound_meets_the_rows_logit_exactly_is_kept():
+    """The bound must be strictly below: ``upper + margin + slack < lower`` (the module's docstring).
+    The test restates that sum in float32 and finds the logit ``lower`` it lands on exactly (a fixed
+    point, since the slack barely moves with ``lower``): there the block is kept, one float32 step
+    higher it is left out."""
+    positions = torch.tensor([0, 1023, 524287])
+    upper = torch.tensor([-3.0, 0.0, 2.5])
+    lower = upper + skip_margin(positions)
+    for _ in range(8):
+        lower = upper + skip_margin(positions) + block_skip.SLACK * (upper.abs() + lower.abs())
+    assert torch.equal(upper + skip_margin(positions) + block_skip.SLACK * (upper.abs() + lower.abs()), lower)
+    assert not negligible(upper, lower, positions).any()
+    assert negligible(upper, torch.nextafter(lower, torch.tensor(math.inf)), positions).all()
+
+
+def test_a_blocks_bias_range_is_computed_on_the_device_of_its_table():
+    """The kernels call block_bias_range with a CUDA table and CUDA block starts; every tensor it
+    builds must be on that device, or adding them stops the run. The meta device stands in for an
+    accelerator on a machine without one: it keeps devices and shapes and computes nothing."""
+    table = torch.randn(HEADS, 300, device="meta")
+    starts = torch.tensor([0, 64, 128], device="meta")
+    high, low = block_bias_range(table, 200, 32, starts, 64)
+    assert high.device == low.device == table.device and high.shape == low.shape == (HEADS, 3)
+
+
+def test_block_counts_add_up_per_sequence_over_calls_of_any_batch_size():
+    """A kernel adds its counts on every call (layers, chunks), for as many sequences as that call
+    holds: each sequence's sums over the calls, restated here by hand, and nothing after take()."""
+    counts = BlockCounts()
+    counts.add([1, 2], [3, 4])
+    counts.add([5], [6])  # a smaller batch adds to the first sequence only
+    counts.add(torch.tensor([1, 1, 7]), torch.tensor([2, 2, 8]))  # a larger one keeps the earlier sums
+    counts.add([0, 3, 0], [1, 1, 1])
+    assert counts.take() == [(1 + 5 + 1 + 0, 3 + 6 + 2 + 1), (2 + 1 + 3, 4 + 2 + 1), (7 + 0, 8 + 1)]
+    assert counts.take() == []
 
 
 def test_a_mode_other_than_auto_or_off_is_refused():

@@ -357,6 +357,102 @@ def test_ruler_sizing_below_4k_steps_of_five_lines_for_vt(tok):
     assert sample.meta["haystack_units"] == _ruler_vt(tok, 2048, sample)
 
 
+def _monotone_costs(rng, size):
+    """Non-decreasing token counts for every size n >= 0: steps of 0 to 7 tokens up to ``size``,
+    flat runs included, then 5 more per unit (a prompt grows without end)."""
+    table = (rng.integers(3, 40) + rng.integers(0, 8, size).cumsum()).tolist()
+    return lambda n: table[n] if n < size else table[-1] + 5 * (n - size + 1)
+
+
+def test_largest_fit_is_the_largest_size_that_fits_whatever_the_estimate():
+    """largest_fit against brute force on random non-decreasing costs: the largest n with
+    cost(n) <= budget (-1 when n = 0 does not fit), with estimates exact, under, over, flat and
+    steep, so that the gallop starts below, at and above the answer."""
+    import numpy as np
+
+    from bamctl.tasks.sizing import largest_fit
+
+    rng = np.random.default_rng(7)
+    estimates = {
+        "exact": lambda cost: lambda n: cost(n) - cost(0),
+        "half": lambda cost: lambda n: (cost(n) - cost(0)) // 2,
+        "double": lambda cost: lambda n: 2 * (cost(n) - cost(0)),
+        "flat": lambda cost: lambda n: 0 if n < 3 else 10**9,
+        "steep": lambda cost: lambda n: 50 * n,
+        "linear": lambda cost: lambda n: 3 * n,
+    }
+    for _ in range(150):
+        cost = _monotone_costs(rng, 400)
+        # the edges too: nothing fits, only size 0 fits, sizes 0 and 1 fit
+        for budget in (cost(0) - 1, cost(0), cost(1), cost(2) - 1, int(rng.integers(cost(0) - 5, cost(399)))):
+            fits = lambda n: cost(n) <= budget  # noqa: E731, B023
+            expected = max((n for n in range(400) if cost(n) <= budget), default=-1)
+            for name, estimate in estimates.items():
+                assert largest_fit(fits, estimate(cost), budget - cost(0)) == expected, (name, budget)
+
+
+def test_size_exact_finds_the_largest_size_and_names_what_the_smallest_prompt_needs():
+    """size_exact against brute force; an empty prompt over the budget is an error naming its tokens."""
+    import numpy as np
+
+    from bamctl.tasks.sizing import size_exact
+
+    rng = np.random.default_rng(11)
+    for _ in range(60):
+        cost = _monotone_costs(rng, 300)
+        for budget in (cost(0), cost(1), int(rng.integers(cost(0), cost(299)))):  # size 0 alone fits at cost(0)
+            expected = max(n for n in range(300) if cost(n) <= budget)
+            assert size_exact(cost, lambda n: cost(n) - cost(0), budget, "{needed}") == expected  # noqa: B023
+    assert size_exact(lambda n: 40 + n, lambda n: n, 40, "{needed}") == 0
+    with pytest.raises(BamctlError, match="^the bare prompt needs 57 tokens$"):
+        size_exact(lambda n: 57 + n, lambda n: n, 56, "the bare prompt needs {needed} tokens")
+
+
+def test_rulers_bisection_is_the_largest_size_in_its_bounds_that_fits():
+    """ruler_bisect against brute force over [lower, upper] (RULER's binary search assumes totals grow
+    with n, so on non-decreasing totals it is the largest fitting n), else the fallback."""
+    import numpy as np
+
+    from bamctl.tasks.sizing import ruler_bisect
+
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        cost = _monotone_costs(rng, 200)
+        lower, upper = sorted(int(x) for x in rng.integers(0, 200, 2))
+        limit = int(rng.integers(cost(0) - 5, cost(199) + 5))
+        fitting = [n for n in range(lower, upper + 1) if cost(n) <= limit]
+        assert ruler_bisect(cost, limit, lower, upper, -7) == (max(fitting) if fitting else -7)
+
+
+def test_rulers_step_down_takes_steps_until_it_fits_and_refuses_at_one_step():
+    """ruler_step_down restated: from start, step fewer while the total exceeds the limit; at or below
+    one step, an error that names the task and the step."""
+    from bamctl.tasks.sizing import ruler_step_down
+
+    total = lambda n: 100 + 3 * n  # noqa: E731
+    assert ruler_step_down(total, 400, 100, 10, "t") == 100  # 400 <= 400: no step
+    assert ruler_step_down(total, 399, 100, 10, "t") == 90
+    assert ruler_step_down(total, 250, 100, 10, "t") == 50
+    assert ruler_step_down(total, 130, 100, 10, "t") == 10
+    with pytest.raises(BamctlError, match=r"^length 1k of vt does not fit with RULER's sizing \(steps of 10\)$"):
+        ruler_step_down(total, 129, 100, 10, "length 1k of vt")
+    with pytest.raises(BamctlError):
+        ruler_step_down(total, 100, 15, 10, "t")  # 5 left is below one step: RULER would loop
+
+
+@pytest.mark.parametrize("task, smallest, without", [("vt", 0, "without noise"), ("cwe", 10, "with only its 10 common words")])
+def test_a_length_too_short_for_the_smallest_prompt_names_the_tokens_it_needs(tok, task, smallest, without):
+    """Exact sizing refuses a length whose smallest prompt does not fit beside the answer budget, and
+    names that prompt's tokens: those of the generator's sample at its smallest size."""
+    spec = get_task(task)
+    slot = spec.slot(length=100, depth=None, seed=0, index=0)
+    needed = BUILD[task](slot=slot, tokenizer=tok, n_units=smallest, **spec.args).n_tokens
+    message = (f"length 100 is too short for {task}: the prompt {without} already needs {needed} tokens "
+               f"besides the {spec.max_new_tokens}-token answer budget")
+    with pytest.raises(BamctlError, match=f"^{re.escape(message)}$"):
+        list(generate_samples(task, [100], 1, 0, tok))
+
+
 # --- chat template, identity, command line --------------------------------------------------
 
 

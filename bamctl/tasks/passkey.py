@@ -180,14 +180,24 @@ def units_before_needle(n: int, depth: float, grid: tuple[int, int] | None) -> i
 
 def linspace_point(end: int, index: int, steps: int) -> int:
     """``torch.linspace(0, end, steps)[index].long()``, in float32 as ATen computes it: the first
-    half counts up from 0 by the step, the second half down from ``end``; ``.long()`` truncates."""
+    half counts up from 0 by the step, the second half down from ``end``; ``.long()`` truncates.
+
+    ATen's x86 kernels (AVX2 and AVX-512, what torch runs on any x86 CPU since 2013) fuse the second
+    half's ``end - step * k`` into one multiply-add, rounded once. The product of a 24-bit step and a
+    count below 2^29, and its difference with the float32 ``end``, are exact in float64, so one
+    rounding to float32 gives the fused result. Rounding the product first, as two float32
+    operations do, moves the middle one of an odd number of depths by one unit for some ``end``
+    (15 depths, ``end`` = 2: torch gives 0, two roundings 1)."""
     import numpy as np
 
     if steps == 1:
         return 0
     f32 = np.float32
     step = f32(end) / f32(steps - 1)
-    value = step * f32(index) if index < steps // 2 else f32(end) - step * f32(steps - index - 1)
+    if index < steps // 2:
+        value = step * f32(index)
+    else:
+        value = f32(np.float64(f32(end)) - np.float64(step) * np.float64(steps - index - 1))
     return int(value)
 
 
