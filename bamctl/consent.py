@@ -94,3 +94,11 @@ def require(code: LocalCode, who: str) -> None:
     raise BamctlError(f"{who} is code in {code.root / code.named.name}"
                       f"{'' if len(code.files) == 1 else f' (with {len(code.files) - 1} file(s) it imports)'} that this "
                       f"model names, not you; bamctl runs it only if you trust it: add {HOW}")
+
+
+def require_asked(who: str, what: str) -> None:
+    """Let a model run a function of an installed module it names (no file of its own, so no digest
+    to check or remember) only when the user asks now; else stop in one line naming it and the flag."""
+    if not _ASKED.get():
+        raise BamctlError(f"{who} calls {what}, an installed module's function that this model names, not you; "
+                          f"bamctl calls it only if you trust it: add {HOW}")

@@ -17,13 +17,16 @@ classes, settings, code by relative path, arguments. Running the copied code is 
 the folder names, not the user: it needs consent (``bamctl.consent``), given by training it (the
 run remembers the code it ran), by ``--trust-remote-code``, or by an earlier consent to the same
 bytes. A builder in an installed module (``py:package.module:FUNCTION``) is not copied: its name is
-recorded, and the package must be installed where the folder is opened.
+recorded, the package must be installed where the folder is opened, and, with no bytes of it to
+check or remember, it is called only with ``--trust-remote-code``, every time. The code saved is
+what was read before the module was imported, so a file edited during training never reaches it.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -51,13 +54,33 @@ def is_module_checkpoint(path) -> bool:
         return False
 
 
-def save_module_checkpoint(module: torch.nn.Module, reference, out: Path, *, train_length: int, recipe: dict,
-                           provenance: dict, dtype: str = "float32") -> Path:
-    """Write the module's weights, its code and ``config.json`` (last, so a folder with a config is whole).
+@dataclass(frozen=True)
+class CodeSnapshot:
+    """The code a module was built with, read once before it is imported, so that every save of a
+    run writes the bytes that trained, whatever becomes of the files meanwhile."""
 
-    ``reference``: the ``bamctl.backends.module.PyReference`` it was built from."""
+    builder: str  # the builder's file name, or an installed module's name
+    files: dict[str, bytes] | None  # path relative to the builder's folder -> bytes; None: installed
+    digest: str | None  # ``bamctl.local_code``'s digest of those files; None: installed
+
+
+def snapshot_code(reference) -> CodeSnapshot:
+    """``reference`` (a ``bamctl.backends.module.PyReference``): its file and every file it imports
+    from its folder, as bytes; an installed module by its name alone."""
+    source = reference.source()
+    if source is None or is_installed(source):
+        return CodeSnapshot(reference.target, None, None)
+    code = local_code(source)
+    files = {source.name if key == NAMED else key: (code.named if key == NAMED else code.root / key).read_bytes()
+             for key in code.files}
+    return CodeSnapshot(source.name, files, code.digest)
+
+
+def save_module_checkpoint(module: torch.nn.Module, code: CodeSnapshot, function: str, arguments: dict, out: Path, *,
+                           train_length: int, recipe: dict, provenance: dict, dtype: str = "float32") -> Path:
+    """Write the module's weights, its code and ``config.json`` (last, so a folder with a config is whole)."""
     out = checkpoint_folder(out)
-    builder, code_digest = _copy_code(reference, out)
+    builder, code_digest = _write_code(code, out)
     store = SAVE_DTYPES[dtype]
     # cloned: a module that ties two parameters (nanoGPT's wte and lm_head) shares their storage,
     # which safetensors refuses; each name gets its own copy, and loading fills both alike
@@ -68,7 +91,7 @@ def save_module_checkpoint(module: torch.nn.Module, reference, out: Path, *, tra
     config = {
         "format": MODULE_FORMAT,
         "bamctl_version": __version__,
-        "module": {"builder": builder, "function": reference.function, "arguments": reference.arguments,
+        "module": {"builder": builder, "function": function, "arguments": arguments,
                    "code_digest": code_digest, "tokenizer": TOKENIZER, "train_length": int(train_length),
                    "class": type(module).__qualname__},
         "recipe": recipe,
@@ -80,23 +103,22 @@ def save_module_checkpoint(module: torch.nn.Module, reference, out: Path, *, tra
     return out
 
 
-def _copy_code(reference, out: Path) -> tuple[str, str | None]:
-    """The builder's file and its local imports copied to ``out/code`` (replacing an older copy);
-    returns (the builder as the config names it, the code's digest: None for an installed module)."""
-    source = reference.source()
-    if source is None or is_installed(source):
-        return reference.target, None
-    code = local_code(source)
+def _write_code(code: CodeSnapshot, out: Path) -> tuple[str, str | None]:
+    """The snapshot's files written to ``out/code`` (replacing an older copy); returns (the builder as
+    the config names it, the code's digest: None for an installed module)."""
+    if code.files is None:
+        return code.builder, None
     staging = out / f".{CODE_FOLDER}.new"
     shutil.rmtree(staging, ignore_errors=True)
-    for key in code.files:
-        target = staging / (source.name if key == NAMED else key)
+    for relative, data in code.files.items():
+        target = staging / relative
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(code.named if key == NAMED else code.root / key, target)
+        target.write_bytes(data)
     shutil.rmtree(out / CODE_FOLDER, ignore_errors=True)
     staging.rename(out / CODE_FOLDER)
-    consent.remember(code)  # the user named this code and this process ran it: the folder opens without asking
-    return f"{CODE_FOLDER}/{source.name}", code.digest
+    written = local_code(out / CODE_FOLDER / code.builder)
+    consent.remember(written)  # the user named this code and this process ran it: the folder opens without asking
+    return f"{CODE_FOLDER}/{code.builder}", written.digest
 
 
 def read_module_config(path: Path) -> dict:
@@ -114,7 +136,8 @@ def check_code(path: Path, config: dict) -> str:
     """Before anything of it runs: the folder's code is the code that trained (by digest), and the
     user consents to running it. Returns the builder's target (a file, or an installed module)."""
     spec = config["module"]
-    if spec["code_digest"] is None:
+    if spec["code_digest"] is None:  # an installed module's function: no bytes of it to check or remember
+        consent.require_asked(f"checkpoint {path.name}'s model", f"{spec['builder']}:{spec['function']}")
         return spec["builder"]
     builder_file = path / spec["builder"]
     if not builder_file.is_file():
@@ -127,10 +150,9 @@ def check_code(path: Path, config: dict) -> str:
     return str(builder_file)
 
 
-def load_weights(path: Path, module: torch.nn.Module) -> None:
-    """The folder's weights into ``module`` (the one its code built), checked against the config's
-    hash and the module's state dict, name for name."""
-    config = read_module_config(path)
+def load_weights(path: Path, config: dict, module: torch.nn.Module) -> None:
+    """The folder's weights into ``module`` (the one its code built), checked against the hash in its
+    ``config`` and the module's state dict, name for name."""
     weights = path / WEIGHTS_FILE
     if not weights.is_file():
         raise BamctlError(f"checkpoint {path} has no {WEIGHTS_FILE}")

@@ -49,12 +49,12 @@ def _trained_py(tmp_path, request):
     """A folder as ``bamctl train --model py:...`` leaves it (its module saved untrained: the
     back-end reads the folder, whatever the weights are)."""
     from bamctl.backends.module import PyReference, build_fresh
-    from bamctl.module_checkpoint import save_module_checkpoint
+    from bamctl.module_checkpoint import save_module_checkpoint, snapshot_code
 
     reference = _py(tmp_path, request).removeprefix("py:")
-    found = build_fresh(reference)
-    return str(save_module_checkpoint(found.module, PyReference.parse(reference), tmp_path / "trained", train_length=256,
-                                      recipe={}, provenance={}))
+    found, parsed = build_fresh(reference), PyReference.parse(reference)
+    return str(save_module_checkpoint(found.module, snapshot_code(parsed), parsed.function, parsed.arguments,
+                                      tmp_path / "trained", train_length=256, recipe={}, provenance={}))
 
 
 def _openai(tmp_path, request):

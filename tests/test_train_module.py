@@ -212,6 +212,20 @@ def test_a_state_saved_by_other_code_is_not_resumed(tmp_path):
         train(recipe, tmp_path / "m", device="cpu", module=f"{path}:build:n_layer=2")
 
 
+def test_a_file_edited_during_training_does_not_reach_the_checkpoint(tmp_path):
+    """The folder keeps the bytes the module was built from: a helper edited mid-run is not the code
+    that trained, so neither the saved code nor the identity a resume checks may follow it."""
+    path = write_nanogpt(tmp_path / "code")
+    layers, original = path.parent / "layers.py", (path.parent / "layers.py").read_bytes()
+
+    def edit_at_1(report):
+        if report.step == 1:
+            layers.write_text(LAYERS.replace("nn.GELU()", "nn.ReLU()"))
+
+    train(small_recipe(steps=2, save_every=1), tmp_path / "m", device="cpu", module=f"{path}:build", on_step=edit_at_1)
+    assert (tmp_path / "m" / "code" / "layers.py").read_bytes() == original
+
+
 def test_ctrl_c_keeps_the_run_and_the_rerun_ends_on_the_uninterrupted_loss_curve(tmp_path):
     """A real SIGINT to ``bamctl train`` in its own process, as a user's Ctrl-C."""
     path = write_nanogpt(tmp_path / "code")
@@ -372,6 +386,23 @@ def test_a_trained_modules_code_runs_only_with_consent(trained, tmp_path, monkey
     code, output = cli("passkey", folder, "--lengths", "128", "--samples", "1", "--dir", tmp_path / "res",
                        "--trust-remote-code")
     assert code == 0, output
+
+
+def test_a_folder_naming_an_installed_function_calls_it_only_with_consent(trained, tmp_path, monkeypatch):
+    """An installed module's function has no bytes in the folder to check or remember: a folder that
+    names one (here os.makedirs, with arguments the folder chose) runs it only when the user asks,
+    whoever trained it."""
+    _, folders, _ = trained
+    folder = shutil.copytree(folders["nano"], tmp_path / "nano")
+    marker = tmp_path / "made-by-the-folder"
+    config = json.loads((folder / "config.json").read_text())
+    config["module"].update(builder="os", function="makedirs", code_digest=None, arguments={"name": str(marker)})
+    (folder / "config.json").write_text(json.dumps(config))
+    monkeypatch.setenv("BAMCTL_TRUSTED_CODE", str(trained[0] / "trusted-code.json"))  # the trainer's consents
+    for args in (["passkey", folder, "--lengths", "128", "--samples", "1", "--dir", tmp_path / "res"], ["inspect", folder]):
+        code, output = cli(*args)
+        assert code == 2 and "os:makedirs" in output and "--trust-remote-code" in output, output
+        assert not marker.exists()
 
 
 @pytest.mark.parametrize("edit, words", [

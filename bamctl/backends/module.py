@@ -275,7 +275,7 @@ def module_identity(found: UserModel) -> str:
         flat = tensor.detach().to("cpu").contiguous().reshape(-1)
         tensors.update(f"{name}:{flat.dtype}:{tuple(tensor.shape)}:".encode())
         tensors.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
-    classes = sorted({_class_name(type(m)) for m in found.module.modules()})
+    classes = sorted({class_name(type(m)) for m in found.module.modules()})
     files = defining_files(found)
     content = {"tensors": tensors.hexdigest(), "classes": classes, "repr": repr(found.module),
                "settings": module_settings(found.module), "code": code_of_files(files),
@@ -285,7 +285,7 @@ def module_identity(found: UserModel) -> str:
     return digest(content)
 
 
-def _class_name(cls) -> str:
+def class_name(cls) -> str:
     """A class as identity names it: an installed library's by module and name; one of the user's
     files by its name alone, since its file's bytes are hashed and the module name a file gets
     depends on how it was reached (``model`` imported, ``bamctl_user_...`` through ``py:``)."""
@@ -608,7 +608,7 @@ def load_trained(path: Path) -> UserModel:
     except USER_CODE_FAILS as err:
         raise BamctlError(f"{call} raised {one_line(err)}") from None
     found = user_model(made, who=call)
-    load_weights(path, found.module)
+    load_weights(path, config, found.module)
     return replace(found, tokenizer=found.tokenizer or spec["tokenizer"], train_length=int(spec["train_length"]),
                    name=path.resolve().name, arguments=dict(spec["arguments"]))
 

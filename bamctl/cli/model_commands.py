@@ -168,7 +168,7 @@ def _inspect_module(reference: str, json_output: bool, *, trained: bool = False,
     open it: its classes, its training length, its size and the identity its rows carry."""
     from pathlib import Path
 
-    from bamctl.backends.module import _class_name, build, defining_files, load_trained, model_shape, module_identity, train_length
+    from bamctl.backends.module import class_name, build, defining_files, load_trained, model_shape, module_identity, train_length
     from bamctl.backends.user_tokenizer import as_tokenizer
     from bamctl.consent import trusting
     from bamctl.local_code import code_of_files
@@ -181,7 +181,7 @@ def _inspect_module(reference: str, json_output: bool, *, trained: bool = False,
     width, layers, heads = model_shape(found.module)
     summary = {
         "reference": reference if trained else f"py:{reference}",
-        "module": _class_name(type(found.module)),  # a user's file's class by its name, an installed one's with its module
+        "module": class_name(type(found.module)),  # a user's file's class by its name, an installed one's with its module
         "training length": train_length(found, found.name),
         "parameters": sum(p.numel() for p in found.module.parameters()),
         "width": width,

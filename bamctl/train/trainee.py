@@ -53,6 +53,7 @@ class UserModule:
     module: torch.nn.Module
     reference: object  # bamctl.backends.module.PyReference
     train_length: int
+    code: object  # bamctl.module_checkpoint.CodeSnapshot: the bytes the module was built from
     model_ids = False  # batches in GPT-2's ids: the module's own vocabulary
 
     @property
@@ -61,9 +62,11 @@ class UserModule:
 
     @property
     def identity(self) -> str:
-        """What a resumed state must have been trained as: the code (by content) and the arguments."""
+        """What a resumed state must have been trained as: the code it was built from (by content,
+        as read before the import) and the arguments."""
         r = self.reference
-        return digest({"code": r.code_digest() or r.target, "function": r.function, "arguments": repr(sorted(r.arguments.items()))})
+        return digest({"code": self.code.digest or r.target, "function": r.function,
+                       "arguments": repr(sorted(r.arguments.items()))})
 
     def positional(self) -> list[torch.nn.Parameter]:
         """The module's ``positional_parameters()`` where it has one (as bamctl's models do), so a
@@ -94,8 +97,8 @@ class UserModule:
     def save(self, out, *, recipe: dict, provenance: dict, dtype: str) -> None:
         from bamctl.module_checkpoint import save_module_checkpoint
 
-        save_module_checkpoint(self.module, self.reference, out, train_length=self.train_length, recipe=recipe,
-                               provenance=provenance, dtype=dtype)
+        save_module_checkpoint(self.module, self.code, self.reference.function, self.reference.arguments, out,
+                               train_length=self.train_length, recipe=recipe, provenance=provenance, dtype=dtype)
 
 
 def user_module(reference: str, seed: int, train_length: int, longest_input: int) -> UserModule:
@@ -104,9 +107,11 @@ def user_module(reference: str, seed: int, train_length: int, longest_input: int
     run from training something the evaluation cannot use. ``longest_input``: the tokens of the
     recipe's longest batch row (``train_length``, or its longest prompt and answer)."""
     from bamctl.backends.module import PyReference, build_fresh, train_length as module_length
+    from bamctl.module_checkpoint import snapshot_code
     from bamctl.tokenizer import get_tokenizer
 
     parsed = PyReference.parse(reference)
+    code = snapshot_code(parsed)  # before the import: the checkpoint keeps the bytes that ran, not a later edit
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         found = build_fresh(reference)
@@ -125,7 +130,7 @@ def user_module(reference: str, seed: int, train_length: int, longest_input: int
         own_length = None  # a module without a length attribute takes any length
     if own_length is not None and own_length < longest_input:
         raise BamctlError(f"{label} holds {own_length} positions, but the recipe's batches are {longest_input} tokens long")
-    trainee = UserModule(found.module, parsed, train_length)
+    trainee = UserModule(found.module, parsed, train_length, code)
     check_causal(trainee, gpt2.vocab_size)
     return trainee
 
