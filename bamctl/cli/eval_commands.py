@@ -19,7 +19,6 @@ from rich.console import Console
 
 from bamctl.cli import options as opt
 from bamctl.cli.app import app
-from bamctl.lengths import parse_size
 from bamctl.cli.plot_paths import plot_path
 from bamctl.cli.requests import asked_requests
 from bamctl.runs.checks import check_baseline
@@ -155,12 +154,8 @@ def compare(
 
     Example: bamctl compare rope alibi bam --task passkey --lengths 128..8k --seed 0,1 --baseline alibi
     """
-    from bamctl.results.summary import check_metric, check_relative
-
     names = model_names(models)
-    check_metric(metric)
-    base = None if base_length is None else parse_size(base_length)
-    check_relative(relative, base)
+    base = opt.checked_cells(metric, relative, base_length)
     if baseline is not None:
         check_baseline(baseline, names)
 

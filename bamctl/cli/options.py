@@ -294,6 +294,20 @@ CellMetric = Annotated[str, typer.Option(
     help="What each passkey or RULER cell shows: score (accuracy, with effective lengths) or answer_logprob (the "
          "mean summed log-probability of the answer's scored tokens under teacher forcing, with a 95% bootstrap "
          "interval over the keys or draws; it moves where a 0/1 score does not). Example: --metric answer_logprob")]
+
+
+def checked_cells(metric: str, relative: float | None, base_length: str | None) -> int | None:
+    """``--metric``, ``--relative`` and ``--base-length`` (compare, results show and export) checked
+    before any model loads or row is read; returns the base length in tokens."""
+    from bamctl.lengths import parse_size
+    from bamctl.results.summary import check_metric, check_relative
+
+    check_metric(metric)
+    base = None if base_length is None else parse_size(base_length)
+    check_relative(relative, base)
+    return base
+
+
 ModelArgument = Annotated[str | None, typer.Argument(
     help="Catalog name, checkpoint directory, or PREFIX:PATH (hf:, bam:, vllm:, hf:ORG/NAME for a Hub id); "
          "left out: the shipped flagship reference of the task (bam-ssmax; lm-bam for ppl).",

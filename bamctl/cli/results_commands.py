@@ -19,7 +19,6 @@ from rich.console import Console
 
 from bamctl.cli import options as opt
 from bamctl.cli.app import app
-from bamctl.lengths import parse_size
 from bamctl.runs.checks import check_baseline
 from bamctl.cli.plot_paths import plot_path
 from bamctl.errors import BamctlError
@@ -90,16 +89,6 @@ def _summaries(frame: pd.DataFrame, threshold: float, model: list[str] | None, b
     return summaries
 
 
-def _checked_cells(metric: str, relative: float | None, base_length: str | None) -> int | None:
-    """``--metric``, ``--relative`` and ``--base-length`` checked before any row is read; the base length in tokens."""
-    from bamctl.results.summary import check_metric, check_relative
-
-    check_metric(metric)
-    base = None if base_length is None else parse_size(base_length)
-    check_relative(relative, base)
-    return base
-
-
 def _stdout() -> Console:
     # Piped output is for files and scripts: never squeeze a table to 80 columns there.
     return Console(highlight=False, width=None if sys.stdout.isatty() else 1000)
@@ -130,7 +119,7 @@ def show(
     from bamctl.results.provenance import dropped, engines
     from bamctl.results.render import render_summaries, summaries_to_json
 
-    base = _checked_cells(metric, relative, base_length)
+    base = opt.checked_cells(metric, relative, base_length)
     frame = _load(directory, task, model, where)
     summaries = _summaries(frame, threshold, model, baseline, relative, base, metric)
     if as_json:
@@ -205,7 +194,7 @@ def export(
 
     if stats and baseline is None:
         raise BamctlError("--stats needs --baseline: the model the others are tested against")
-    base = _checked_cells(metric, relative, base_length)
+    base = opt.checked_cells(metric, relative, base_length)
     summaries = _summaries(_load(directory, task, model, where), threshold, model, baseline, relative, base, metric)
     if stats and not any(s.paired for s in summaries):
         raise BamctlError(f"--baseline {baseline} shares no samples of the same tokens with another model: no paired test to write")
