@@ -166,6 +166,25 @@ def _in_serving_mode(method: Callable) -> Callable:
     return served
 
 
+# While `bamctl lm-eval` runs, every BamctlLM the plugin made: lm-eval's command line never closes
+# the models it makes, and a vLLM engine left to the interpreter's exit can abort it ("terminate
+# called without an active exception", exit -6) after every result is written.
+_MADE: list | None = None
+
+
+@contextmanager
+def closing_what_it_makes():
+    """Close, on leaving, every model the plugin made inside (what lm-eval's command line made)."""
+    global _MADE
+    _MADE = []
+    try:
+        yield
+    finally:
+        made, _MADE = _MADE, None
+        for lm in made:
+            lm.close()
+
+
 @register_model(NAME)
 class BamctlLM(TemplateLM):
     """A bamctl model answering lm-eval's requests.
@@ -233,6 +252,8 @@ class BamctlLM(TemplateLM):
             self._served_mode = _mode(self._module)  # eval, and the engine's RoPE scaling
             _set_mode(self._module, found)
         self._prepared = False
+        if _MADE is not None:
+            _MADE.append(self)
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> "BamctlLM":

@@ -617,3 +617,23 @@ def test_lm_evals_simple_evaluate_runs_a_transformer_in_memory(tmp_path, monkeyp
     assert out["results"]["arc_mini"]["acc,none"] == pytest.approx(acc)
     assert out["results"]["arc_mini"]["acc_norm,none"] == pytest.approx(acc_norm)
     assert out["config"]["bamctl_backend"] == "native"
+
+
+def test_the_lm_eval_command_closes_the_models_it_made(monkeypatch, tmp_path):
+    """lm-eval's command line never closes the model it makes; a vLLM engine left to the
+    interpreter's exit can abort it (exit -6) after every result was written. ``bamctl lm-eval``
+    closes every model the plugin made before it returns."""
+    from typer.testing import CliRunner
+
+    from bamctl.cli import app
+
+    closed = []
+    close = BamctlLM.close
+    monkeypatch.setattr(BamctlLM, "close", lambda self: (closed.append(self), close(self)))
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets"))
+    monkeypatch.chdir(ROOT)
+    done = CliRunner().invoke(app, ["lm-eval", "--model_args", "model=lm-bam,dtype=float32", "--tasks",
+                                    "arc_mini", "--include_path", str(TASKS), "--limit", "2"])
+    assert done.exit_code == 0, done.output[-2000:]
+    assert len(closed) == 1 and isinstance(closed[0], BamctlLM)

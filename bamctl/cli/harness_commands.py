@@ -51,7 +51,8 @@ def lm_eval(ctx: typer.Context) -> None:
     argv = sys.argv
     sys.argv = lm_eval_argv(list(ctx.args))
     try:
-        cli_evaluate()
+        with bamctl.harness.closing_what_it_makes():  # vLLM's engine stops here, not in the interpreter's exit
+            cli_evaluate()
     except ValueError as err:
         if not raised_by_lm_eval(err):
             raise
