@@ -102,6 +102,8 @@ def module_source(name: str) -> bytes:
     not yet imported, the file's bytes now, which its import must then find again."""
     if name in _RAN:
         return _RAN[name]
+    if name in _PROMISED:  # hashed already: the bytes its import will be held to, whatever the file holds now
+        return _PROMISED[name]
     data = _source_path(name).read_bytes()
     if name.startswith(PACKAGE + "."):
         _PROMISED.setdefault(name, data)

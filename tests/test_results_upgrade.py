@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from bamctl.results.schema import VERSION_KEY
 from bamctl.results.store import ResultStore
@@ -96,3 +97,63 @@ def test_version_8_rows_read_with_null_answer_scores_and_keep_their_keys(tmp_pat
     assert table.column("score").to_pylist() == [row["score"]]
     (key, stored), = store.done_requests().items()  # still reused when its request and code match
     assert key == row_key(row) and (stored.request_digest, stored.compute_version) == ("rq-passkey-1024-0.5-0-0", "cv-1")
+
+
+ADDED_AFTER_5 = ["backend", "draw", "document_start", "dropped_tokens", "model_revision", "skipped_blocks", "key_blocks",
+                 "answer_logprob", "answer_rank"]
+
+
+def _older_file(tmp_path, version: int, drop: list[str]):
+    """Today's fake row, written as a file of schema ``version`` without the columns ``drop``."""
+    from results_fakes import fake_row
+
+    from bamctl.results.schema import SCHEMA, rows_to_table
+
+    row = fake_row()
+    table = rows_to_table([row]).drop_columns(drop).replace_schema_metadata({**SCHEMA.metadata, VERSION_KEY: str(version).encode()})
+    pq.write_table(table, tmp_path / "part-00000000000000000001-a.parquet")
+    return row
+
+
+@pytest.mark.parametrize("version", [3, 4, 5])
+def test_rows_before_version_6_keep_no_request_or_code_and_before_5_no_fingerprint(tmp_path, version):
+    """Before version 5 ``model_hash`` covered the weights alone: a fingerprint written then is
+    dropped (nope and rope of one seed shared it). Before version 6 nothing said which request
+    and code computed a row: whatever such a file holds under those names is dropped too (no
+    writer of those versions wrote them), so the row is shown and never reused. Every other value
+    is kept."""
+    row = _older_file(tmp_path, version, ADDED_AFTER_5)
+    table = ResultStore(tmp_path).read_table()
+    assert table.num_rows == 1
+    assert table.column("fingerprint").to_pylist() == [row["fingerprint"] if version >= 5 else None]
+    assert table.column("request_digest").to_pylist() == [None] == table.column("compute_version").to_pylist()
+    for kept in ("model", "model_hash", "length", "depth", "score", "expected", "predicted", "protocol", "setting"):
+        assert table.column(kept).to_pylist() == [row[kept]], kept
+    for added in ADDED_AFTER_5:
+        assert table.column(added).null_count == 1, added
+    (stored,) = ResultStore(tmp_path).done_requests().values()
+    assert (stored.request_digest, stored.compute_version) == (None, None)  # never matches a request: computed again
+
+
+def test_version_2_rows_are_read_as_written(tmp_path):
+    """Version 2 already had today's protocol, setting and scoring: nothing of version 1's
+    conversion applies (a version-2 row has no ``variant`` to convert from)."""
+    row = _older_file(tmp_path, 2, ["fingerprint", "rope_scaling", *ADDED_AFTER_5, "request_digest", "compute_version"])
+    table = ResultStore(tmp_path).read_table()
+    got = table.to_pylist()[0]
+    assert {k: got[k] for k in ("task", "protocol", "setting", "scoring", "depth", "needle_depth", "score")} == \
+        {k: row[k] for k in ("task", "protocol", "setting", "scoring", "depth", "needle_depth", "score")}
+
+
+@pytest.mark.parametrize("rows", [0, 1])
+def test_a_version_1_file_of_one_row_or_none_reads(tmp_path, rows):
+    """A file of one row (or of none: a run stopped before its first row) is read like any other;
+    a passkey row's ``depth`` was asked for, so it gets no ``needle_depth``."""
+    schema = pa.schema([pa.field(n, t) for n, t in V1_COLUMNS], metadata={VERSION_KEY: b"1"})
+    written = [_v1_row("passkey", "authors", "teacher_forced", depth=0.25)][:rows]
+    pq.write_table(pa.Table.from_pylist(written, schema=schema), tmp_path / "part-00000000000000000001-a.parquet")
+    table = ResultStore(tmp_path).read_table()
+    assert table.num_rows == rows
+    if rows:
+        got = table.to_pylist()[0]
+        assert (got["protocol"], got["depth"], got["needle_depth"], got["score"]) == ("exact", 0.25, None, 0.5)

@@ -117,6 +117,62 @@ def test_the_compute_version_moves_with_what_runs_not_with_docstrings_or_comment
     assert cpp_digest("int f(int x) { return x * 4; }\n") != before
 
 
+@pytest.fixture
+def package_probe(tmp_path, monkeypatch):
+    """A folder that is part of the ``bamctl`` package for one test: ``bamctl.NAME`` imports
+    ``NAME.py`` from it, through the recording finder ``import bamctl`` installed. Everything the
+    test's modules leave in the process (modules, kept bytes, promises) is removed after it."""
+    import importlib
+    import sys
+
+    import bamctl
+    from bamctl import code_version
+
+    monkeypatch.setattr(bamctl, "__path__", [*bamctl.__path__, str(tmp_path)])
+    names: list[str] = []
+
+    def write(stem: str, source: str) -> str:
+        (tmp_path / f"{stem}.py").write_text(source)
+        importlib.invalidate_caches()
+        names.append(f"bamctl.{stem}")
+        return names[-1]
+
+    yield write
+    for name in names:
+        for kept in (sys.modules, code_version._RAN, code_version._PROMISED):
+            kept.pop(name, None)
+    module_digest.cache_clear()
+
+
+def test_a_module_hashed_before_its_import_must_be_imported_from_the_bytes_hashed(package_probe):
+    """In this process (the fresh-interpreter tests below state the same of the engine's own
+    modules): a version reads a module not yet imported from disk; its import must then find those
+    bytes, else it stops in one line, and an unedited one imports from exactly them."""
+    import importlib
+
+    from bamctl.code_version import module_source
+    from bamctl.errors import BamctlError
+
+    edited = package_probe("probe_edited_after_hashing", "VALUE = 1\n")
+    assert module_source(edited) == b"VALUE = 1\n"
+    (Path(importlib.util.find_spec(edited).origin)).write_text("VALUE = 2\n")
+    assert module_source(edited) == b"VALUE = 1\n"  # the version's bytes, not the file's now
+    with pytest.raises(BamctlError, match="changed on disk after this process fingerprinted the code it runs"):
+        importlib.import_module(edited)
+
+    kept = package_probe("probe_kept", "VALUE = 3\n")
+    assert module_source(kept) == b"VALUE = 3\n"
+    assert importlib.import_module(kept).VALUE == 3
+
+
+def test_an_empty_module_is_hashed_as_one_holding_only_comments(package_probe):
+    """An empty file (a package's bare ``__init__.py``) has no first statement to look at."""
+    empty = package_probe("probe_empty", "")
+    commented = package_probe("probe_commented", "# only a comment\n")
+    code = package_probe("probe_code", "VALUE = 1\n")
+    assert module_digest(empty) == module_digest(commented) != module_digest(code)
+
+
 def test_each_back_end_s_compute_version_reaches_its_engine_and_libraries(monkeypatch):
     native = code_closure(("bamctl.backends.native",))
     for module in ("bamctl.engine.stream", "bamctl.engine.native", "bamctl.engine.fused", "bamctl.engine.attention",
