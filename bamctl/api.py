@@ -104,6 +104,7 @@ def evaluate(
     base_url: str | None = None,
     endpoint: str | None = None,
     concurrency: int | None = None,
+    logprobs_via: str | None = None,
     **unknown,
 ):
     """Evaluate ``models`` on ``task``; the rows of exactly this request, as a pandas DataFrame

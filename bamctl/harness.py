@@ -52,7 +52,7 @@ TRUNCATE = "truncate"  # beyond_max: cut what is past the model's maximum as HFL
 BEYOND_MAX_CHOICES = (TRUNCATE, *BEYOND_MAX)  # and the back-end's own: run past it (warn) or refuse
 ENGINE_ARGS = ("device", "dtype", "chunk_size", "attention", "tokenizer", "beyond_max", "bos",
                "prior_form", "rope_scaling", "rope_factor", "tensor_parallel", "trust_remote_code",
-               "base_url", "endpoint", "concurrency")
+               "base_url", "endpoint", "concurrency", "logprobs_via")
 
 
 def _count(value: Any) -> int:
@@ -92,7 +92,7 @@ ARG_TYPES: dict[str, tuple[Callable[[Any], Any], str]] = {
     "rope_factor": (_number, "a number"),
     "trust_remote_code": (_flag, "True or False"),
     **{name: (_text, "text") for name in ("device", "dtype", "attention", "tokenizer", "beyond_max", "bos", "prior_form",
-                                               "rope_scaling", "base_url", "endpoint")},
+                                               "rope_scaling", "base_url", "endpoint", "logprobs_via")},
 }
 
 

@@ -16,7 +16,8 @@ from vllm_server import free_port
 
 @pytest.mark.parametrize("option, flag", [({"base_url": "http://127.0.0.1:1/v1"}, "--base-url"),
                                           ({"endpoint": "http://127.0.0.1:1/v1"}, "--endpoint"),
-                                          ({"concurrency": 4}, "--concurrency")])
+                                          ({"concurrency": 4}, "--concurrency"),
+                                          ({"logprobs_via": "echo"}, "--logprobs-via")])
 def test_served_options_are_refused_by_name_elsewhere(option, flag):
     with pytest.raises(BamctlError, match=f"^{flag} does not apply to bamctl's own models$"):
         peek_backend("lm-rope", RunOptions(**option))
@@ -27,6 +28,11 @@ def test_served_options_are_refused_by_name_elsewhere(option, flag):
 def test_options_the_server_decides_are_refused_for_openai(option, flag):
     with pytest.raises(BamctlError, match=f"^{flag} does not apply to openai: models"):
         open_backend("openai:m", RunOptions(base_url="http://127.0.0.1:1/v1", **option))
+
+
+def test_an_unknown_way_to_ask_for_log_probs_is_one_line():
+    with pytest.raises(BamctlError, match="^--logprobs-via takes auto, vllm, echo, not 'text'$"):
+        ServedOptions(logprobs_via="text")
 
 
 def test_without_a_server_url_one_line(monkeypatch):

@@ -90,6 +90,31 @@ def test_three_request_kinds_equal_hf_on_the_same_ids(backends):
     torch.testing.assert_close(served_model.token_nll(ids, 1), hf.token_nll(ids, 1), atol=LOGPROB_TOL, rtol=0)
 
 
+def test_echo_scores_as_prompt_logprobs_do(backends, served):
+    """``--logprobs-via echo``: OpenAI's legacy echo with logprobs (lm-eval's local-completions
+    protocol; SGLang's), asked of the same server, gives transformers' argmax and log-probs, with
+    tokens named by id (vLLM) and by their text (as servers without ids name them); the model's
+    identity is the same, whichever way its log-probs were asked."""
+    from bamctl.backends.served import ECHO, ECHO_IDS
+
+    served_model, hf = backends["openai"], backends["hf"]
+    echo = open_backend("openai:smollm2", RunOptions(base_url=served.url, concurrency=4, logprobs_via="echo"))
+    try:
+        assert echo.protocol == ECHO_IDS and echo.info.model_hash == served_model.info.model_hash
+        passkey = list(plan_samples("passkey", [1024], 2, [0], hf.tokenizer, [0.5], bos_for=hf.bos_for).samples())
+        asked = [(s.input_ids, list(s.answer_ids)) for s in passkey]
+        theirs = hf.score_continuations(asked)
+        for protocol in (ECHO_IDS, ECHO):
+            echo.protocol = protocol  # the same server asked to name its tokens by text
+            for ours, reference in zip(echo.score_continuations(asked), theirs, strict=True):
+                assert ours.predicted_ids == reference.predicted_ids, protocol
+                torch.testing.assert_close(torch.tensor(ours.logprobs), torch.tensor(reference.logprobs), atol=LOGPROB_TOL, rtol=0)
+        ids = list(passkey[0].input_ids[:512])
+        torch.testing.assert_close(echo.token_nll(ids, 1), hf.token_nll(ids, 1), atol=LOGPROB_TOL, rtol=0)
+    finally:
+        echo.close()
+
+
 def test_rows_equal_those_of_vllm_and_hf(smollm2, served, tmp_path):
     """One passkey run of the served model, in-process vLLM and transformers: the same answers."""
     import bamctl

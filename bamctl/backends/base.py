@@ -224,6 +224,7 @@ class RunOptions:
     base_url: str | None = None  # openai: the server (http://HOST:PORT/v1); else OPENAI_BASE_URL
     endpoint: str | None = None  # openai: more servers of the same model (replicas), comma separated
     concurrency: int | None = None  # openai: requests in flight at once
+    logprobs_via: str | None = None  # openai: auto, vllm (prompt_logprobs) or echo
 
     def asked(self) -> dict[str, Any]:
         """The options the user set, by field name."""
@@ -254,6 +255,7 @@ def positive(value: int, name: str) -> int:
 
 
 BEYOND_MAX = ("warn", "refuse")
+LOGPROBS_VIA = ("auto", "vllm", "echo")  # openai: how a server is asked for a prompt's log-probs
 BLOCK_SKIP = ("auto", "off")  # bamctl.engine.block_skip.MODES (this module cannot import the engine)
 HF_ROPE_SCALINGS = ("linear", "yarn")  # what transformers' rope_type offers of ours (static NTK it does not)
 
@@ -399,10 +401,13 @@ class ServedOptions:
     tokenizer: str | None = None  # a local Hugging Face tokenizer folder; None: the folder the server reports as its root
     chat_template: bool = False
     bos: str = "auto"
+    logprobs_via: str = "auto"  # how a prompt's log-probs are asked: auto, vllm (prompt_logprobs) or echo
 
     def __post_init__(self):
         positive(self.concurrency, "concurrency")
         _check_bos(self.bos)
+        if self.logprobs_via not in LOGPROBS_VIA:
+            raise BamctlError(f"--logprobs-via takes {', '.join(LOGPROBS_VIA)}, not {self.logprobs_via!r}")
 
 
 def decode_known(tokenizer, ids: Sequence[int]) -> str:

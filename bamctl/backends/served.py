@@ -8,7 +8,8 @@ What bamctl keeps for itself, so a served model's rows carry the guarantees of i
   ``/tokenize`` where it has one; every answer's ``usage.prompt_tokens`` must equal the ids sent,
   else the run stops in one line: a length the plan did not ask for is never scored;
 - teacher forcing and perplexity read the server's prompt log-probabilities (vLLM's
-  ``prompt_logprobs``: the rank-1 token is the argmax, as ``vllm:`` reads them in-process);
+  ``prompt_logprobs``: the rank-1 token is the argmax, as ``vllm:`` reads them in-process; or,
+  where a server has not that field, OpenAI's legacy echo with ``logprobs``, ``--logprobs-via``);
   generation is greedy completions ending at EOS and the request's stop strings. A server that
   gives no prompt log-probabilities is refused for the first two in one line;
 - the model's identity is the served name, what ``/v1/models`` and ``/version`` report (root, maximum
@@ -52,6 +53,12 @@ PROBE_TEXTS = (  # the behavioural fingerprint: log-probs of these, fixed foreve
     "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)",
     "Paris is the capital of France, and Berlin is the capital of",
 )
+PROMPT_LOGPROBS, ECHO_IDS, ECHO = "prompt_logprobs", "echo_ids", "echo"
+# how the prompt's log-probs are asked (--logprobs-via), in the order tried: vLLM's prompt_logprobs
+# (rank-1 entries); OpenAI's legacy echo with vLLM's tokens named by id; the same echo with tokens named
+# by text (SGLang, ...)
+LOGPROB_PROTOCOLS = {"auto": (PROMPT_LOGPROBS, ECHO_IDS, ECHO), "vllm": (PROMPT_LOGPROBS,), "echo": (ECHO_IDS, ECHO)}
+TOKEN_ID_PREFIX = "token_id:"  # how vLLM names a token by id in an echo (return_tokens_as_token_ids)
 PROBE_DECIMALS = 3  # probe log-probs are hashed rounded: a server's run-to-run noise is far below, another checkpoint far above
 
 
@@ -289,6 +296,8 @@ class ServedBackend(ShapedBackend):
         self.stop_ids |= {generation_eos} if isinstance(generation_eos, int) else set(generation_eos or [])
         self.servers = Servers(self.urls, options.concurrency)
         self.concurrency = options.concurrency
+        self.protocols = LOGPROB_PROTOCOLS[options.logprobs_via]  # tried in order on the first server
+        self.protocol: str | None = None
         self.prompt_logprobs, self.why_no_logprobs = True, ""
         probes = [self._probe(server) for server in range(len(self.urls))]
         if any(p != probes[0] for p in probes[1:]):
@@ -312,13 +321,17 @@ class ServedBackend(ShapedBackend):
         """The probe prompts' log-probs on one server (rounded); a server that gives no prompt
         log-probs is fingerprinted by its greedy continuations of them instead."""
         fed = [self.shaper.prefix + self.tokenizer.encode(text) for text in PROBE_TEXTS]
-        try:
-            outputs = [self.servers.call(server, self._ask_logprobs(ids)) for ids in fed]
-            return [[round(lp, PROBE_DECIMALS) for lp in _logprobs_of(out, ids, 1)] for out, ids in zip(outputs, fed)]
-        except self.servers.openai.APIStatusError as err:
-            self.prompt_logprobs, self.why_no_logprobs = False, _refusal(err)
-        except ServerGone as err:
-            raise BamctlError(f"openai: no server answers ({err})") from None
+        refusals = []
+        for protocol in self.protocols if self.protocol is None else (self.protocol,):
+            self.protocol = protocol
+            try:
+                outputs = [self.servers.call(server, self._ask_logprobs(ids)) for ids in fed]
+                return [[round(lp, PROBE_DECIMALS) for lp in self._logprobs_of(out, ids, 1)] for out, ids in zip(outputs, fed)]
+            except self.servers.openai.APIStatusError as err:
+                refusals.append(f"{protocol}: {_refusal(err)}")
+            except ServerGone as err:
+                raise BamctlError(f"openai: no server answers ({err})") from None
+        self.protocol, self.prompt_logprobs, self.why_no_logprobs = None, False, "; ".join(refusals)
         try:
             return [self._generations([ids], 8, None, server=server)[0] for ids in fed]
         except self.servers.openai.NotFoundError:
@@ -327,10 +340,54 @@ class ServedBackend(ShapedBackend):
 
     # -- requests ----------------------------------------------------------------------------
     def _ask_logprobs(self, ids: list[int]):
+        """A request for the log-probabilities of ``ids`` (and the argmax at each position) in the
+        protocol the server answered the probes in."""
+        protocol = self.protocol
+
         def ask(client):
+            if protocol == PROMPT_LOGPROBS:
+                return client.completions.create(model=self.served_name, prompt=ids, max_tokens=1, temperature=0.0,
+                                                 extra_body={"prompt_logprobs": 1, "return_token_ids": True})
+            # OpenAI's legacy echo, lm-eval's local-completions protocol: the prompt comes back with each
+            # token's log-prob and the top one; vLLM names the tokens by id where asked to, others by text
+            extra = {"return_tokens_as_token_ids": True, "return_token_ids": True} if protocol == ECHO_IDS else None
             return client.completions.create(model=self.served_name, prompt=ids, max_tokens=1, temperature=0.0,
-                                             extra_body={"prompt_logprobs": 1, "return_token_ids": True})
+                                             echo=True, logprobs=1, extra_body=extra)
         return ask
+
+    def _prompt_scores(self, output, ids: list[int], start: int) -> list[tuple[float, int]]:
+        """(log p(ids[t] | ids[:t]), the argmax token at t) for t from ``start`` (>= 1), read from
+        the answer in the protocol it was asked in."""
+        if self.protocol == PROMPT_LOGPROBS:
+            entries = _entries(output)
+            return [(float(entries[t][str(ids[t])]["logprob"]),
+                     int(next(token for token, lp in entries[t].items() if lp["rank"] == 1))) for t in range(start, len(ids))]
+        echoed = output.choices[0].logprobs
+        if echoed is None or echoed.token_logprobs is None or len(echoed.token_logprobs) < len(ids):
+            raise BamctlError(f"openai:{self.served_name}: the server's echo holds no log-probabilities for the prompt")
+        scores = []
+        for t in range(start, len(ids)):
+            sent = float(echoed.token_logprobs[t])
+            top_token, top = max((echoed.top_logprobs[t] or {}).items(), key=lambda item: item[1], default=(None, sent))
+            # the sent token is the argmax unless another scored strictly above it (a tie keeps the sent one)
+            scores.append((sent, ids[t] if top <= sent else self._token_named(top_token)))
+        return scores
+
+    def _token_named(self, token: str) -> int:
+        """The id of a token as an echo names it: ``token_id:N`` (vLLM), else its text, where exactly
+        one token of the tokenizer has that text."""
+        if token.startswith(TOKEN_ID_PREFIX) and token[len(TOKEN_ID_PREFIX):].isdigit():
+            return int(token[len(TOKEN_ID_PREFIX):])
+        ids = self.tokenizer.encode(token)
+        if len(ids) == 1 and self.tokenizer.decode(ids) == token:
+            return ids[0]
+        raise BamctlError(f"openai:{self.served_name}: the server names its argmax token by its text {token!r}, which is "
+                          "no single token here; a server that names tokens by id (vLLM's return_tokens_as_token_ids) is needed")
+
+    def _logprobs_of(self, output, ids: list[int], start: int) -> list[float]:
+        """log p(ids[t] | ids[:t]) for t from ``start``; NaN at t = 0 (nothing predicts the first token)."""
+        head = [float("nan")] if start == 0 and ids else []
+        return head + [lp for lp, _ in self._prompt_scores(output, ids, max(start, 1))]
 
     def _checked(self, output, ids: list[int]):
         """The answer, once the server says it read exactly the ids sent: its count of prompt tokens,
@@ -363,13 +420,8 @@ class ServedBackend(ShapedBackend):
         outputs = self._map([self._ask_logprobs(ids) for ids in fed])
         answers = []
         for ids, (_, target), output in zip(fed, requests, outputs, strict=True):
-            entries = _entries(self._checked(output, ids))
-            predicted, logprobs = [], []
-            for t in range(len(ids) - len(target), len(ids)):
-                entry = entries[t]
-                predicted.append(int(next(token for token, lp in entry.items() if lp["rank"] == 1)))
-                logprobs.append(float(entry[str(ids[t])]["logprob"]))
-            answers.append(ContinuationScore(predicted_ids=predicted, logprobs=logprobs))
+            scores = self._prompt_scores(self._checked(output, ids), ids, len(ids) - len(target))
+            answers.append(ContinuationScore(predicted_ids=[top for _, top in scores], logprobs=[lp for lp, _ in scores]))
         return answers
 
     def score_continuation(self, prompt_ids: Sequence[int], target_ids: Sequence[int]):
@@ -385,7 +437,7 @@ class ServedBackend(ShapedBackend):
         answers = []
         for full, (ids, score_from), output in zip(fulls, requests, outputs, strict=True):
             prefix = len(full) - len(ids)
-            logprobs = _logprobs_of(self._checked(output, full), full, prefix + score_from)
+            logprobs = self._logprobs_of(self._checked(output, full), full, prefix + score_from)
             answers.append(torch.tensor([-lp for lp in logprobs], dtype=torch.float32))
         return answers
 
@@ -457,12 +509,6 @@ def _entries(output) -> list:
     if entries is None:
         raise BamctlError("openai: the server's answer holds no prompt_logprobs; it is not a vLLM-compatible server")
     return entries
-
-
-def _logprobs_of(output, ids: list[int], start: int) -> list[float]:
-    """log p(ids[t] | ids[:t]) for t from ``start``; NaN at t = 0 (nothing predicts the first token)."""
-    entries = _entries(output)
-    return [float("nan") if t == 0 else float(entries[t][str(ids[t])]["logprob"]) for t in range(start, len(ids))]
 
 
 def _token_ids(output) -> list[int]:

@@ -84,6 +84,12 @@ class Bos(str, Enum):
     never = "never"
 
 
+class LogprobsVia(str, Enum):
+    auto = "auto"
+    vllm = "vllm"
+    echo = "echo"
+
+
 class PriorForm(str, Enum):
     released = "released"
     scaled_distance = "scaled-distance"
@@ -180,6 +186,11 @@ EVALUATION: list[Param] = [
     Param("concurrency", Optional[int], None, typer.Option(
         min=1, rich_help_panel=EXTERNAL_PANEL,
         help="openai: requests in flight at once over all servers, e.g. --concurrency 16 (default 8).")),
+    Param("logprobs_via", Optional[LogprobsVia], None, typer.Option(
+        rich_help_panel=EXTERNAL_PANEL,
+        help="openai: how the server is asked for a prompt's log-probabilities (teacher forcing, perplexity): auto (the "
+        "default: vLLM's prompt_logprobs where the server takes it, else echo), vllm, or echo (OpenAI's legacy echo "
+        "with logprobs, as lm-eval's local-completions asks; SGLang). Example: --logprobs-via echo")),
     Param("bos", Optional[Bos], None, typer.Option(
         rich_help_panel=EXTERNAL_PANEL,
         help="A BOS token before each prompt or document: auto (the default; bam: none for passkey and RULER, one per "
