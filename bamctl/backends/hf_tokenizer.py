@@ -175,7 +175,10 @@ class HFTokenizer:
         return head, tail
 
 
-def _leading_specials(with_special: list[int], plain: list[int]) -> list[int]:
+BOS_PROBE = "Hello world"  # a text whose plain call shows what the tokenizer puts in front (a BOS)
+
+
+def leading_specials(with_special: list[int], plain: list[int]) -> list[int]:
     """Ids a plain call puts before the text (BOS); trailing ones (EOS) are never used."""
     for start in range(len(with_special) - len(plain) + 1):
         if with_special[start : start + len(plain)] == plain:
@@ -199,8 +202,7 @@ def _assemble(name: str, encoder, templates=None) -> HFTokenizer:
     """The BOS and EOS are transformers' where it loaded the folder (what its plain call adds),
     else the definition's own."""
     plain_call = TransformersTokenizer(templates) if templates is not None else encoder
-    probe = "Hello world"
-    leading = _leading_specials(plain_call.encode(probe, True), plain_call.encode(probe, False))
+    leading = leading_specials(plain_call.encode(BOS_PROBE, True), plain_call.encode(BOS_PROBE, False))
     eos = plain_call.eos_id()
     bos = getattr(templates, "bos_token_id", None)
     return HFTokenizer(

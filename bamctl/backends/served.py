@@ -4,7 +4,8 @@ SGLang, ...), named as the server names it; the server from ``--base-url`` or OP
 What bamctl keeps for itself, so a served model's rows carry the guarantees of its own:
 
 - prompts are token ids built with the model's own tokenizer (``--tokenizer``, or the folder the
-  server reports as its root where that exists here), checked once against the server's
+  server reports as its root where that exists here, else the server's own ``/tokenize``:
+  ``bamctl.backends.server_tokenizer``), a folder's checked once against the server's
   ``/tokenize`` where it has one; every answer's ``usage.prompt_tokens`` must equal the ids sent,
   else the run stops in one line: a length the plan did not ask for is never scored;
 - teacher forcing and perplexity read the server's prompt log-probabilities (vLLM's
@@ -135,14 +136,31 @@ def served_model(url: str, name: str) -> ServedModel:
                        version=version, listed={key: entry.get(key) for key in STABLE_FIELDS})
 
 
-def tokenizer_folder(options: ServedOptions, model: ServedModel) -> str:
-    """``--tokenizer``, else the server's root where it is a folder here (a server on this machine)."""
+def served_tokenizer(options: ServedOptions, model: ServedModel, url: str):
+    """``--tokenizer``, else the server's root where it is a folder here (a server on this machine),
+    else the server's own ``/tokenize`` (a server elsewhere)."""
+    from bamctl.backends.hf_tokenizer import CHECK_PROBES, resolve_tokenizer
+    from bamctl.backends.server_tokenizer import server_tokenizer
+
     if options.tokenizer:
-        return options.tokenizer
+        return resolve_tokenizer(options.tokenizer)
     if model.root and Path(model.root).expanduser().is_dir():
-        return model.root
+        return resolve_tokenizer(model.root)
+    if has_tokenize(url, model.name):
+        return server_tokenizer(_server_root(url), model.name, _headers(), CHECK_PROBES)
     raise BamctlError(f"openai:{model.name}: give --tokenizer FOLDER (the served model's Hugging Face tokenizer); "
-                      f"the server's root {model.root!r} is no folder here")
+                      f"the server's root {model.root!r} is no folder here and the server has no /tokenize")
+
+
+def has_tokenize(url: str, name: str) -> bool:
+    import httpx
+
+    try:
+        response = httpx.post(_server_root(url) + "/tokenize", headers=_headers(), timeout=INFO_TIMEOUT,
+                              json={"model": name, "prompt": "a", "add_special_tokens": False})
+    except httpx.HTTPError as err:
+        raise BamctlError(f"openai: no server answers at {url} ({type(err).__name__}: {err})") from None
+    return response.status_code < 400
 
 
 def check_server_tokenizer(url: str, name: str, tokenizer) -> bool:
@@ -277,7 +295,7 @@ class ServedBackend(ShapedBackend):
     compute_libraries = ShapedBackend.compute_libraries + ("openai", "tenacity", "tokenizers", "transformers")
 
     def __init__(self, reference: str, options: ServedOptions):
-        from bamctl.backends.hf_tokenizer import resolve_tokenizer
+        from bamctl.backends.server_tokenizer import ServerTokenizer
 
         if not reference:
             raise BamctlError("openai: name the served model, e.g. openai:meta-llama/Llama-3.1-8B")
@@ -285,8 +303,10 @@ class ServedBackend(ShapedBackend):
         self.urls = server_urls(options, reference)
         models = [served_model(url, reference) for url in self.urls]
         self.model = models[0]
-        self.tokenizer = resolve_tokenizer(tokenizer_folder(options, self.model))
-        self.tokenize_checked = check_server_tokenizer(self.urls[0], reference, self.tokenizer)
+        self.tokenizer = served_tokenizer(options, self.model, self.urls[0])
+        # a tokenizer found here is held to the server's /tokenize; the server's own needs no check
+        self.tokenize_checked = isinstance(self.tokenizer, ServerTokenizer) or check_server_tokenizer(
+            self.urls[0], reference, self.tokenizer)
         config = _folder_config(self.model.root)
         self.limit = max_positions(config) if config is not None else self.model.max_length
         self.lengths = LengthPolicy(reference, self.limit, "warn")
@@ -457,7 +477,18 @@ class ServedBackend(ShapedBackend):
         stops = stop_strings if stop_strings is not None else [None] * len(fed)
         asks = [asking(ids, s) for ids, s in zip(fed, stops, strict=True)]
         outputs = [self.servers.call(server, asks[0])] if server is not None else self._map(asks)
-        return [_token_ids(self._checked(out, ids)) for out, ids in zip(outputs, fed)]
+        return [self._generated(self._checked(out, ids)) for out, ids in zip(outputs, fed)]
+
+    def _generated(self, output) -> list[int]:
+        """The generated ids. Where the EOS is unknown here (a tokenizer seen only through the
+        server's /tokenize), the token vLLM says it stopped at as the model's EOS (``stop_reason``
+        null, finish ``stop``) is left out: the server's /detokenize would spell it in the answer,
+        where a tokenizer that knows it drops it."""
+        ids = _token_ids(output)
+        choice = output.choices[0]
+        extra = choice.model_extra or {}
+        at_eos = choice.finish_reason == "stop" and "stop_reason" in extra and extra["stop_reason"] is None
+        return ids[:-1] if ids and at_eos and self.tokenizer.eos_id is None else ids
 
     def generate_many(self, prompts, max_new_tokens: int, stop_strings=None) -> list[list[int]]:
         fed = [self.lengths.fit_prefix(self.shaper.prefix, list(prompt), max_new_tokens) for prompt in prompts]
