@@ -118,30 +118,33 @@ def test_echo_scores_as_prompt_logprobs_do(backends, served):
 def test_a_server_elsewhere_builds_the_prompts_with_its_own_tokenize(smollm2, served, tmp_path):
     """No --tokenizer and the server's root no folder here (a server on another machine; here the
     folder the server loaded is moved away while the model runs): prompts are built with the
-    server's /tokenize and answers read with its /detokenize, and the rows are those of the same
-    model through transformers with the folder's tokenizer: the same ids fed, lengths and answers."""
+    server's /tokenize, answers read with its /detokenize, and --chat-template is the server's
+    template; the rows are those of the same model through transformers with the folder's
+    tokenizer: the same lengths and answers."""
     import shutil
 
     import bamctl
     from bamctl.backends.server_tokenizer import ServerTokenizer
 
+    runs = [("passkey", False), ("niah_single_1", False), ("niah_single_1", True)]
     asked = dict(lengths="1k", samples=2, quiet=True)
     away = tmp_path / "away"
     shutil.move(smollm2, away)
     try:
         backend = open_backend("openai:smollm2", RunOptions(base_url=served.url))
         assert isinstance(backend.tokenizer, ServerTokenizer) and backend.shaper.prefix == []  # SmolLM2 adds no BOS
+        assert backend.tokenizer.chat_frame()[1] == "<|im_end|>\n<|im_start|>assistant\n"
         backend.close()
-        served_rows = {task: bamctl.evaluate("openai:smollm2", task, base_url=served.url, dir=tmp_path / "served", **asked)
-                       for task in ("passkey", "niah_single_1")}
+        served_rows = [bamctl.evaluate("openai:smollm2", task, base_url=served.url, chat_template=chat,
+                                       dir=tmp_path / "served", **asked) for task, chat in runs]
     finally:
         shutil.move(away, smollm2)
-    for task, rows in served_rows.items():
-        theirs = bamctl.evaluate(f"hf:{smollm2}", task, dtype="float32", dir=tmp_path / "hf", **asked)
+    for (task, chat), rows in zip(runs, served_rows):
+        theirs = bamctl.evaluate(f"hf:{smollm2}", task, dtype="float32", chat_template=chat, dir=tmp_path / "hf", **asked)
         ours, theirs = (frame.sort_values(["depth", "seed", "sample"]) for frame in (rows, theirs))
         assert len(ours) == len(theirs) > 0
         for column in ("n_tokens", "expected", "predicted", "correct"):
-            assert ours[column].tolist() == theirs[column].tolist(), (task, column)
+            assert ours[column].tolist() == theirs[column].tolist(), (task, chat, column)
         # Teacher forcing asks exactly the same (the request digest: the ids fed and scored); a
         # generation there stops at the server's EOS, unknown here, so its digest names no stop id.
         # A tokenizer seen only through /tokenize cannot be shown to be the folder's: its prompts
