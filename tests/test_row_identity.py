@@ -173,6 +173,29 @@ def test_an_empty_module_is_hashed_as_one_holding_only_comments(package_probe):
     assert module_digest(empty) == module_digest(commented) != module_digest(code)
 
 
+def test_recording_starts_once_and_keeps_the_bytes_of_the_bamctl_modules_already_imported(monkeypatch):
+    """``record_imports`` (which ``import bamctl`` calls) in this process, as a fresh interpreter
+    runs it: it reads every bamctl module imported before it (from its file), nothing else, puts
+    one recording finder first, and a second call changes nothing."""
+    import sys
+
+    import bamctl
+    from bamctl import code_version
+
+    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not isinstance(f, code_version._RecordingFinder)])
+    monkeypatch.setattr(code_version, "_RAN", {"bamctl.errors": b"the bytes it was compiled from"})
+    code_version.record_imports()
+    code_version.record_imports()
+    assert code_version._RAN.pop("bamctl.errors") == b"the bytes it was compiled from"  # kept, never read again
+    assert sum(isinstance(f, code_version._RecordingFinder) for f in sys.meta_path) == 1
+    assert isinstance(sys.meta_path[0], code_version._RecordingFinder)
+    imported = {name for name, module in sys.modules.items() if (name == "bamctl" or name.startswith("bamctl."))
+                and getattr(getattr(module, "__spec__", None), "origin", None)}
+    assert set(code_version._RAN) == {name for name in imported if sys.modules[name].__spec__.origin.endswith(".py")} - {"bamctl.errors"}
+    assert code_version._RAN["bamctl"] == Path(bamctl.__file__).read_bytes()
+    assert code_version._RAN["bamctl.code_version"] == Path(code_version.__file__).read_bytes()
+
+
 def test_each_back_end_s_compute_version_reaches_its_engine_and_libraries(monkeypatch):
     native = code_closure(("bamctl.backends.native",))
     for module in ("bamctl.engine.stream", "bamctl.engine.native", "bamctl.engine.fused", "bamctl.engine.attention",
