@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from bamctl.backends import RunOptions, open_backend
+from bamctl.backends.served import PROBE_TEXTS
 from bamctl.errors import BamctlError
 from bamctl.tasks.registry import plan_samples
 
@@ -224,6 +225,38 @@ def _rows(folder: Path):
     return pd.concat([pd.read_parquet(p) for p in parts]) if parts else pd.DataFrame()
 
 
+def test_ctrl_c_keeps_the_finished_rows_and_the_rerun_computes_the_rest(served, tmp_path):
+    """SIGINT (Ctrl-C) after the first rows: bamctl stops at once (exit 130), the requests in flight
+    abandoned and the rows written kept; the rerun adds only the missing rows, and the whole equals
+    a run that was never interrupted."""
+    import signal
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}  # the fixture's OPENAI_API_KEY in it
+    run = ["passkey", "openai:smollm2", "--base-url", served.url, "--lengths", "512", "--samples", "3",
+           "--depths", "0,0.5,1", "--concurrency", "1", "--quiet"]
+    interrupted, clean = tmp_path / "interrupted", tmp_path / "clean"
+    first = _run_cli([*run, "--dir", str(interrupted)], env)
+    deadline = time.monotonic() + 600
+    while len(list(interrupted.rglob("*.parquet"))) < 2 and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    first.send_signal(signal.SIGINT)
+    _, err = first.communicate(timeout=120)
+    assert first.returncode == 130, err
+    assert "Traceback" not in err
+    kept = len(_rows(interrupted))
+    assert 2 <= kept < 9
+    rerun = _run_cli([*run, "--dir", str(interrupted)], env)
+    _, err = rerun.communicate(timeout=900)
+    assert rerun.returncode == 0, err
+    assert len(_rows(interrupted)) == 9  # kept + the missing ones, none twice
+    reference = _run_cli([*run, "--dir", str(clean)], env)
+    _, err = reference.communicate(timeout=900)
+    assert reference.returncode == 0, err
+    columns = ["depth", "sample", "expected", "predicted", "correct", "model_hash", "request_digest"]
+    ordered = [_rows(d).sort_values(["depth", "sample"])[columns].reset_index(drop=True) for d in (interrupted, clean)]
+    assert ordered[0].equals(ordered[1])
+
+
 @pytest.mark.slow  # starts a server of its own (3-6 min on 2 cores): bash scripts/test.sh --vllm -m 'vllm and slow'
 def test_a_killed_server_keeps_finished_rows_and_the_rerun_computes_the_rest(smollm2, tmp_path):
     """SIGKILL the server after the first rows: the run stops in one line (exit 2), the rows written
@@ -279,6 +312,38 @@ def test_a_killed_server_keeps_finished_rows_and_the_rerun_computes_the_rest(smo
         assert len(rows) == 18 and rows["model_hash"].nunique() == 2  # all computed again, under another identity
     finally:
         server.stop()
+
+
+@pytest.mark.slow  # starts a server of its own (3-6 min on 2 cores): bash scripts/test.sh --vllm -m 'vllm and slow'
+def test_a_dead_replica_leaves_the_run_to_the_others(smollm2, served, tmp_path):
+    """``--endpoint`` adds a replica (a second ``vllm serve`` of the same folder; its probes agree,
+    so one model): requests spread over both; the replica killed mid-run is left out and the run
+    finishes on the first, its rows those of a run on the first alone."""
+    from vllm_server import VLLMServer
+
+    replica = VLLMServer(smollm2, tmp_path / "replica.log", api_key=KEY).start()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    run = ["passkey", "openai:smollm2", "--base-url", served.url, "--lengths", "512", "--samples", "4",
+           "--depths", "0,0.5,1", "--concurrency", "2", "--quiet"]
+    spread, alone = tmp_path / "spread", tmp_path / "alone"
+    try:
+        first = _run_cli([*run, "--endpoint", replica.url, "--dir", str(spread)], env)
+        deadline = time.monotonic() + 600
+        while not list(spread.rglob("*.parquet")) and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        asked_of_replica = replica.tail().count("POST /v1/completions")
+        replica.kill()
+        _, err = first.communicate(timeout=900)
+        assert first.returncode == 0, err
+        assert asked_of_replica > len(PROBE_TEXTS)  # it answered rows' requests, not only the probes
+    finally:
+        replica.stop()
+    reference = _run_cli([*run, "--dir", str(alone)], env)
+    _, err = reference.communicate(timeout=900)
+    assert reference.returncode == 0, err
+    columns = ["depth", "sample", "expected", "predicted", "correct", "model_hash", "request_digest"]
+    ordered = [_rows(d).sort_values(["depth", "sample"])[columns].reset_index(drop=True) for d in (spread, alone)]
+    assert len(ordered[0]) == 12 and ordered[0].equals(ordered[1])
 
 
 def test_lm_evals_local_completions_gives_bamctl_lm_evals_log_likelihoods(smollm2, served):
