@@ -305,3 +305,38 @@ def test_read_filters(tmp_path):
         store.read(task="ppx", strict=True)
     with pytest.raises(BamctlError, match="bad --where"):
         store.read(where="length >")
+
+
+@pytest.mark.parametrize("field, other", [("model_hash", "h-other"), ("backend", "hf"), ("fingerprint", "fp-other"),
+                                          ("dtype", "bfloat16"), ("task", "niah_single_1"), ("protocol", "exact"),
+                                          ("setting", "stride=64"), ("length", 2048), ("depth", 0.25), ("seed", 1),
+                                          ("sample", 1), ("position", 512)])
+def test_every_field_of_the_resume_key_tells_two_rows_apart(field, other):
+    """A row differing from another in any one field of its key is another sample: reusing one for
+    the other would put a number where it was never measured."""
+    row = fake_row()
+    assert row_key({**row, field: other}) != row_key(row)
+
+
+def test_keys_of_rows_read_back_equal_the_keys_of_the_rows_written(tmp_path):
+    """Nulls spelt as pandas spells them (NaN, NA) and numpy integers key as None and int."""
+    rows = [fake_row(sample=i, depth=None if i else 0.5) | {"position": None if i else 7} for i in range(3)]
+    store = ResultStore(tmp_path)
+    store.append(rows)
+    frame = store.read()
+    assert {row_key(r) for r in frame.to_dict("records")} == {row_key(r) for r in rows} == store.done_keys()
+    nan_key = row_key({**rows[1], "position": float("nan"), "backend": float("nan")})
+    assert nan_key[-1] is None and nan_key[1] is None
+    assert row_key({**rows[1], "position": pd.NA, "fingerprint": pd.NA})[2] is None
+    assert row_key({**rows[0], "position": 7.0})[-1] == 7 and isinstance(row_key({**rows[0], "position": 7.0})[-1], int)
+
+
+def test_a_row_without_its_time_is_stamped_now_in_utc():
+    from datetime import datetime, timezone
+
+    before = datetime.now(timezone.utc)
+    table = rows_to_table([fake_row() | {"created_at": None}])
+    stamped = table.column("created_at").to_pylist()[0]
+    assert before <= stamped <= datetime.now(timezone.utc)
+    given = rows_to_table([fake_row()]).column("created_at").to_pylist()[0]
+    assert given == BASE_TIME

@@ -196,6 +196,37 @@ def test_recording_starts_once_and_keeps_the_bytes_of_the_bamctl_modules_already
     assert code_version._RAN["bamctl.code_version"] == Path(code_version.__file__).read_bytes()
 
 
+def test_a_compute_version_holds_the_code_its_c_sources_and_its_libraries(package_probe, tmp_path):
+    """The version moves with the Python reached and with the libraries' installed versions; the C++
+    beside a module (``csrc``: its .cpp and .h files) is read once and kept."""
+    from bamctl.code_version import compute_version, installed_version, native_source, native_sources
+
+    one, other = package_probe("probe_one", "VALUE = 1\n"), package_probe("probe_other", "VALUE = 2\n")
+    assert compute_version([one], ["torch"]) != compute_version([other], ["torch"])
+    assert compute_version([one], ["torch"]) != compute_version([one], ["torch", "numpy"])
+    assert installed_version("no-such-distribution-anywhere") == "absent"
+    csrc = tmp_path / "csrc"
+    csrc.mkdir()
+    (csrc / "kernel.cpp").write_text("int f() { return 1; }\n")
+    (csrc / "kernel.h").write_text("int f();\n")
+    (csrc / "notes.txt").write_text("not compiled\n")
+    assert native_sources(one) == [csrc / "kernel.cpp", csrc / "kernel.h"]
+    assert native_source(csrc / "kernel.h") == b"int f();\n"
+    (csrc / "kernel.h").write_text("int f(); int g();\n")
+    assert native_source(csrc / "kernel.h") == b"int f();\n"  # the bytes read first: what a version hashed
+
+
+def test_c_sources_hash_without_comments_or_spacing_and_python_needs_a_source():
+    import hashlib
+
+    from bamctl.code_version import _source_path, cpp_digest
+
+    assert cpp_digest("/* a comment\n over lines */ int  x;\n// and one more\n") == cpp_digest("int x;")
+    assert cpp_digest("int  x ;") == hashlib.sha256(b"int x ;").hexdigest()[:16]  # white space collapsed to one space
+    with pytest.raises(ValueError, match="no Python source for module 'math'"):
+        _source_path("math")  # built into the interpreter: nothing to hash
+
+
 def test_each_back_end_s_compute_version_reaches_its_engine_and_libraries(monkeypatch):
     native = code_closure(("bamctl.backends.native",))
     for module in ("bamctl.engine.stream", "bamctl.engine.native", "bamctl.engine.fused", "bamctl.engine.attention",
