@@ -225,6 +225,8 @@ def test_c_sources_hash_without_comments_or_spacing_and_python_needs_a_source():
     assert cpp_digest("int  x ;") == hashlib.sha256(b"int x ;").hexdigest()[:16]  # white space collapsed to one space
     with pytest.raises(ValueError, match="no Python source for module 'math'"):
         _source_path("math")  # built into the interpreter: nothing to hash
+    with pytest.raises(ValueError, match="no Python source for module 'no_such_module_anywhere'"):
+        _source_path("no_such_module_anywhere")
 
 
 def test_each_back_end_s_compute_version_reaches_its_engine_and_libraries(monkeypatch):
