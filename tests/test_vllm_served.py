@@ -225,6 +225,19 @@ def _rows(folder: Path):
     return pd.concat([pd.read_parquet(p) for p in parts]) if parts else pd.DataFrame()
 
 
+def _run_to_the_end(args: list[str], env: dict) -> None:
+    done = _run_cli(args, env)
+    _, err = done.communicate(timeout=900)
+    assert done.returncode == 0, err
+
+
+def _same_rows(one: Path, other: Path) -> bool:
+    """Whether two results directories hold the same answers, row for row, under one identity."""
+    columns = ["depth", "sample", "expected", "predicted", "correct", "model_hash", "request_digest"]
+    one_rows, other_rows = (_rows(d).sort_values(["depth", "sample"])[columns].reset_index(drop=True) for d in (one, other))
+    return one_rows.equals(other_rows)
+
+
 def test_ctrl_c_keeps_the_finished_rows_and_the_rerun_computes_the_rest(served, tmp_path):
     """SIGINT (Ctrl-C) after the first rows: bamctl stops at once (exit 130), the requests in flight
     abandoned and the rows written kept; the rerun adds only the missing rows, and the whole equals
@@ -245,16 +258,10 @@ def test_ctrl_c_keeps_the_finished_rows_and_the_rerun_computes_the_rest(served, 
     assert "Traceback" not in err
     kept = len(_rows(interrupted))
     assert 2 <= kept < 9
-    rerun = _run_cli([*run, "--dir", str(interrupted)], env)
-    _, err = rerun.communicate(timeout=900)
-    assert rerun.returncode == 0, err
+    _run_to_the_end([*run, "--dir", str(interrupted)], env)
     assert len(_rows(interrupted)) == 9  # kept + the missing ones, none twice
-    reference = _run_cli([*run, "--dir", str(clean)], env)
-    _, err = reference.communicate(timeout=900)
-    assert reference.returncode == 0, err
-    columns = ["depth", "sample", "expected", "predicted", "correct", "model_hash", "request_digest"]
-    ordered = [_rows(d).sort_values(["depth", "sample"])[columns].reset_index(drop=True) for d in (interrupted, clean)]
-    assert ordered[0].equals(ordered[1])
+    _run_to_the_end([*run, "--dir", str(clean)], env)
+    assert _same_rows(interrupted, clean)
 
 
 @pytest.mark.slow  # starts a server of its own (3-6 min on 2 cores): bash scripts/test.sh --vllm -m 'vllm and slow'
@@ -289,25 +296,17 @@ def test_a_killed_server_keeps_finished_rows_and_the_rerun_computes_the_rest(smo
         assert 2 <= kept < 9
 
         server.start()  # the same weights, the same port
-        rerun = _run_cli([*run, "--dir", str(faulted), "--json"], env)
-        out, err = rerun.communicate(timeout=900)
-        assert rerun.returncode == 0, err
+        _run_to_the_end([*run, "--dir", str(faulted), "--json"], env)
         assert len(_rows(faulted)) == 9  # kept + the missing ones, none twice
-        reference = _run_cli([*run, "--dir", str(clean)], env)
-        _, err = reference.communicate(timeout=900)
-        assert reference.returncode == 0, err
-        columns = ["depth", "sample", "expected", "predicted", "correct", "model_hash", "request_digest"]
-        ordered = [_rows(d).sort_values(["depth", "sample"])[columns].reset_index(drop=True) for d in (faulted, clean)]
-        assert ordered[0].equals(ordered[1])
+        _run_to_the_end([*run, "--dir", str(clean)], env)
+        assert _same_rows(faulted, clean)
 
         server.stop()
         weights = load_file(folder / "model.safetensors")
         weights["model.layers.0.mlp.down_proj.weight"] *= 1.5  # another checkpoint, same name, same root
         save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
         server.start()
-        changed = _run_cli([*run, "--dir", str(faulted)], env)
-        _, err = changed.communicate(timeout=900)
-        assert changed.returncode == 0, err
+        _run_to_the_end([*run, "--dir", str(faulted)], env)
         rows = _rows(faulted)
         assert len(rows) == 18 and rows["model_hash"].nunique() == 2  # all computed again, under another identity
     finally:
@@ -338,12 +337,8 @@ def test_a_dead_replica_leaves_the_run_to_the_others(smollm2, served, tmp_path):
         assert asked_of_replica > len(PROBE_TEXTS)  # it answered rows' requests, not only the probes
     finally:
         replica.stop()
-    reference = _run_cli([*run, "--dir", str(alone)], env)
-    _, err = reference.communicate(timeout=900)
-    assert reference.returncode == 0, err
-    columns = ["depth", "sample", "expected", "predicted", "correct", "model_hash", "request_digest"]
-    ordered = [_rows(d).sort_values(["depth", "sample"])[columns].reset_index(drop=True) for d in (spread, alone)]
-    assert len(ordered[0]) == 12 and ordered[0].equals(ordered[1])
+    _run_to_the_end([*run, "--dir", str(alone)], env)
+    assert len(_rows(spread)) == 12 and _same_rows(spread, alone)
 
 
 def test_lm_evals_local_completions_gives_bamctl_lm_evals_log_likelihoods(smollm2, served):

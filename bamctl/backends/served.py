@@ -153,28 +153,26 @@ def served_tokenizer(options: ServedOptions, model: ServedModel, url: str):
 
 
 def has_tokenize(url: str, name: str) -> bool:
+    return _tokenize(url, name, "a").status_code < 400
+
+
+def _tokenize(url: str, name: str, text: str):
+    """The server's ``/tokenize`` answer for ``text`` (no special tokens added), whatever its status."""
     import httpx
 
     try:
-        response = httpx.post(_server_root(url) + "/tokenize", headers=_headers(), timeout=INFO_TIMEOUT,
-                              json={"model": name, "prompt": "a", "add_special_tokens": False})
+        return httpx.post(_server_root(url) + "/tokenize", headers=_headers(), timeout=INFO_TIMEOUT,
+                          json={"model": name, "prompt": text, "add_special_tokens": False})
     except httpx.HTTPError as err:
         raise BamctlError(f"openai: no server answers at {url} ({type(err).__name__}: {err})") from None
-    return response.status_code < 400
 
 
 def check_server_tokenizer(url: str, name: str, tokenizer) -> bool:
     """Hold the tokenizer to the server's own ``/tokenize`` on fixed texts; False where it has none."""
-    import httpx
-
     from bamctl.backends.hf_tokenizer import CHECK_PROBES
 
     for text in CHECK_PROBES:
-        try:
-            response = httpx.post(_server_root(url) + "/tokenize", headers=_headers(), timeout=INFO_TIMEOUT,
-                                  json={"model": name, "prompt": text, "add_special_tokens": False})
-        except httpx.HTTPError as err:
-            raise BamctlError(f"openai: no server answers at {url} ({type(err).__name__}: {err})") from None
+        response = _tokenize(url, name, text)
         if response.status_code in (404, 405):
             return False
         theirs, ours = response.json().get("tokens"), tokenizer.encode(text)
