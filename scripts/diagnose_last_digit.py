@@ -1,0 +1,103 @@
+"""Why bam-ssmax misses a key's last digit at long context: where each head looks while it copies it.
+
+    python scripts/diagnose_last_digit.py scan --rows results/certify-512 --length 64k --depth 0
+    python scripts/diagnose_last_digit.py sweep --keys 41932,30842 --lengths 1k..64k --depth 0
+
+Every miss of step 32's certification plan (19 prompts) is a wrong last digit, the first four
+right. This script measures, for the query that predicts the fifth digit (the prompt and the
+first four digits fed teacher-forced), the attention weight each layer's heads put on each of the
+key's five digit tokens, both copies of the key summed. One JSON line per prompt:
+
+- ``scan``: every prompt of a stored plan at one length and depth (its seeds and sample count read
+  from the rows in ``--rows``), with the row's own expected and predicted key beside the weights:
+  does the head that copies the key slip off the fifth digit on the prompts that missed, and only
+  there?
+- ``sweep``: the given keys, each placed at the same depth in prompts of every length in
+  ``--lengths`` (the same filler stream, seed 0's slot otherwise), with the teacher-forced
+  prediction and the log-probability of the right and of the chosen fifth digit: at which length
+  the slip begins.
+
+The seeds read by ``scan`` are the certification's, spent by step 32 (read once, then diagnosed);
+no later claim may be made on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from bamctl.catalog import resolve_model
+from bamctl.engine.stream import StreamingEngine
+from bamctl.lengths import parse_lengths
+from bamctl.tasks import plan_samples
+from bamctl.tasks.passkey import exact_length_prompt, key_tokens
+from bamctl.tasks.sample import SampleSlot
+from bamctl.tokenizer import get_tokenizer
+
+KEY_DIGITS = 5
+
+
+def digit_weights(engine: StreamingEngine, input_ids: list[int], answer_ids: list[int], key_positions: list[int]) -> list:
+    """Per layer and head, the weight the query predicting the last digit puts on each digit
+    (both copies of the key summed), rounded for reading."""
+    weights = engine.last_query_attention(list(input_ids) + list(answer_ids[: KEY_DIGITS - 1]))
+    return [[[round(sum(float(w[h, p + d]) for p in key_positions), 4) for d in range(KEY_DIGITS)]
+             for h in range(w.shape[0])] for w in weights]
+
+
+def scan(engine, tokenizer, args) -> None:
+    (length,) = parse_lengths(args.length)
+    table = pa.concat_tables([pq.read_table(f) for f in glob.glob(f"{args.rows}/*.parquet")])
+    rows = {(r["draw"], r["depth"]): r for r in table.to_pylist() if r["length"] == length}
+    seeds = sorted({r["seed"] for r in rows.values()})
+    samples = 1 + max(r["sample"] for r in rows.values())
+    plan = plan_samples("passkey", [length], samples, seeds, tokenizer, [args.depth], protocol="exact")
+    for sample in plan.samples():
+        row = rows[(sample.draw, args.depth)]
+        start = time.perf_counter()
+        weights = digit_weights(engine, sample.input_ids, sample.answer_ids, sample.meta["key_positions"])
+        print(json.dumps({"length": length, "depth": args.depth, "draw": sample.draw, "expected": row["expected"],
+                          "predicted": row["predicted"], "weights": weights,
+                          "seconds": round(time.perf_counter() - start, 1)}), flush=True)
+
+
+def sweep(engine, tokenizer, args) -> None:
+    for key in args.keys.split(","):
+        for length in parse_lengths(args.lengths):
+            slot = SampleSlot(task="passkey", protocol="exact", scoring="teacher_forced", metric="exact_match",
+                              max_new_tokens=0, length=length, depth=args.depth, seed=0, index=0)
+            built = exact_length_prompt(slot, tokenizer, key, " ")
+            answer = key_tokens(tokenizer, key)
+            start = time.perf_counter()
+            predicted, logprobs = engine.score_continuation(built["input_ids"], answer)
+            weights = digit_weights(engine, built["input_ids"], answer, built["meta"]["key_positions"])
+            print(json.dumps({"length": length, "depth": args.depth, "key": key,
+                              "predicted": tokenizer.decode(predicted), "last_digit_logprob": round(logprobs[-1], 4),
+                              "weights": weights, "seconds": round(time.perf_counter() - start, 1)}), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("mode", choices=["scan", "sweep"])
+    parser.add_argument("--model", default="bam-ssmax")
+    parser.add_argument("--rows", help="scan: the stored plan's rows")
+    parser.add_argument("--length", default="64k", help="scan: the length read")
+    parser.add_argument("--depth", type=float, default=0.0)
+    parser.add_argument("--keys", help="sweep: the keys, comma-separated")
+    parser.add_argument("--lengths", default="1k..64k", help="sweep: the lengths")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    checkpoint = resolve_model(args.model)
+    tokenizer = get_tokenizer(checkpoint.model.config.tokenizer)
+    engine = StreamingEngine(checkpoint.model, device="cpu", dtype="float32")
+    (scan if args.mode == "scan" else sweep)(engine, tokenizer, args)
+
+
+if __name__ == "__main__":
+    main()
