@@ -15,7 +15,9 @@ key's five digit tokens, both copies of the key summed. One JSON line per prompt
 - ``sweep``: the given keys, each placed at the same depth in prompts of every length in
   ``--lengths`` (the same filler stream, seed 0's slot otherwise), with the teacher-forced
   prediction and the log-probability of the right and of the chosen fifth digit: at which length
-  the slip begins.
+  the slip begins. With ``--logits``, also the parts of each head's logit at the fourth and the
+  fifth digit of both copies: the scaled dot product q·k/√d (content), the prior's bias b(i - j),
+  and SSMax's factor s·log(i + 1), so that the part that moves with length is named.
 
 The seeds read by ``scan`` are the certification's, spent by step 32 (read once, then diagnosed);
 no later claim may be made on them.
@@ -24,14 +26,17 @@ no later claim may be made on them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
+import math
 import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+import bamctl.attention_math as attention_math
 from bamctl.catalog import resolve_model
 from bamctl.engine.stream import StreamingEngine
 from bamctl.lengths import parse_lengths
@@ -49,6 +54,31 @@ def digit_weights(engine: StreamingEngine, input_ids: list[int], answer_ids: lis
     weights = engine.last_query_attention(list(input_ids) + list(answer_ids[: KEY_DIGITS - 1]))
     return [[[round(sum(float(w[h, p + d]) for p in key_positions), 4) for d in range(KEY_DIGITS)]
              for h in range(w.shape[0])] for w in weights]
+
+
+@contextlib.contextmanager
+def logit_parts(found: list, positions: list[int]):
+    """While open, every call of ``attention_weights`` (the engine's ``last_query_attention`` makes
+    one per layer) also appends, per head, the last query's content score, prior bias and SSMax
+    factor at ``positions``."""
+    weights_of = attention_math.attention_weights
+
+    def recording(q, k, inputs):
+        at = torch.tensor(positions)
+        last = inputs.q_start + q.shape[2] - 1
+        scores = torch.einsum("hd,hpd->hp", q[0, :, -1].float(), k[0][:, at].float()) / math.sqrt(q.shape[-1])
+        bias = inputs.bias_for(torch.tensor([last]), at)[:, 0] if inputs.bias_for is not None else torch.zeros_like(scores)
+        factor = (inputs.ssmax_scale.float() * math.log(last + 1.0) if inputs.ssmax_scale is not None
+                  else torch.ones(scores.shape[0]))
+        found.append([{"content": [round(float(x), 3) for x in scores[h]], "prior": [round(float(x), 3) for x in bias[h]],
+                       "factor": round(float(factor[h]), 3), "scope": inputs.ssmax_scope} for h in range(scores.shape[0])])
+        return weights_of(q, k, inputs)
+
+    attention_math.attention_weights = recording
+    try:
+        yield found
+    finally:
+        attention_math.attention_weights = weights_of
 
 
 def scan(engine, tokenizer, args) -> None:
@@ -76,10 +106,15 @@ def sweep(engine, tokenizer, args) -> None:
             answer = key_tokens(tokenizer, key)
             start = time.perf_counter()
             predicted, logprobs = engine.score_continuation(built["input_ids"], answer)
-            weights = digit_weights(engine, built["input_ids"], answer, built["meta"]["key_positions"])
+            keys = built["meta"]["key_positions"]
+            parts: list = []
+            with logit_parts(parts, [p + d for p in keys for d in (KEY_DIGITS - 2, KEY_DIGITS - 1)]) if args.logits \
+                    else contextlib.nullcontext():
+                weights = digit_weights(engine, built["input_ids"], answer, keys)
+            extra = {"logits_at": "digit 4, digit 5 of copy 1; of copy 2", "logits": parts} if args.logits else {}
             print(json.dumps({"length": length, "depth": args.depth, "key": key,
                               "predicted": tokenizer.decode(predicted), "last_digit_logprob": round(logprobs[-1], 4),
-                              "weights": weights, "seconds": round(time.perf_counter() - start, 1)}), flush=True)
+                              "weights": weights, **extra, "seconds": round(time.perf_counter() - start, 1)}), flush=True)
 
 
 def main() -> None:
@@ -91,6 +126,7 @@ def main() -> None:
     parser.add_argument("--depth", type=float, default=0.0)
     parser.add_argument("--keys", help="sweep: the keys, comma-separated")
     parser.add_argument("--lengths", default="1k..64k", help="sweep: the lengths")
+    parser.add_argument("--logits", action="store_true", help="sweep: also each head's logit parts at digits 4 and 5")
     args = parser.parse_args()
     torch.set_num_threads(1)
     checkpoint = resolve_model(args.model)
