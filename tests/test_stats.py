@@ -13,10 +13,12 @@ import pytest
 from bamctl.results.schema import rows_to_table
 from bamctl.results.stats import (
     bootstrap_interval,
+    draw_permutation_test,
     draw_sign_flip_test,
     draws_needed,
     holm,
     mcnemar_exact,
+    mean_interval_over_draws,
     one_copy_per_document,
     paired_difference_interval,
     paired_tests,
@@ -60,6 +62,61 @@ def test_the_bootstrap_interval_is_seeded_and_by_the_book():
     means = d[picks].mean(axis=1)
     assert bootstrap_interval(d) == pytest.approx((np.quantile(means, 0.025), np.quantile(means, 0.975)))
     assert bootstrap_interval(d) == bootstrap_interval(d)
+
+
+def _per_draw(scores, draws) -> np.ndarray:
+    return np.array([np.mean([x for x, d in zip(scores, draws) if d == draw]) for draw in sorted(set(draws))])
+
+
+def test_the_unpaired_test_is_scipys_exact_two_sample_permutation_test_on_the_draws():
+    """Models that saw other prompts: each draw is the mean of its prompts (three prompts of one
+    draw count once), and the draws' labels are shuffled. scipy's exact test (every split of the
+    pooled draws) is the reference for p; ours shuffles 10,000 times, so p agrees to Monte-Carlo
+    error. Scores of 0 and 1, one prompt a draw for most, make many splits tie with the observed
+    difference: a test that counted only strictly larger ones would be far off."""
+    m, m_draws = np.array([1, 1, 1, 0, 1, 1, 0, 1, 1]), np.array(["a", "a", "a", "b", "c", "d", "e", "f", "g"])
+    b, b_draws = np.array([0, 1, 0, 0, 1, 0, 0]), np.array(["h", "i", "j", "k", "l", "m", "m"])
+    per_m, per_b = _per_draw(m, m_draws), _per_draw(b, b_draws)
+    n, n_draws, test, difference, lo, hi, p, p_min = draw_permutation_test(m, m_draws, b, b_draws)
+    assert (n, n_draws, test) == (16, 13, "permutation-unpaired")
+    assert difference == pytest.approx(per_m.mean() - per_b.mean(), abs=1e-12)  # draws, not prompts
+    assert difference != pytest.approx(m.mean() - b.mean())
+    # two-sided as ours is: |difference| at least the observed one (scipy's "two-sided" doubles the
+    # smaller one-sided p instead, which differs when the groups' sizes differ)
+    exact = scipy_stats.permutation_test(
+        (per_m, per_b), lambda x, y, axis: np.abs(np.mean(x, axis=axis) - np.mean(y, axis=axis)),
+        permutation_type="independent", n_resamples=np.inf, alternative="greater", vectorized=True).pvalue
+    assert p == pytest.approx(exact, abs=0.015) and p_min == pytest.approx(1 / 10_001)
+    # the interval, by the book: each model's draws resampled on their own, seeded
+    boot = np.random.default_rng(1)
+    spread = (per_m[boot.integers(0, len(per_m), size=(2000, len(per_m)))].mean(axis=1)
+              - per_b[boot.integers(0, len(per_b), size=(2000, len(per_b)))].mean(axis=1))
+    assert (lo, hi) == pytest.approx((np.quantile(spread, 0.025), np.quantile(spread, 0.975)))
+    assert lo < difference < hi
+    swapped = draw_permutation_test(b, b_draws, m, m_draws)  # the other way round: mirrored, p unchanged
+    assert swapped[3] == pytest.approx(-difference) and swapped[6] == pytest.approx(p, abs=0.015)
+
+
+def test_the_unpaired_test_sees_no_difference_between_equal_samples():
+    scores, draws = np.array([1, 0, 1, 1, 0, 1]), np.array(["a", "b", "c", "d", "e", "f"])
+    _, _, _, difference, lo, hi, p, _ = draw_permutation_test(scores, draws, scores, np.array(list("ghijkl")))
+    assert difference == 0 and p == 1.0 and lo <= 0 <= hi
+
+
+def test_a_continuous_values_interval_resamples_draws_not_prompts():
+    """An answer's log-probability, cell by cell: draws resampled, each the mean of its prompts,
+    by the same seeded bootstrap as the paired tests (restated here: ``bootstrap_interval`` over
+    the per-draw means); NaN values are left out, and one draw has no spread."""
+    values = np.array([-0.1, -0.3, -2.5, -0.2, np.nan, -0.05, -1.0, -0.4])
+    draws = np.array(["a", "a", "a", "b", "b", "c", "d", "d"])
+    per_draw = np.array([np.mean([-0.1, -0.3, -2.5]), -0.2, -0.05, np.mean([-1.0, -0.4])])
+    assert mean_interval_over_draws(values, draws) == pytest.approx(bootstrap_interval(per_draw, 0, 2000))
+    assert mean_interval_over_draws(values, draws, seed=5, resamples=300) == pytest.approx(bootstrap_interval(per_draw, 5, 300))
+    lo, hi = mean_interval_over_draws(values, draws)
+    assert lo < per_draw.mean() < hi and not math.isnan(lo)
+    assert all(math.isnan(x) for x in mean_interval_over_draws(np.array([-0.1, -0.3]), np.array(["a", "a"])))
+    assert all(math.isnan(x) for x in mean_interval_over_draws(np.array([-0.1, np.nan]), np.array(["a", "b"])))
+    assert not math.isnan(mean_interval_over_draws(np.array([-0.1, -0.2]), np.array(["a", "b"]))[0])
 
 
 def test_holm_by_hand():
