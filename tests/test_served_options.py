@@ -55,3 +55,30 @@ def test_a_silent_server_is_one_line(monkeypatch):
 def test_the_key_is_no_option():
     """Options are recorded (a sweep's record); the key is read from OPENAI_API_KEY at each request only."""
     assert not [f.name for f in fields(RunOptions) + fields(ServedOptions) if "key" in f.name]
+
+
+def test_default_concurrency_is_what_the_kv_caches_hold_at_the_requests_length():
+    from bamctl.backends.served import DEFAULT_CONCURRENCY, MOST_CONCURRENCY, ServerCapacity, batch_concurrency
+
+    vllm = ServerCapacity(kv_tokens=100_000, max_requests=None)
+    assert batch_concurrency([vllm], 10_000) == 10
+    assert batch_concurrency([vllm], 10_001) == 9  # whole requests only
+    assert batch_concurrency([vllm, vllm], 10_000) == 20  # replicas add up
+    assert batch_concurrency([vllm], 200_000) == 1  # one request longer than the cache still runs, alone
+    assert batch_concurrency([vllm], 100) == MOST_CONCURRENCY
+    sglang = ServerCapacity(kv_tokens=100_000, max_requests=3)
+    assert batch_concurrency([sglang], 10_000) == 3 and batch_concurrency([sglang, vllm], 10_000) == 13
+    assert batch_concurrency([vllm, None], 10_000) == DEFAULT_CONCURRENCY  # one server says nothing: the fixed default
+
+
+def test_a_vllm_engines_kv_tokens_are_read_from_its_cache_info_labels():
+    """The labels as vLLM's ``vllm:cache_config_info`` gauge carries them (every CacheConfig field as a
+    string): the size it resolved in tokens where the version has it, else blocks times block size."""
+    from bamctl.backends.served import CACHE_INFO, LABEL, _engine_tokens
+
+    text = ('# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n'
+            'vllm:cache_config_info{block_size="16",engine="0",kv_cache_size_tokens="None",num_gpu_blocks="2048"} 1.0\n'
+            'vllm:cache_config_info{block_size="16",engine="1",kv_cache_size_tokens="40000",num_gpu_blocks="2500"} 1.0\n')
+    engines = [dict(LABEL.findall(m["labels"])) for m in CACHE_INFO.finditer(text)]
+    assert [_engine_tokens(labels) for labels in engines] == [32_768, 40_000]
+    assert _engine_tokens({"block_size": "16", "num_gpu_blocks": "None"}) is None

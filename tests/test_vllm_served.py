@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import time
@@ -152,6 +153,25 @@ def test_a_server_elsewhere_builds_the_prompts_with_its_own_tokenize(smollm2, se
         # are fingerprinted apart, and tables test the two unpaired.
         assert (ours["request_digest"].tolist() == theirs["request_digest"].tolist()) == (task == "passkey")
         assert set(ours["fingerprint"]).isdisjoint(theirs["fingerprint"])
+
+
+def test_concurrency_by_default_is_what_the_servers_kv_cache_holds(served):
+    """vLLM logs its KV cache's size when it starts ("KV cache size: N tokens", its own count); its
+    /metrics reports the same, and without --concurrency as many requests as that holds at the
+    request's length are in flight (here the CPU build logged 23,296 tokens: 22 requests of 1k)."""
+    from bamctl.backends.served import MOST_CONCURRENCY, server_capacity
+
+    logged = re.search(r"KV cache size: ([\d,]+) tokens", served.log.read_text(errors="replace"))
+    assert logged, served.tail()
+    capacity = server_capacity(served.url)
+    assert capacity is not None and capacity.kv_tokens == int(logged.group(1).replace(",", ""))
+    backend = open_backend("openai:smollm2", RunOptions(base_url=served.url))
+    try:
+        fed = len(backend.shaper.prefix) + 1024 + 5 + 1
+        assert backend.batch_limit(1024, 5) == max(1, min(MOST_CONCURRENCY, capacity.kv_tokens // fed))
+        assert backend.batch_limit(capacity.kv_tokens, 5) == 1
+    finally:
+        backend.close()
 
 
 def test_rows_equal_those_of_vllm_and_hf(smollm2, served, tmp_path):

@@ -397,14 +397,15 @@ class ServedOptions:
 
     base_url: str | None = None  # None: OPENAI_BASE_URL
     endpoint: str | None = None  # further replicas, comma separated
-    concurrency: int = 8  # requests in flight, spread over the servers
+    concurrency: int | None = None  # requests in flight, spread over the servers; None: from what the servers report
     tokenizer: str | None = None  # a local Hugging Face tokenizer folder; None: the folder the server reports as its root
     chat_template: bool = False
     bos: str = "auto"
     logprobs_via: str = "auto"  # how a prompt's log-probs are asked: auto, vllm (prompt_logprobs) or echo
 
     def __post_init__(self):
-        positive(self.concurrency, "concurrency")
+        if self.concurrency is not None:
+            positive(self.concurrency, "concurrency")
         _check_bos(self.bos)
         if self.logprobs_via not in LOGPROBS_VIA:
             raise BamctlError(f"--logprobs-via takes {', '.join(LOGPROBS_VIA)}, not {self.logprobs_via!r}")

@@ -18,7 +18,8 @@ What bamctl keeps for itself, so a served model's rows carry the guarantees of i
   prompts taken when the back-end opens: other weights behind the same name are another model,
   whose rows never mix with the first's;
 - ``--concurrency N`` requests are in flight at once, spread over the servers (``--endpoint`` adds
-  replicas); each request is retried with backoff on 429, 5xx and timeouts (tenacity); a server
+  replicas); without it, as many as the servers' KV caches hold at the batch's request length
+  (what vLLM's ``/metrics`` or SGLang's ``/get_server_info`` report: ``batch_concurrency``); each request is retried with backoff on 429, 5xx and timeouts (tenacity); a server
   that still fails is left out, and when none is left the run stops in one line, the batches
   already answered kept in the results directory.
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +62,8 @@ PROMPT_LOGPROBS, ECHO_IDS, ECHO = "prompt_logprobs", "echo_ids", "echo"
 # by text (SGLang, ...)
 LOGPROB_PROTOCOLS = {"auto": (PROMPT_LOGPROBS, ECHO_IDS, ECHO), "vllm": (PROMPT_LOGPROBS,), "echo": (ECHO_IDS, ECHO)}
 TOKEN_ID_PREFIX = "token_id:"  # how vLLM names a token by id in an echo (return_tokens_as_token_ids)
+DEFAULT_CONCURRENCY = 8  # requests in flight where no server reports its capacity
+MOST_CONCURRENCY = 64  # a chosen default never above this: past it a server queues, and a lost batch costs more
 PROBE_DECIMALS = 3  # probe log-probs are hashed rounded: a server's run-to-run noise is far below, another checkpoint far above
 
 
@@ -136,6 +140,66 @@ def served_model(url: str, name: str) -> ServedModel:
                        version=version, listed={key: entry.get(key) for key in STABLE_FIELDS})
 
 
+@dataclass(frozen=True)
+class ServerCapacity:
+    """How much a server runs at once, as it reports it."""
+
+    kv_tokens: int  # tokens its KV cache holds, over all its engines
+    max_requests: int | None  # requests it runs at once, where it says (SGLang)
+
+
+CACHE_INFO = re.compile(r'^vllm:cache_config_info\{(?P<labels>[^}]*)\}', re.MULTILINE)
+LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def server_capacity(url: str) -> ServerCapacity | None:
+    """vLLM: ``/metrics``' ``vllm:cache_config_info``, one line per engine (``kv_cache_size_tokens``,
+    or ``num_gpu_blocks`` × ``block_size`` in older versions); SGLang: ``/get_server_info``'s
+    ``max_total_num_tokens`` and ``max_running_requests``. None where a server reports neither."""
+    import_openai()
+    import httpx
+
+    root = _server_root(url)
+    try:
+        metrics = httpx.get(root + "/metrics", headers=_headers(), timeout=INFO_TIMEOUT)
+        engines = [dict(LABEL.findall(m["labels"])) for m in CACHE_INFO.finditer(metrics.text)] if metrics.status_code < 400 else []
+        tokens = [_engine_tokens(labels) for labels in engines]
+        if tokens and all(t is not None for t in tokens):
+            return ServerCapacity(kv_tokens=sum(tokens), max_requests=None)
+        info = httpx.get(root + "/get_server_info", headers=_headers(), timeout=INFO_TIMEOUT)
+        found = info.json() if info.status_code < 400 else {}
+    except (httpx.HTTPError, ValueError):
+        return None
+    total, running = found.get("max_total_num_tokens"), found.get("max_running_requests")
+    if isinstance(total, int) and total > 0:
+        return ServerCapacity(kv_tokens=total, max_requests=running if isinstance(running, int) and running > 0 else None)
+    return None
+
+
+def _engine_tokens(labels: dict[str, str]) -> int | None:
+    def count(name: str) -> int | None:
+        value = labels.get(name, "")
+        return int(value) if value.isdigit() else None
+
+    if count("kv_cache_size_tokens"):
+        return count("kv_cache_size_tokens")
+    blocks, size = count("num_gpu_blocks"), count("block_size")
+    return blocks * size if blocks and size else None
+
+
+def batch_concurrency(capacities: Sequence[ServerCapacity | None], request_tokens: int) -> int:
+    """Requests in flight when ``--concurrency`` is not given: over the servers, as many requests of
+    ``request_tokens`` as their KV caches hold at once (each within its stated request limit),
+    at least one and at most MOST_CONCURRENCY; DEFAULT_CONCURRENCY where a server reports nothing."""
+    if not capacities or any(c is None for c in capacities):
+        return DEFAULT_CONCURRENCY
+    held = 0
+    for capacity in capacities:
+        fits = capacity.kv_tokens // max(1, request_tokens)
+        held += min(fits, capacity.max_requests) if capacity.max_requests else fits
+    return max(1, min(MOST_CONCURRENCY, held))
+
+
 def served_tokenizer(options: ServedOptions, model: ServedModel, url: str):
     """``--tokenizer``, else the server's root where it is a folder here (a server on this machine),
     else the server's own ``/tokenize`` (a server elsewhere)."""
@@ -187,11 +251,12 @@ class ServerGone(Exception):
 
 
 class Servers:
-    """Requests in flight at once (``concurrency``), spread over replicas: each worker thread serves
+    """Requests in flight at once (``concurrency``; None: every request of a ``map`` at once, its
+    caller having sized the batch), spread over replicas: each worker thread serves
     one replica and takes the next request when it is free, so a slow replica answers fewer and
     holds up none; a replica that fails every try is left out and its request goes to another."""
 
-    def __init__(self, urls: list[str], concurrency: int):
+    def __init__(self, urls: list[str], concurrency: int | None):
         openai = import_openai()
         from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
@@ -259,7 +324,7 @@ class Servers:
                 raise BamctlError(f"openai: no server answers any more ({'; '.join(gone)}); the rows already "
                                   "written are kept, run again to compute the rest")
             workers = [threading.Thread(target=work, args=(alive[i % len(alive)],), daemon=True)
-                       for i in range(min(self.concurrency, remaining))]
+                       for i in range(min(self.concurrency or remaining, remaining))]
             for worker in workers:
                 worker.start()
             try:
@@ -314,6 +379,7 @@ class ServedBackend(ShapedBackend):
         self.stop_ids |= {generation_eos} if isinstance(generation_eos, int) else set(generation_eos or [])
         self.servers = Servers(self.urls, options.concurrency)
         self.concurrency = options.concurrency
+        self.capacities = [server_capacity(url) for url in self.urls] if options.concurrency is None else []
         self.protocols = LOGPROB_PROTOCOLS[options.logprobs_via]  # tried in order on the first server
         self.protocol: str | None = None
         self.prompt_logprobs, self.why_no_logprobs = True, ""
@@ -501,7 +567,9 @@ class ServedBackend(ShapedBackend):
     def batch_limit(self, n_prompt: int, n_answer: int) -> int:
         # a batch is written when all of it is answered: one wave of requests in flight per batch,
         # so a server lost mid-run costs at most that wave
-        return self.concurrency
+        if self.concurrency is not None:
+            return self.concurrency
+        return batch_concurrency(self.capacities, len(self.shaper.prefix) + n_prompt + n_answer + 1)
 
     def check_fits(self, n_prompt: int, n_answer: int) -> None:
         """Refuse a request the server cannot take: what is fed and the one token it generates

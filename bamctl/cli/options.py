@@ -185,7 +185,9 @@ EVALUATION: list[Param] = [
         "answering is left out.")),
     Param("concurrency", Optional[int], None, typer.Option(
         min=1, rich_help_panel=EXTERNAL_PANEL,
-        help="openai: requests in flight at once over all servers, e.g. --concurrency 16 (default 8).")),
+        help="openai: requests in flight at once over all servers, e.g. --concurrency 16 (default: as many as the "
+        "servers' KV caches hold at the request's length, as vLLM's /metrics or SGLang's /get_server_info report it, at "
+        "most 64; 8 where a server reports neither).")),
     Param("logprobs_via", Optional[LogprobsVia], None, typer.Option(
         rich_help_panel=EXTERNAL_PANEL,
         help="openai: how the server is asked for a prompt's log-probabilities (teacher forcing, perplexity): auto (the "
