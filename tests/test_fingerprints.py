@@ -201,3 +201,29 @@ def test_a_digest_ignores_key_order_reads_paths_as_text_and_hashes_utf8_json():
     # the definition restated, on text outside ASCII: stored rows' fingerprints must not move
     expected = hashlib.sha256(json.dumps({"name": "Gödel"}, ensure_ascii=False).encode()).hexdigest()[:16]
     assert digest({"name": "Gödel"}) == expected
+
+
+def test_another_chat_template_is_another_tokenizer(tmp_path):
+    """A chat run's prompts depend on the template's text: it enters the tokenizer's fingerprint,
+    part of every row's identity (the feeding's own fingerprint records only that a template is
+    used), so rows made with one template are never reused for another."""
+    pytest.importorskip("transformers", reason="transformers not installed (the hf extra)")
+    from transformers import AutoTokenizer
+
+    from bamctl.backends.hf_common import RequestShaper
+    from bamctl.backends.hf_tokenizer import resolve_tokenizer
+    from tiny_llama import save_tiny_llama
+
+    folder = save_tiny_llama(tmp_path / "base", vocab="bpe")
+    tokenizers = []
+    for name, template in [("plain", "{% for m in messages %}{{ m['content'] }}{% endfor %}"),
+                           ("bracketed", "{% for m in messages %}[{{ m['content'] }}]{% endfor %}")]:
+        copy = tmp_path / name
+        shutil.copytree(folder, copy)
+        saved = AutoTokenizer.from_pretrained(str(copy), local_files_only=True)
+        saved.chat_template = template
+        saved.save_pretrained(str(copy))
+        tokenizers.append(resolve_tokenizer(str(copy)))
+    assert tokenizers[0].fingerprint != tokenizers[1].fingerprint
+    chat, plain = (RequestShaper(tokenizers[0], chat, "never").fingerprint for chat in (True, False))
+    assert chat != plain  # whether the template is used is the feeding's part

@@ -250,8 +250,10 @@ class RequestShaper:
 
         if not self.prefix and not self.chat:
             return AS_BUILT
-        template = getattr(getattr(self.tokenizer, "backend", None), "chat_template", None) if self.chat else None
-        return digest({"prefix": self.prefix, "chat_template": template, "chat": self.chat})
+        # the template's text is in the tokenizer's fingerprint, which every row's identity holds beside
+        # this one; here only whether it is used ("chat_template" stays None: the digests rows were
+        # stored under)
+        return digest({"prefix": self.prefix, "chat_template": None, "chat": self.chat})
 
     def prompt(self, prompt_ids: Sequence[int]) -> list[int]:
         """What is fed for a prompt: the prefix, then the prompt (in chat mode the task has
