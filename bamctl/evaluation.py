@@ -72,6 +72,7 @@ class RunStats:
     dropped_tokens: int = 0  # prompt tokens the back-end left out to fit its maximum length, over the rows written
     dropped_rows: int = 0
     bos_left_out: int = 0  # rows fed without the BOS the back-end puts before its other requests of that kind
+    unread_rows: int = 0  # rows whose prompt a server read at another length than sent (not scored)
     rows: list[dict] = field(default_factory=list)
 
 
@@ -179,6 +180,7 @@ class Evaluation:
                     stats.dropped_tokens += row["dropped_tokens"]
                     stats.dropped_rows += row["dropped_tokens"] > 0
                     stats.bos_left_out += not row["bos"] and self.backend.bos_for(row["scoring"])
+                    stats.unread_rows += bool(row["served_token_gap"])
                     stats.rows.append(row)
                     if on_row:
                         on_row(row)
@@ -303,6 +305,7 @@ class Evaluation:
         if self.backend.device.startswith("cuda") and torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
         samples = [sample for sample, _ in batch]
+        self.backend.token_gaps()  # whatever an earlier call left (the model's probes)
         start = time.perf_counter()
         answered = ANSWERS[samples[0].scoring](self.backend, samples)
         if self._forces_answers(samples[0]):
@@ -315,8 +318,11 @@ class Evaluation:
         blocks = self.backend.block_counts()
         if blocks is None or len(blocks) != len(samples):  # not counted, or not one count per sample
             blocks = [None] * len(samples)
+        gaps = self.backend.token_gaps()
+        if gaps is None or len(gaps) != len(samples):  # a model run here: nothing a server could miscount
+            gaps = [None] * len(samples)
         rows = []
-        for (sample, todo), results, counted in zip(batch, answered, blocks, strict=True):
+        for (sample, todo), results, counted, gap in zip(batch, answered, blocks, gaps, strict=True):
             by_position = {result.get("position"): result for result in results}
             fitting = self.backend.fitting(sample.scoring, sample.n_tokens, answer_length(sample))
             request = self._digest(sample)
@@ -331,6 +337,7 @@ class Evaluation:
                     "dropped_tokens": fitting.dropped,
                     "needle_depth": sample.needle_depth,
                     "bos": fitting.bos,
+                    "served_token_gap": gap,
                     "seconds": seconds,
                     "tokens_per_s": tokens_per_s,
                     "peak_mem_bytes": peak,

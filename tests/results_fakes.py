@@ -76,6 +76,7 @@ def fake_row(
         "draw": f"doc@{sample * length}" if perplexity else f"{seed}/{sample}",
         "document_start": sample * length if perplexity else None,
         "dropped_tokens": 0,
+        "served_token_gap": None,
         "expected": None if perplexity else "12345",
         "predicted": None if perplexity else ("12345" if score >= 1 else "99999"),
         "correct": None if perplexity else score >= 1,

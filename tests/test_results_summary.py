@@ -255,3 +255,24 @@ def test_engines_lists_the_backend_where_rows_name_it():
     assert list(listed.columns) == ["model", "backend", "dtype", "device", "attention", "rows"]
     assert len(listed) == 3 and listed["rows"].sum() == 3  # a row that does not say is listed, not dropped
     assert "backend" not in engines(frame_of([fake_row("tiny-rope")]).drop(columns=["backend"])).columns  # a frame without the column
+
+
+def test_rows_a_server_read_at_another_length_are_left_out_of_every_cell_and_named():
+    """A served model's request read at another length than sent is not scored (its row records
+    the difference, ``served_token_gap``): the cells count only rows read as planned, and the
+    table says how many of whose were left out; 0 and null (a model run here) are read as planned."""
+    rows = passkey_grid(samples=2)
+    for row in rows:
+        row["served_token_gap"] = 0 if row["model"] == "tiny-bam" else None
+    unread = [r for r in rows if r["model"] == "tiny-bam" and r["length"] == 512][:3]
+    for row, gap in zip(unread, (1, -2, 5)):
+        row["served_token_gap"], row["score"], row["correct"] = gap, 0.0, False
+    (summary,) = summarize(frame_of(rows))
+    n = summary.table["n"]
+    assert n.loc[512, "tiny-bam"] == n.loc[512, "tiny-rope"] - 3 and n.loc[1024, "tiny-bam"] == n.loc[1024, "tiny-rope"]
+    (clean,) = summarize(frame_of([r for r in rows if r not in unread]))
+    pd.testing.assert_frame_equal(summary.table, clean.table)  # as if those rows were never there
+    assert summary.unread == (("tiny-bam", 3),) and clean.unread == ()
+    assert "3 rows of tiny-bam left out: the server read their prompts at another length than sent" in \
+        render_summary(summary).caption
+    assert summaries_to_json([summary])["summaries"][0]["unread_rows"] == {"tiny-bam": 3}

@@ -4,6 +4,7 @@ missing or silent server is one line, and the key is no option at all."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import fields
 
 import pytest
@@ -82,3 +83,68 @@ def test_a_vllm_engines_kv_tokens_are_read_from_its_cache_info_labels():
     engines = [dict(LABEL.findall(m["labels"])) for m in CACHE_INFO.finditer(text)]
     assert [_engine_tokens(labels) for labels in engines] == [32_768, 40_000]
     assert _engine_tokens({"block_size": "16", "num_gpu_blocks": "None"}) is None
+
+
+def _answer(prompt_tokens, logprobs=None, read=None):
+    """A completion as the openai client returns one: its usage count and, with vLLM's
+    prompt_logprobs, one entry per position (rank 1 = the argmax)."""
+    from types import SimpleNamespace
+
+    extra = {"prompt_logprobs": logprobs} if logprobs is not None else {}
+    if read is not None:
+        extra["prompt_token_ids"] = read
+    choice = SimpleNamespace(model_extra=extra, **extra)
+    return SimpleNamespace(usage=SimpleNamespace(prompt_tokens=prompt_tokens), choices=[choice])
+
+
+def _served(answers):
+    """openai:m without a server: its request handling alone, answers given (the real server's
+    tests are in test_vllm_served.py; no vLLM miscounts, so a miscount can only be made here)."""
+    from types import SimpleNamespace
+
+    from bamctl.backends.hf_common import LengthPolicy
+    from bamctl.backends.served import PROMPT_LOGPROBS, ServedBackend
+
+    backend = object.__new__(ServedBackend)
+    backend.served_name, backend.gaps, backend.protocol, backend.prompt_logprobs = "m", [], PROMPT_LOGPROBS, True
+    backend.shaper = SimpleNamespace(prefix=[])
+    backend.lengths = LengthPolicy("m", None, "warn")
+    backend._map = lambda asks: answers
+    backend._ask_logprobs = lambda ids: None
+    return backend
+
+
+def _entries(ids):
+    return [None] + [{str(t): {"logprob": -0.25, "rank": 1}} for t in ids[1:]]
+
+
+def test_a_request_read_at_another_length_is_recorded_and_not_scored():
+    from bamctl.backends.served import UNREAD
+
+    prompt, target = [5, 6, 7], [8, 9]
+    fed = prompt + target  # what is sent: the prompt and the answer, scored at the answer
+    backend = _served([_answer(len(fed), _entries(fed)), _answer(len(fed) + 1, _entries(fed))])
+    right, misread = backend.score_continuations([(prompt, target), (prompt, target)])
+    assert right.predicted_ids == target and right.logprobs == [-0.25, -0.25]
+    assert misread.predicted_ids == [UNREAD, UNREAD] and all(math.isnan(lp) for lp in misread.logprobs)
+    assert backend.token_gaps() == [0, 1] and backend.token_gaps() == []  # taken once
+
+
+def test_a_generation_and_its_forced_answer_keep_the_larger_gap():
+    backend = _served([])
+    backend._note_gaps([0, 2, -3])
+    backend._note_gaps([1, -1, 0])
+    assert backend.token_gaps() == [1, 2, -3]
+    backend._note_gaps([0])
+    backend._note_gaps([4, 0])  # another batch's size: a new call, not the same samples
+    assert backend.token_gaps() == [4, 0]
+
+
+def test_other_ids_read_or_no_count_stop_the_run():
+    backend = _served([])
+    assert backend._read_gap(_answer(3, read=[1, 2, 3]), [1, 2, 3]) == 0
+    assert backend._read_gap(_answer(4, read=[0, 1, 2, 3]), [1, 2, 3]) == 1  # a token more: a length, recorded
+    with pytest.raises(BamctlError, match="read other prompt tokens than the 3 sent"):
+        backend._read_gap(_answer(3, read=[1, 2, 4]), [1, 2, 3])
+    with pytest.raises(BamctlError, match="counts no prompt tokens"):
+        backend._read_gap(_answer(None), [1, 2, 3])

@@ -183,6 +183,8 @@ def test_rows_equal_those_of_vllm_and_hf(smollm2, served, tmp_path):
     by_backend = {name: group.sort_values(["depth", "sample"]) for name, group in rows.groupby("backend")}
     assert set(by_backend) == {"openai", "vllm", "hf"} and all(len(group) == 4 for group in by_backend.values())
     served_rows = by_backend["openai"]
+    assert served_rows["served_token_gap"].tolist() == [0] * 4  # the server read every prompt as sent
+    assert by_backend["vllm"]["served_token_gap"].isna().all() and by_backend["hf"]["served_token_gap"].isna().all()
     for name, group in by_backend.items():
         for column in ("predicted", "correct", "n_tokens", "expected"):
             assert group[column].tolist() == served_rows[column].tolist(), (name, column)

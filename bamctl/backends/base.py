@@ -119,6 +119,12 @@ class Backend(ABC):
         it considered), for the row's ``skipped_blocks`` and ``key_blocks``; None: not counted here."""
         return None
 
+    def token_gaps(self) -> list[int] | None:
+        """Per request of the batch calls since this was last asked (a sample generated and then
+        teacher-forced keeps the larger), the prompt tokens the server said it read minus those
+        sent, for the row's ``served_token_gap``; None: the model runs here, nothing to check."""
+        return None
+
     def fitting(self, scoring: str, n_prompt: int, n_answer: int) -> Fitting:
         """How a request of this kind, with a prompt of ``n_prompt`` tokens and ``n_answer`` fed or
         generated after it, is fed. A back-end without a maximum length feeds it whole."""

@@ -6,8 +6,9 @@ What bamctl keeps for itself, so a served model's rows carry the guarantees of i
 - prompts are token ids built with the model's own tokenizer (``--tokenizer``, or the folder the
   server reports as its root where that exists here, else the server's own ``/tokenize``:
   ``bamctl.backends.server_tokenizer``), a folder's checked once against the server's
-  ``/tokenize`` where it has one; every answer's ``usage.prompt_tokens`` must equal the ids sent,
-  else the run stops in one line: a length the plan did not ask for is never scored;
+  ``/tokenize`` where it has one; every answer's ``usage.prompt_tokens`` is held to the ids sent,
+  and a request read at another length is not scored: its row records the difference
+  (``served_token_gap``) and every summary leaves it out, saying how many;
 - teacher forcing and perplexity read the server's prompt log-probabilities (vLLM's
   ``prompt_logprobs``: the rank-1 token is the argmax, as ``vllm:`` reads them in-process; or,
   where a server has not that field, OpenAI's legacy echo with ``logprobs``, ``--logprobs-via``);
@@ -62,6 +63,7 @@ PROMPT_LOGPROBS, ECHO_IDS, ECHO = "prompt_logprobs", "echo_ids", "echo"
 # by text (SGLang, ...)
 LOGPROB_PROTOCOLS = {"auto": (PROMPT_LOGPROBS, ECHO_IDS, ECHO), "vllm": (PROMPT_LOGPROBS,), "echo": (ECHO_IDS, ECHO)}
 TOKEN_ID_PREFIX = "token_id:"  # how vLLM names a token by id in an echo (return_tokens_as_token_ids)
+UNREAD = -1  # the prediction of a prompt the server read at another length: no token (decoded as nothing)
 DEFAULT_CONCURRENCY = 8  # requests in flight where no server reports its capacity
 MOST_CONCURRENCY = 64  # a chosen default never above this: past it a server queues, and a lost batch costs more
 PROBE_DECIMALS = 3  # probe log-probs are hashed rounded: a server's run-to-run noise is far below, another checkpoint far above
@@ -378,6 +380,7 @@ class ServedBackend(ShapedBackend):
         generation_eos = getattr(config, "eos_token_id", None)
         self.stop_ids |= {generation_eos} if isinstance(generation_eos, int) else set(generation_eos or [])
         self.servers = Servers(self.urls, options.concurrency)
+        self.gaps: list[int] = []  # per request of the latest batch calls, the server's count minus the ids sent
         self.concurrency = options.concurrency
         self.capacities = [server_capacity(url) for url in self.urls] if options.concurrency is None else []
         self.protocols = LOGPROB_PROTOCOLS[options.logprobs_via]  # tried in order on the first server
@@ -473,18 +476,30 @@ class ServedBackend(ShapedBackend):
         head = [float("nan")] if start == 0 and ids else []
         return head + [lp for lp, _ in self._prompt_scores(output, ids, max(start, 1))]
 
-    def _checked(self, output, ids: list[int]):
-        """The answer, once the server says it read exactly the ids sent: its count of prompt tokens,
-        and the ids themselves where it returns them."""
-        counted = getattr(output.usage, "prompt_tokens", None)
+    def _read_gap(self, output, ids: list[int]) -> int:
+        """The prompt tokens the server says it read (``usage.prompt_tokens``) minus the ids sent: 0
+        when it read the plan's prompt. Ids it returns that are as many as those sent but others stop
+        the run, as does an answer that counts nothing: neither is a length to record."""
+        counted = getattr(getattr(output, "usage", None), "prompt_tokens", None)
         read = _choice_field(output, "prompt_token_ids")
-        if read is not None and list(read) != list(ids):
+        if read is not None and len(read) == len(ids) and list(read) != list(ids):
             raise BamctlError(f"openai:{self.served_name}: the server read other prompt tokens than the {len(ids)} sent; "
                               "no row is scored on a prompt the plan did not build")
-        if counted != len(ids):
-            raise BamctlError(f"openai:{self.served_name}: the server counted {counted} prompt tokens where "
-                              f"{len(ids)} were sent; no row is scored on a length the plan did not ask for")
-        return output
+        if not isinstance(counted, int):
+            raise BamctlError(f"openai:{self.served_name}: the server's answer counts no prompt tokens (usage.prompt_tokens); "
+                              "bamctl checks every request's length against the plan and cannot here")
+        return counted - len(ids)
+
+    def _note_gaps(self, gaps: list[int]) -> None:
+        """Keep a batch call's gaps for ``token_gaps``: a second call over the same samples (the
+        teacher-forced answer after a generation) keeps the larger of each."""
+        if len(self.gaps) == len(gaps):
+            gaps = [max(old, new, key=abs) for old, new in zip(self.gaps, gaps)]
+        self.gaps = gaps
+
+    def token_gaps(self) -> list[int] | None:
+        gaps, self.gaps = self.gaps, []
+        return gaps
 
     def _need_logprobs(self, what: str) -> None:
         if not self.prompt_logprobs:
@@ -502,10 +517,15 @@ class ServedBackend(ShapedBackend):
         prefix = self.shaper.prefix
         fed = [self.lengths.fit(prefix, list(prompt), list(target)) + list(target)[-1:] for prompt, target in requests]
         outputs = self._map([self._ask_logprobs(ids) for ids in fed])
-        answers = []
+        answers, gaps = [], []
         for ids, (_, target), output in zip(fed, requests, outputs, strict=True):
-            scores = self._prompt_scores(self._checked(output, ids), ids, len(ids) - len(target))
+            gaps.append(self._read_gap(output, ids))
+            if gaps[-1]:  # its log-probs belong to other positions: not scored (UNREAD predicts nothing)
+                answers.append(ContinuationScore(predicted_ids=[UNREAD] * len(target), logprobs=[float("nan")] * len(target)))
+                continue
+            scores = self._prompt_scores(output, ids, len(ids) - len(target))
             answers.append(ContinuationScore(predicted_ids=[top for _, top in scores], logprobs=[lp for lp, _ in scores]))
+        self._note_gaps(gaps)
         return answers
 
     def score_continuation(self, prompt_ids: Sequence[int], target_ids: Sequence[int]):
@@ -518,11 +538,16 @@ class ServedBackend(ShapedBackend):
                 raise ValueError(f"score_from must be in [0, {len(ids)}], got {score_from}")
         fulls = [self.lengths.fit_prefix(self.shaper.prefix, list(ids)) for ids, _ in requests]
         outputs = self._map([self._ask_logprobs(full) for full in fulls])
-        answers = []
+        answers, gaps = [], []
         for full, (ids, score_from), output in zip(fulls, requests, outputs, strict=True):
+            gaps.append(self._read_gap(output, full))
+            if gaps[-1]:  # not scored: NaN is a token left out of the sum and the count
+                answers.append(torch.full((len(ids) - score_from,), float("nan")))
+                continue
             prefix = len(full) - len(ids)
-            logprobs = self._logprobs_of(self._checked(output, full), full, prefix + score_from)
+            logprobs = self._logprobs_of(output, full, prefix + score_from)
             answers.append(torch.tensor([-lp for lp in logprobs], dtype=torch.float32))
+        self._note_gaps(gaps)
         return answers
 
     def token_nll(self, ids: Sequence[int], score_from: int = 1) -> torch.Tensor:
@@ -541,7 +566,8 @@ class ServedBackend(ShapedBackend):
         stops = stop_strings if stop_strings is not None else [None] * len(fed)
         asks = [asking(ids, s) for ids, s in zip(fed, stops, strict=True)]
         outputs = [self.servers.call(server, asks[0])] if server is not None else self._map(asks)
-        return [self._generated(self._checked(out, ids)) for out, ids in zip(outputs, fed)]
+        self._note_gaps([self._read_gap(out, ids) for out, ids in zip(outputs, fed)])
+        return [self._generated(out) for out in outputs]
 
     def _generated(self, output) -> list[int]:
         """The generated ids. Where the EOS is unknown here (a tokenizer seen only through the

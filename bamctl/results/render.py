@@ -125,6 +125,12 @@ def prompt_lines(summary: Summary) -> list[str]:
             f"and lengths): no prompt pairs with one of theirs, so {'it is' if one else 'they are'} {how}"]
 
 
+def unread_lines(summary: Summary) -> list[str]:
+    """Rows a server read at another length than the plan's prompt: kept in the store, left out here."""
+    return [f"{plural(rows, 'row')} of {model} left out: the server read {'its prompt' if rows == 1 else 'their prompts'} "
+            "at another length than sent (served_token_gap)" for model, rows in summary.unread]
+
+
 def reach_lines(summary: Summary) -> list[str]:
     """Where the cells are too few for any paired difference to reach Holm-adjusted p < ALPHA, say
     so and how many draws it would take (one line for the models that share the figures)."""
@@ -250,8 +256,8 @@ def caption(summary: Summary) -> str:
     if summary.baseline is not None:
         legend = (f"; ▲/▼ better/worse than {summary.baseline} on the same {unit} ({paired_test_name(summary)}, "
                   f"Holm-adjusted over lengths, p < {ALPHA:g})")
-    notes = "".join(f"; {line}" for line in prompt_lines(summary) + reach_lines(summary) + dtype_lines(summary)
-                    + version_lines(summary))
+    notes = "".join(f"; {line}" for line in prompt_lines(summary) + unread_lines(summary) + reach_lines(summary)
+                    + dtype_lines(summary) + version_lines(summary))
     if summary.metric == "answer_logprob":
         return (f"{cells}mean answer log-probability (nats: the log-probabilities of the answer's scored tokens, "
                 f"summed, under teacher forcing) [95% bootstrap interval over the {unit}: {unit} resampled, each "
@@ -405,6 +411,7 @@ def summary_to_dict(summary: Summary) -> dict[str, Any]:
         "paired": [r.to_dict() for r in summary.paired],
         "out_of_reach": [r.to_dict() for r in summary.out_of_reach],
         "other_prompts": list(summary.other_prompts),
+        "unread_rows": {model: rows for model, rows in summary.unread},
     }
     if summary.effective is not None:
         out["effective_length"] = [

@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 VERSION_KEY = b"bamctl.schema_version"
 
 
@@ -48,6 +48,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("n_tokens", pa.int64(), False, "actual length of the prompt (the passkey `authors` protocol's achieved length, usually a little under `length`), tokens"),
     Column("dropped_tokens", pa.int64(), True, "prompt tokens the back-end left out from the prompt's start to fit the model's maximum length (hf:/vllm: at exactly that length, teacher forcing: BOS + answer tokens before the last); 0 almost always; null before version 6"),
     Column("bos", pa.bool_(), True, "whether the back-end put one BOS token before the prompt or document (`--bos`; never counted in `n_tokens`, never scored)"),
+    Column("served_token_gap", pa.int64(), True, "openai: the prompt tokens the server said it read for this row's request minus those bamctl sent (`usage.prompt_tokens` against the ids; the larger of a generation's and its teacher-forced answer's); 0 when it read exactly the plan's prompt; a row with another value is not scored (no prediction, no log-probabilities where they could not be aligned) and every summary leaves it out and says how many; null for every other back-end and before version 10"),
     Column("depth", pa.float64(), True, "needle depth asked for (`--depths`), a fraction of the haystack (0 = start, 1 = end); null when the task places its needles itself (RULER's default) or has none"),
     Column("needle_depth", pa.float64(), True, "where the (first) needle landed, a fraction of the haystack (passkey: snapped to a sentence end; RULER: its random placement); null without a needle"),
     Column("sample", pa.int64(), False, "index of the sample (Sample.index) within (task, protocol, length, depth, seed)"),
@@ -202,6 +203,9 @@ def upgrade(table: pa.Table, version: int) -> pa.Table:
 
     Before version 9 no row kept its answer's log-probability or rank: ``answer_logprob`` and
     ``answer_rank`` read as null; nothing else changes.
+
+    Before version 10 no served model's row kept the server's count of prompt tokens (a
+    miscount stopped the run): ``served_token_gap`` reads as null; nothing else changes.
     """
     if version < 5 and "fingerprint" in table.column_names:
         table = table.set_column(table.column_names.index("fingerprint"), "fingerprint", pa.nulls(table.num_rows, pa.string()))
@@ -210,7 +214,8 @@ def upgrade(table: pa.Table, version: int) -> pa.Table:
             table = table.set_column(table.column_names.index(name), name, pa.nulls(table.num_rows, pa.string()))
     if version >= 2:
         # version 2 lacked `fingerprint`, version 3 `rope_scaling`, version 6 `model_revision`, version 7
-        # `skipped_blocks` and `key_blocks`, version 8 `answer_logprob` and `answer_rank`: all read as null
+        # `skipped_blocks` and `key_blocks`, version 8 `answer_logprob` and `answer_rank`, version 9
+        # `served_token_gap`: all read as null
         return table
     rows = table.to_pylist()
     for row in rows:

@@ -329,6 +329,7 @@ class Summary:
     relative: float | None = None  # --relative: the share of each model's own base score that counts (None: not asked)
     relative_effective: pd.DataFrame | None = None  # relative_effective_length's, for accuracy tables when asked
     other_prompts: tuple = ()  # models that saw other prompts than the table's (another tokenizer): tested unpaired
+    unread: tuple = ()  # (model, rows) left out: a server read their prompts at another length (``served_token_gap``)
 
     @property
     def unit(self) -> str:
@@ -401,6 +402,7 @@ def summarize(
     current = None if current_versions is None else set(current_versions)
     summaries = []
     frame = with_fingerprint_labels(frame)
+    frame, unread = without_unread(frame)
     groups = list(table_groups(frame))
     keys = [key for key, _, _ in groups]
     shared = pd.Series([key[:3] for key in {key[:4] for key in keys}]).value_counts()  # tables of other prompts per triple
@@ -448,8 +450,27 @@ def summarize(
                                if other != str(dtype)),
             relative=relative if relative_effective is not None else None, relative_effective=relative_effective,
             other_prompts=tuple(label for label in labels if label in other_prompts),
+            unread=unread.get((task, protocol, setting, dtype), ()),
         ))
     return summaries
+
+
+def without_unread(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
+    """The rows a server read at the plan's length, and per table (task, protocol, setting, dtype)
+    the (model, rows) of those it read at another (``served_token_gap`` not 0): they are never
+    scored, so no cell may count them."""
+    if "served_token_gap" not in frame:
+        return frame, {}
+    gap = frame["served_token_gap"]
+    unread = (gap.notna() & (gap != 0)).to_numpy(dtype=bool)
+    if not unread.any():
+        return frame, {}
+    left_out = frame[unread]
+    counts = left_out.groupby([*TABLE_COLUMNS, model_labels(left_out).rename("_label")], sort=True).size()
+    by_table: dict = {}
+    for (*table, label), rows in counts.items():
+        by_table.setdefault(tuple(table), []).append((str(label), int(rows)))
+    return frame[~unread], {table: tuple(models) for table, models in by_table.items()}
 
 
 def table_groups(frame: pd.DataFrame):

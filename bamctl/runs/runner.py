@@ -365,6 +365,9 @@ def run_notes(stats, name: str, out: Path, backend, *, quiet: bool = False) -> l
     if stats.dropped_tokens:
         lines.append(f"{name}: {stats.dropped_tokens} prompt tokens left out from the start of {stats.dropped_rows} "
                      f"prompts{at} (their rows record it: bamctl results show --dropped)")
+    if stats.unread_rows:
+        lines.append(f"{name}: {plural(stats.unread_rows, 'prompt')} read by the server at another length than sent: "
+                     "not scored, their rows record it (served_token_gap) and no summary counts them")
     if stats.bos_left_out:
         lines.append(f"{name}: {plural(stats.bos_left_out, 'prompt')} fed without the BOS its other prompts get{at}, "
                      "so their numbers are not those of the other lengths (their rows record bos = false: bamctl "
