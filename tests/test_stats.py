@@ -56,6 +56,24 @@ def test_sign_flips_are_scipys_exact_paired_permutation_test():
     assert sign_flip_p(d) == pytest.approx(expected)
 
 
+def test_random_sign_flips_agree_with_scipys_exact_test_ties_included():
+    """Past 2^13 patterns (14 pairs and more) the flips are drawn, 10,000 of them, seeded: p then
+    agrees with scipy's exact test (all 2^14 patterns) to Monte-Carlo error, counting the
+    patterns whose mean ties the observed one (paired 0/1 scores give many)."""
+    d = np.array([1, 1, 0, 1, -1, 1, 0, 0, 1, 1, -1, 0, 1, 0], dtype=float)
+    assert not sign_flips_are_enumerated(len(d))
+    exact = scipy_stats.permutation_test(
+        (d,), np.mean, permutation_type="samples", n_resamples=np.inf, alternative="two-sided").pvalue
+    assert 0.05 < exact < 0.5 and sign_flip_p(d) == pytest.approx(exact, abs=0.015)
+    assert sign_flip_p(d) == sign_flip_p(d)  # seeded
+    assert sign_flip_p(np.zeros(20)) == 1.0  # no difference: every pattern ties it
+
+
+def test_the_bootstrap_interval_of_nothing_and_of_one_draw():
+    assert all(math.isnan(x) for x in bootstrap_interval(np.array([])))
+    assert bootstrap_interval(np.array([0.3])) == pytest.approx((0.3, 0.3))
+
+
 def test_the_bootstrap_interval_is_seeded_and_by_the_book():
     d = np.linspace(-0.2, 0.6, 25)
     picks = np.random.default_rng(0).integers(0, 25, size=(2000, 25))
@@ -93,6 +111,7 @@ def test_the_unpaired_test_is_scipys_exact_two_sample_permutation_test_on_the_dr
               - per_b[boot.integers(0, len(per_b), size=(2000, len(per_b)))].mean(axis=1))
     assert (lo, hi) == pytest.approx((np.quantile(spread, 0.025), np.quantile(spread, 0.975)))
     assert lo < difference < hi
+    assert draw_permutation_test(m, m_draws, b, b_draws) == (n, n_draws, test, difference, lo, hi, p, p_min)  # seeded
     swapped = draw_permutation_test(b, b_draws, m, m_draws)  # the other way round: mirrored, p unchanged
     assert swapped[3] == pytest.approx(-difference) and swapped[6] == pytest.approx(p, abs=0.015)
 
@@ -114,6 +133,14 @@ def test_a_continuous_values_interval_resamples_draws_not_prompts():
     assert mean_interval_over_draws(values, draws, seed=5, resamples=300) == pytest.approx(bootstrap_interval(per_draw, 5, 300))
     lo, hi = mean_interval_over_draws(values, draws)
     assert lo < per_draw.mean() < hi and not math.isnan(lo)
+    # rows come in any order from the store: the interval must not depend on it (15 draws of two
+    # prompts, so that another order of the draws would move the seeded quantiles)
+    many = np.random.default_rng(3).normal(-1.0, 0.5, 30)
+    named = np.repeat([f"draw{i:02d}" for i in range(15)], 2)
+    order = np.random.default_rng(4).permutation(30)
+    assert mean_interval_over_draws(many[order], named[order]) == mean_interval_over_draws(many, named)
+    listed = [-0.1, -0.3, -2.5, -0.2, None, -0.05, -1.0, -0.4]  # a list with a missing value: left out as NaN is
+    assert mean_interval_over_draws(listed, draws) == mean_interval_over_draws(values, draws)
     assert all(math.isnan(x) for x in mean_interval_over_draws(np.array([-0.1, -0.3]), np.array(["a", "a"])))
     assert all(math.isnan(x) for x in mean_interval_over_draws(np.array([-0.1, np.nan]), np.array(["a", "b"])))
     assert not math.isnan(mean_interval_over_draws(np.array([-0.1, -0.2]), np.array(["a", "b"]))[0])
