@@ -26,6 +26,7 @@ from bamctl.results.stats import (
     sign_flip_p,
     sign_flips_are_enumerated,
     smallest_p,
+    unpaired_tests,
 )
 from bamctl.results.store import to_pandas
 from bamctl.results.summary import effective_length, min_certifiable_n, summarize
@@ -114,6 +115,33 @@ def test_the_unpaired_test_is_scipys_exact_two_sample_permutation_test_on_the_dr
     assert draw_permutation_test(m, m_draws, b, b_draws) == (n, n_draws, test, difference, lo, hi, p, p_min)  # seeded
     swapped = draw_permutation_test(b, b_draws, m, m_draws)  # the other way round: mirrored, p unchanged
     assert swapped[3] == pytest.approx(-difference) and swapped[6] == pytest.approx(p, abs=0.015)
+
+
+def test_unpaired_tests_run_per_length_both_ran_and_adjust_each_models_lengths_by_holm():
+    """Models that saw other prompts against the baseline: one unpaired test per length both ran
+    (a length only one of them ran is skipped), on that length's rows alone, its p Holm-adjusted
+    over that model's lengths only."""
+    rng = np.random.default_rng(7)
+    frames = []
+    for label, lengths, hit in [("base", (512, 1024, 2048), 0.9), ("x", (512, 1024), 0.5), ("y", (512, 1024, 4096), 0.7)]:
+        for length in lengths:
+            draws = [f"{label}-{length}-{i}" for i in range(8)]
+            frames.append(pd.DataFrame({"_label": label, "length": length, "_draw": np.repeat(draws, 2),
+                                        "score": (rng.random(16) < hit).astype(float)}))
+    rows = pd.concat(frames, ignore_index=True)
+    results = unpaired_tests(rows, ["x", "y"], "base")
+    assert [(r.model, r.baseline, r.length) for r in results] == [("x", "base", 512), ("x", "base", 1024),
+                                                                  ("y", "base", 512), ("y", "base", 1024)]
+    for r in results:
+        part = rows[rows["length"] == r.length]
+        m, b = part[part["_label"] == r.model], part[part["_label"] == "base"]
+        expected = draw_permutation_test(m["score"].to_numpy(), m["_draw"].to_numpy(), b["score"].to_numpy(),
+                                         b["_draw"].to_numpy())
+        assert (r.n, r.n_draws, r.test, r.difference, r.lo, r.hi, r.p, r.p_min) == expected
+    for model in ("x", "y"):
+        own = [r for r in results if r.model == model]
+        assert [r.p_holm for r in own] == pytest.approx(holm([r.p for r in own]))
+    assert unpaired_tests(rows, ["x"], "nobody") == []
 
 
 def test_the_unpaired_test_sees_no_difference_between_equal_samples():
