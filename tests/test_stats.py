@@ -12,13 +12,18 @@ import pytest
 
 from bamctl.results.schema import rows_to_table
 from bamctl.results.stats import (
+    MCNEMAR,
+    SIGN_FLIP_RANDOM,
+    PairedResult,
     bootstrap_interval,
+    draw_ids,
     draw_permutation_test,
     draw_sign_flip_test,
     draws_needed,
     holm,
     mcnemar_exact,
     mean_interval_over_draws,
+    out_of_reach,
     one_copy_per_document,
     paired_difference_interval,
     paired_tests,
@@ -626,3 +631,56 @@ def test_perplexity_names_its_test_and_smallest_p_by_how_many_documents_it_pairs
 
 def test_perplexity_is_not_paired_when_the_models_scored_different_tokens():
     assert paired_tests(_perplexity_pairs(3, tokens_b=90), ["m", "b"], "b", "perplexity") == []
+
+
+def test_a_rows_draw_is_its_own_else_seed_and_sample_else_its_document():
+    rows = pd.DataFrame({"seed": [3, 3, 4, 3], "sample": [0, 1, 0, 7], "draw": ["3/0", None, None, None],
+                         "nll": [None, None, None, 2.5]})
+    assert draw_ids(rows).tolist() == ["3/0", "3/1", "4/0", "doc7"]
+    assert draw_ids(rows.drop(columns=["draw", "nll"])).tolist() == ["3/0", "3/1", "4/0", "3/7"]
+
+
+def test_the_smallest_p_of_no_draw_is_one():
+    assert smallest_p(0, True) == smallest_p(0, False) == 1.0
+    assert smallest_p(1, True) == 1.0 and smallest_p(5, True) == 2 / 32 and smallest_p(20, False) == 1 / 10_001
+
+
+def test_the_paired_test_names_what_it_ran_and_the_smallest_p_it_can_give():
+    one_each = draw_sign_flip_test(np.array([1, 1, 0, 1, 1]), np.array([0, 1, 0, 0, 1]), np.array(list("abcde")))
+    assert one_each[2] == MCNEMAR and one_each[7] == 2 / 32  # McNemar over 5 keys: exact, 2 / 2^5
+    many = 20
+    drawn = draw_sign_flip_test(np.tile([1.0, 0.0], many), np.tile([0.0, 0.0], many), np.repeat(np.arange(many), 2))
+    assert drawn[2] == SIGN_FLIP_RANDOM and drawn[7] == 1 / 10_001  # 2^20 patterns: drawn
+
+
+def test_the_paired_test_does_not_depend_on_the_rows_order():
+    rng = np.random.default_rng(5)
+    m, b = rng.random(40).round(2), rng.random(40).round(2)
+    draws = np.repeat([f"k{i:02d}" for i in range(20)], 2)
+    order = rng.permutation(40)
+    assert draw_sign_flip_test(m[order], b[order], draws[order]) == draw_sign_flip_test(m, b, draws)
+
+
+def _paired_rows(lengths, labels):
+    rng = np.random.default_rng(11)
+    frames = []
+    for length in lengths:
+        for label in labels:
+            frames.append(pd.DataFrame({"_label": label, "length": length, "seed": 0, "sample": range(12),
+                                        "_draw": [f"0/{i}" for i in range(12)], "score": (rng.random(12) < 0.6).astype(float)}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_paired_tests_cover_every_model_in_length_order_whatever_the_rows_order():
+    rows = _paired_rows((2048, 512, 1024), ("base", "x", "y"))
+    results = paired_tests(rows, ["base", "x", "y"], "base", "accuracy")
+    assert [(r.model, r.length) for r in results] == [(m, n) for m in ("x", "y") for n in (512, 1024, 2048)]
+
+
+def test_an_out_of_reach_comparison_carries_its_baseline_and_its_floor_at_most_one():
+    def result(model, length, draws, p_min):
+        return PairedResult(model, "base", length, draws, draws, MCNEMAR, 0.0, -0.1, 0.1, 1.0, p_min)
+
+    results = [result("x", n, 2, 0.5) for n in (512, 1024, 2048)] + [result("y", 512, 30, 2 / 2**30)]
+    (reach,) = out_of_reach(results)
+    assert (reach.model, reach.baseline, reach.lengths, reach.p_min, reach.p_holm_floor) == ("x", "base", 3, 0.5, 1.0)
