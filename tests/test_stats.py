@@ -128,12 +128,14 @@ def test_unpaired_tests_run_per_length_both_ran_and_adjust_each_models_lengths_b
     over that model's lengths only."""
     rng = np.random.default_rng(7)
     frames = []
-    for label, lengths, hit in [("base", (512, 1024, 2048), 0.9), ("x", (512, 1024), 0.5), ("y", (512, 1024, 4096), 0.7)]:
+    for label, lengths, hit in [("base", (256, 512, 1024, 2048), 0.9), ("x", (512, 1024), 0.5),
+                                ("y", (512, 1024, 4096), 0.7)]:
         for length in lengths:
             draws = [f"{label}-{length}-{i}" for i in range(8)]
             frames.append(pd.DataFrame({"_label": label, "length": length, "_draw": np.repeat(draws, 2),
                                         "score": (rng.random(16) < hit).astype(float)}))
     rows = pd.concat(frames, ignore_index=True)
+    rows = rows.iloc[rng.permutation(len(rows))]  # rows come in any order from the store
     results = unpaired_tests(rows, ["x", "y"], "base")
     assert [(r.model, r.baseline, r.length) for r in results] == [("x", "base", 512), ("x", "base", 1024),
                                                                   ("y", "base", 512), ("y", "base", 1024)]
@@ -147,6 +149,20 @@ def test_unpaired_tests_run_per_length_both_ran_and_adjust_each_models_lengths_b
         own = [r for r in results if r.model == model]
         assert [r.p_holm for r in own] == pytest.approx(holm([r.p for r in own]))
     assert unpaired_tests(rows, ["x"], "nobody") == []
+
+
+def test_the_unpaired_interval_of_continuous_values_is_by_the_book():
+    """Answer log-probabilities: the interval resamples each model's draw means on its own, from the
+    generator seeded one past the test's seed (the shuffles use the seed itself)."""
+    rng = np.random.default_rng(2)
+    m, b = rng.normal(-0.5, 0.4, 24), rng.normal(-1.0, 0.6, 20)
+    m_draws, b_draws = np.repeat([f"m{i}" for i in range(12)], 2), np.repeat([f"b{i}" for i in range(10)], 2)
+    per_m, per_b = _per_draw(m, m_draws), _per_draw(b, b_draws)
+    boot = np.random.default_rng(1)
+    spread = (per_m[boot.integers(0, 12, size=(2000, 12))].mean(axis=1)
+              - per_b[boot.integers(0, 10, size=(2000, 10))].mean(axis=1))
+    lo, hi = draw_permutation_test(m, m_draws, b, b_draws)[4:6]
+    assert (lo, hi) == pytest.approx((np.quantile(spread, 0.025), np.quantile(spread, 0.975)), rel=1e-12)
 
 
 def test_the_unpaired_test_sees_no_difference_between_equal_samples():
