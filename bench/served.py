@@ -6,6 +6,9 @@ asks them) through bamctl's ``openai:`` back-end as the runner calls it (batches
 ``batch_limit``) and through the peer: what a user writes with the ``openai`` client, a thread pool
 of that many workers sending ``/v1/completions`` with ``prompt_logprobs``, nothing of bamctl's
 between. One untimed request first; ``--repeats`` alternates the sides and reports the median.
+Then, the server stopped (one engine on the cores at a time), the same requests through in-process
+``vllm:`` on the same folder, as a run calls it, for what serving costs against loading the model
+here. The load average is printed at the start and the end.
 
     python scripts/smollm2_folder.py /tmp/smollm2          # in the environment of setup.sh --vllm
     python bench/served.py --model /tmp/smollm2 --length 1024 --samples 16 --concurrency 1,8 --repeats 3
@@ -14,6 +17,7 @@ between. One untimed request first; ``--repeats`` alternates the sides and repor
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -59,6 +63,7 @@ def main() -> None:
     from bamctl.backends import RunOptions, open_backend
     from bamctl.tasks.registry import plan_samples
 
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     server = VLLMServer(args.model, Path("/tmp/bench-served-server.log"))
     started = time.perf_counter()
     server.start()
@@ -90,6 +95,21 @@ def main() -> None:
             print(f"concurrency {concurrency}: " + "; ".join(f"{s} " + ", ".join(f"{t:.2f}" for t in v) + " s" for s, v in times.items()))
     finally:
         server.stop()
+    local = open_backend(f"vllm:{args.model}", RunOptions(dtype="float32"))
+    try:
+        local.prepare()
+        through_bamctl(local, asked[:1])  # untimed: the engine's first request
+        seconds = []
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            through_bamctl(local, asked)
+            seconds.append(time.perf_counter() - start)
+    finally:
+        local.close()
+    here = len(asked) / statistics.median(seconds)
+    print(f"in-process vllm: {here:.2f} req/s ({', '.join(f'{t:.2f}' for t in seconds)} s); "
+          + "; ".join(f"openai: at concurrency {c} is {ours / here:.2f}x of it" for c, ours, *_ in rows))
+    print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":
