@@ -518,8 +518,13 @@ class BamctlLM(TemplateLM):
             size = self.batch_size or self.served.batch_limit(n_prompt, n_answer)
             size = min(size, self.max_batch_size or size)
             batch = order[start : start + size]
+            self.served.token_gaps()  # whatever an earlier call left (the model's probes)
             for i, answer in zip(batch, ask([items[i] for i in batch])):
                 answers[i] = answer
+            unread = sum(bool(gap) for gap in self.served.token_gaps() or [])
+            if unread:  # no row records it here, and lm-eval would count the unscored answer
+                raise BamctlError(f"{self.served.info.name}: the server read {unread} of {len(batch)} requests at another "
+                                  "length than sent; lm-eval's numbers are not computed on prompts the plan did not build")
             bar.update(len(batch))
             start += len(batch)
         bar.close()

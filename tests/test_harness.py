@@ -94,6 +94,18 @@ def test_a_shifted_loglikelihood_is_caught(folder, monkeypatch):
     assert min(abs(a - b) for (a, _), (b, _) in zip(mine, theirs)) > 100 * TOLERANCE
 
 
+def test_a_request_a_server_read_at_another_length_stops_lm_eval(folder):
+    """A served model's request read at another length than sent is recorded on a row by bamctl's
+    own runs; lm-eval keeps no row, so its run stops rather than count the unscored answer. No
+    server here miscounts: the back-end is told to report one gap, as a miscounting server would."""
+    from bamctl.errors import BamctlError
+
+    lm = ours(folder)
+    lm.served.token_gaps = lambda: [0, 2, 0]
+    with pytest.raises(BamctlError, match="the server read 1 of 3 requests at another length than sent"):
+        lm.loglikelihood(requests("loglikelihood", choice_pairs()[:3]), disable_tqdm=True)
+
+
 def _document(words: int) -> str:
     essays = Path(__file__).resolve().parents[1] / "bamctl" / "data" / "tasks" / "texts" / "essays"
     text = " ".join(sorted(essays.glob("*.txt"))[0].read_text(encoding="utf-8").split())
