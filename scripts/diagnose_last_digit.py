@@ -27,19 +27,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import glob
 import json
 import math
 import time
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 
 import bamctl.attention_math as attention_math
 from bamctl.catalog import resolve_model
 from bamctl.engine.stream import StreamingEngine
 from bamctl.lengths import parse_lengths
+from bamctl.results.store import ResultStore
 from bamctl.tasks import plan_samples
 from bamctl.tasks.passkey import exact_length_prompt, key_tokens
 from bamctl.tasks.sample import SampleSlot
@@ -83,10 +81,11 @@ def logit_parts(found: list, positions: list[int]):
 
 def scan(engine, tokenizer, args) -> None:
     (length,) = parse_lengths(args.length)
-    table = pa.concat_tables([pq.read_table(f) for f in glob.glob(f"{args.rows}/*.parquet")])
-    rows = {(r["draw"], r["depth"]): r for r in table.to_pylist() if r["length"] == length}
-    seeds = sorted({r["seed"] for r in rows.values()})
-    samples = 1 + max(r["sample"] for r in rows.values())
+    frame = ResultStore(args.rows).read()
+    frame = frame[frame["length"] == length]
+    rows = {(r["draw"], r["depth"]): r for r in frame.to_dict("records")}
+    seeds = sorted(int(seed) for seed in frame["seed"].unique())
+    samples = 1 + int(frame["sample"].max())
     plan = plan_samples("passkey", [length], samples, seeds, tokenizer, [args.depth], protocol="exact")
     for sample in plan.samples():
         row = rows[(sample.draw, args.depth)]

@@ -20,9 +20,10 @@ What bamctl keeps for itself, so a served model's rows carry the guarantees of i
   whose rows never mix with the first's;
 - ``--concurrency N`` requests are in flight at once, spread over the servers (``--endpoint`` adds
   replicas); without it, as many as the servers' KV caches hold at the batch's request length
-  (what vLLM's ``/metrics`` or SGLang's ``/get_server_info`` report: ``batch_concurrency``); each request is retried with backoff on 429, 5xx and timeouts (tenacity); a server
-  that still fails is left out, and when none is left the run stops in one line, the batches
-  already answered kept in the results directory.
+  (what vLLM's ``/metrics`` or SGLang's ``/get_server_info`` report: ``batch_concurrency``); each
+  request is retried with backoff on 429, 5xx and timeouts (tenacity); a server that still fails
+  is left out, and when none is left the run stops in one line, the batches already answered
+  kept in the results directory.
 
 The API key comes from OPENAI_API_KEY and goes only into request headers: nothing bamctl writes
 holds it. The ``openai`` client is imported only here.
@@ -183,8 +184,9 @@ def _engine_tokens(labels: dict[str, str]) -> int | None:
         value = labels.get(name, "")
         return int(value) if value.isdigit() else None
 
-    if count("kv_cache_size_tokens"):
-        return count("kv_cache_size_tokens")
+    resolved = count("kv_cache_size_tokens")
+    if resolved:
+        return resolved
     blocks, size = count("num_gpu_blocks"), count("block_size")
     return blocks * size if blocks and size else None
 
