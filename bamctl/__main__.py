@@ -1,3 +1,3 @@
-from bamctl.cli import main
+from bamctl.cli import entry
 
-main()
+entry()

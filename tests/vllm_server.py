@@ -40,7 +40,10 @@ class VLLMServer:
                    "--port", str(self.port), "--dtype", "float32", "--max-model-len", "4096", "--seed", "0", *self.extra]
         if self.api_key:
             command += ["--api-key", self.api_key]
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        # INFO: its log is what tests read (the KV cache's size); the in-process back-end, imported
+        # earlier in the same pytest, sets VLLM_LOGGING_LEVEL=WARNING in this process's environment
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+               "VLLM_LOGGING_LEVEL": "INFO"}
         env.pop("OPENAI_API_KEY", None)  # the server learns its key from --api-key only
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

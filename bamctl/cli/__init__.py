@@ -90,3 +90,34 @@ def main(argv: list[str] | None = None) -> None:
         if result == EXIT_INTERRUPTED:  # typer turns Ctrl-C into this return value
             stderr.print("interrupted; finished work is kept")
         sys.exit(result if isinstance(result, int) else 0)
+
+
+def entry() -> None:
+    """The ``bamctl`` command (and ``python -m bamctl``): :func:`main` on ``sys.argv``, then the
+    process ends with its exit status."""
+    try:
+        main()
+    except SystemExit as done:
+        code = done.code
+    else:
+        code = 0
+    _leave(code)
+
+
+def _leave(code) -> None:
+    """End the process with ``code``. Where vLLM ran in this process, its threads outside Python
+    (ZeroMQ's, the engine client's) can abort the interpreter's own teardown ("terminate called
+    without an active exception", exit -6) after every result is written and the engine is
+    stopped; so there the exit handlers run, output is flushed, and the process ends without the
+    teardown, with the status the command chose."""
+    if "vllm" not in sys.modules or not (code is None or isinstance(code, int)):
+        sys.exit(code)
+    import atexit
+    import logging
+
+    atexit._run_exitfuncs()  # what would run at exit: temporary folders, multiprocessing's children
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
+
