@@ -17,7 +17,9 @@ key's five digit tokens, both copies of the key summed. One JSON line per prompt
   prediction and the log-probability of the right and of the chosen fifth digit: at which length
   the slip begins. With ``--logits``, also the parts of each head's logit at the fourth and the
   fifth digit of both copies: the scaled dot product q·k/√d (content), the prior's bias b(i - j),
-  and SSMax's factor s·log(i + 1), so that the part that moves with length is named.
+  and SSMax's factor s·log(i + 1), so that the part that moves with length is named. With ``--parts
+  L.H``, head L.H's content gap (digit 5 minus digit 4, first copy) split over the parts of the
+  residual stream its query is read from: the embedding and each head and feed-forward below it.
 
 The seeds read by ``scan`` are the certification's, spent by step 32 (read once, then diagnosed);
 no later claim may be made on them.
@@ -79,6 +81,69 @@ def logit_parts(found: list, positions: list[int]):
         attention_math.attention_weights = weights_of
 
 
+@contextlib.contextmanager
+def query_parts(model, layer: int, head: int, positions: tuple[int, int]):
+    """While open, the last query of ``layer``'s ``head`` is split over what the residual stream
+    it is built from holds: the token embedding, each head and feed-forward of the layers below.
+    The layer's RMSNorm is linear in the stream but for one factor, 1/rms, the same for every
+    part; so the content logit at ``positions`` (digit 5, digit 4) splits into a sum of one term
+    per part (part·g through W_q, dotted with the key difference, over √d), times that factor.
+    Yields a dict filled by the next call: {"terms": {part: nats before 1/rms}, "inv_rms": ...,
+    "gap": the sum times 1/rms, which equals the content gap the kernel scored}."""
+    found: dict = {}
+    parts: dict[str, torch.Tensor] = {}
+    handles = []
+    head_dim = model.config.head_dim
+    rows = slice(head * head_dim, (head + 1) * head_dim)
+
+    def keep(name):
+        return lambda module, inputs, output: parts.__setitem__(name, output[0, -1].float())
+
+    def heads_of(l):
+        wo = model.layers[l].attention.wo.weight.detach().float()
+
+        def split(module, inputs):
+            y = inputs[0][0, -1].float()
+            for h in range(model.config.n_heads):
+                cols = slice(h * head_dim, (h + 1) * head_dim)
+                parts[f"head {l}.{h}"] = wo[:, cols] @ y[cols]
+        return split
+
+    def stream(module, inputs):
+        parts["stream"] = inputs[0][0, -1].float()
+
+    handles.append(model.tok_embeddings.register_forward_hook(
+        lambda m, i, o: parts.__setitem__("embedding", o[0, -1].float() * model.config.embedding_scale)))
+    for l in range(layer):
+        handles.append(model.layers[l].attention.wo.register_forward_pre_hook(heads_of(l)))
+        handles.append(model.layers[l].feed_forward.register_forward_hook(keep(f"ffn {l}")))
+    handles.append(model.layers[layer].attention_norm.register_forward_pre_hook(stream))
+    weights_of = attention_math.attention_weights
+    differences = []  # per call; the last query's forward makes the last n_layers of them
+
+    def recording(q, k, inputs):
+        differences.append((k[0, head, positions[0]] - k[0, head, positions[1]]).float())
+        return weights_of(q, k, inputs)
+
+    attention_math.attention_weights = recording
+    try:
+        yield found
+    finally:
+        attention_math.attention_weights = weights_of
+        for handle in handles:
+            handle.remove()
+    norm = model.layers[layer].attention_norm
+    wq = model.layers[layer].attention.wq.weight.detach().float()[rows]
+    stream_row = parts.pop("stream")
+    difference = differences[len(differences) - model.config.n_layers + layer]
+    inv_rms = float(torch.rsqrt(stream_row.pow(2).mean() + norm.eps))
+    scale = math.sqrt(head_dim)
+    terms = {name: float(wq @ (norm.weight.detach().float() * part) @ difference) / scale for name, part in parts.items()}
+    found.update(terms={name: round(v, 3) for name, v in terms.items()}, inv_rms=round(inv_rms, 5),
+                 gap=round(sum(terms.values()) * inv_rms, 3),
+                 unexplained=round(float((stream_row - sum(parts.values())).norm() / stream_row.norm()), 6))
+
+
 def scan(engine, tokenizer, args) -> None:
     (length,) = parse_lengths(args.length)
     frame = ResultStore(args.rows).read()
@@ -111,6 +176,11 @@ def sweep(engine, tokenizer, args) -> None:
                     else contextlib.nullcontext():
                 weights = digit_weights(engine, built["input_ids"], answer, keys)
             extra = {"logits_at": "digit 4, digit 5 of copy 1; of copy 2", "logits": parts} if args.logits else {}
+            if args.parts:
+                layer, head = (int(x) for x in args.parts.split("."))
+                with query_parts(engine.model, layer, head, (keys[0] + KEY_DIGITS - 1, keys[0] + KEY_DIGITS - 2)) as split:
+                    engine.last_query_attention(list(built["input_ids"]) + list(answer[: KEY_DIGITS - 1]))
+                extra["query_parts"] = {"head": args.parts, "gap": "digit 5 minus digit 4, copy 1", **split}
             print(json.dumps({"length": length, "depth": args.depth, "key": key,
                               "predicted": tokenizer.decode(predicted), "last_digit_logprob": round(logprobs[-1], 4),
                               "weights": weights, **extra, "seconds": round(time.perf_counter() - start, 1)}), flush=True)
@@ -126,6 +196,8 @@ def main() -> None:
     parser.add_argument("--keys", help="sweep: the keys, comma-separated")
     parser.add_argument("--lengths", default="1k..64k", help="sweep: the lengths")
     parser.add_argument("--logits", action="store_true", help="sweep: also each head's logit parts at digits 4 and 5")
+    parser.add_argument("--parts", metavar="LAYER.HEAD",
+                        help="sweep: that head's content gap (digit 5 minus digit 4) split over the parts of its query")
     args = parser.parse_args()
     torch.set_num_threads(1)
     checkpoint = resolve_model(args.model)
