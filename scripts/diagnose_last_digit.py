@@ -20,6 +20,8 @@ key's five digit tokens, both copies of the key summed. One JSON line per prompt
   and SSMax's factor s·log(i + 1), so that the part that moves with length is named. With ``--parts
   L.H``, head L.H's content gap (digit 5 minus digit 4, first copy) split over the parts of the
   residual stream its query is read from: the embedding and each head and feed-forward below it.
+  With ``--hold-ssmax L.H``, head L.H's SSMax factor is held at its training-length value (an
+  intervention: does the drift follow the factor's growth?).
 
 The seeds read by ``scan`` are the certification's, spent by step 32 (read once, then diagnosed);
 no later claim may be made on them.
@@ -48,10 +50,14 @@ from bamctl.tokenizer import get_tokenizer
 KEY_DIGITS = 5
 
 
-def digit_weights(engine: StreamingEngine, input_ids: list[int], answer_ids: list[int], key_positions: list[int]) -> list:
+def digit_weights(engine: StreamingEngine, input_ids: list[int], answer_ids: list[int], key_positions: list[int],
+                  written: list | None = None) -> list:
     """Per layer and head, the weight the query predicting the last digit puts on each digit
-    (both copies of the key summed), rounded for reading."""
+    (both copies of the key summed), rounded for reading. ``written``, if given, receives per
+    layer and head the weights on the four digits the answer has written, first to fourth."""
     weights = engine.last_query_attention(list(input_ids) + list(answer_ids[: KEY_DIGITS - 1]))
+    if written is not None:
+        written.extend([[round(float(x), 4) for x in w[h, -(KEY_DIGITS - 1):]] for h in range(w.shape[0])] for w in weights)
     return [[[round(sum(float(w[h, p + d]) for p in key_positions), 4) for d in range(KEY_DIGITS)]
              for h in range(w.shape[0])] for w in weights]
 
@@ -161,6 +167,24 @@ def scan(engine, tokenizer, args) -> None:
                           "seconds": round(time.perf_counter() - start, 1)}), flush=True)
 
 
+@contextlib.contextmanager
+def ssmax_held(model, head: str, n_tokens: int):
+    """While open, head ``L.H``'s SSMax factor s·log(n) at a prompt of ``n_tokens`` is what it is
+    at the model's training length: s scaled by log(train_length + 1) / log(n_tokens)."""
+    layer, h = (int(x) for x in head.split("."))
+    scale = model.layers[layer].attention.ssmax_scale
+    if scale is None:
+        raise SystemExit(f"layer {layer} has no SSMax factor to hold")
+    kept = scale.detach().clone()
+    with torch.no_grad():
+        scale[h] = kept[h] * math.log(model.config.train_length + 1) / math.log(n_tokens)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            scale.copy_(kept)
+
+
 def sweep(engine, tokenizer, args) -> None:
     for key in args.keys.split(","):
         for length in parse_lengths(args.lengths):
@@ -168,22 +192,30 @@ def sweep(engine, tokenizer, args) -> None:
                               max_new_tokens=0, length=length, depth=args.depth, seed=0, index=0)
             built = exact_length_prompt(slot, tokenizer, key, " ")
             answer = key_tokens(tokenizer, key)
-            start = time.perf_counter()
-            predicted, logprobs = engine.score_continuation(built["input_ids"], answer)
-            keys = built["meta"]["key_positions"]
-            parts: list = []
-            with logit_parts(parts, [p + d for p in keys for d in (KEY_DIGITS - 2, KEY_DIGITS - 1)]) if args.logits \
+            with ssmax_held(engine.model, args.hold_ssmax, len(built["input_ids"]) + KEY_DIGITS - 1) if args.hold_ssmax \
                     else contextlib.nullcontext():
-                weights = digit_weights(engine, built["input_ids"], answer, keys)
-            extra = {"logits_at": "digit 4, digit 5 of copy 1; of copy 2", "logits": parts} if args.logits else {}
-            if args.parts:
-                layer, head = (int(x) for x in args.parts.split("."))
-                with query_parts(engine.model, layer, head, (keys[0] + KEY_DIGITS - 1, keys[0] + KEY_DIGITS - 2)) as split:
-                    engine.last_query_attention(list(built["input_ids"]) + list(answer[: KEY_DIGITS - 1]))
-                extra["query_parts"] = {"head": args.parts, "gap": "digit 5 minus digit 4, copy 1", **split}
-            print(json.dumps({"length": length, "depth": args.depth, "key": key,
-                              "predicted": tokenizer.decode(predicted), "last_digit_logprob": round(logprobs[-1], 4),
-                              "weights": weights, **extra, "seconds": round(time.perf_counter() - start, 1)}), flush=True)
+                sweep_one(engine, tokenizer, args, key, length, built, answer)
+
+
+def sweep_one(engine, tokenizer, args, key, length, built, answer) -> None:
+    start = time.perf_counter()
+    predicted, logprobs = engine.score_continuation(built["input_ids"], answer)
+    keys = built["meta"]["key_positions"]
+    parts: list = []
+    written: list = []
+    with logit_parts(parts, [p + d for p in keys for d in (KEY_DIGITS - 2, KEY_DIGITS - 1)]) if args.logits \
+            else contextlib.nullcontext():
+        weights = digit_weights(engine, built["input_ids"], answer, keys, written)
+    extra = {"logits_at": "digit 4, digit 5 of copy 1; of copy 2", "logits": parts} if args.logits else {}
+    extra["written_weights"] = written  # on the answer's four digits written so far: the local heads
+    if args.parts:
+        layer, head = (int(x) for x in args.parts.split("."))
+        with query_parts(engine.model, layer, head, (keys[0] + KEY_DIGITS - 1, keys[0] + KEY_DIGITS - 2)) as split:
+            engine.last_query_attention(list(built["input_ids"]) + list(answer[: KEY_DIGITS - 1]))
+        extra["query_parts"] = {"head": args.parts, "gap": "digit 5 minus digit 4, copy 1", **split}
+    print(json.dumps({"length": length, "depth": args.depth, "key": key,
+                      "predicted": tokenizer.decode(predicted), "last_digit_logprob": round(logprobs[-1], 4),
+                      "weights": weights, **extra, "seconds": round(time.perf_counter() - start, 1)}), flush=True)
 
 
 def main() -> None:
@@ -196,6 +228,8 @@ def main() -> None:
     parser.add_argument("--keys", help="sweep: the keys, comma-separated")
     parser.add_argument("--lengths", default="1k..64k", help="sweep: the lengths")
     parser.add_argument("--logits", action="store_true", help="sweep: also each head's logit parts at digits 4 and 5")
+    parser.add_argument("--hold-ssmax", metavar="LAYER.HEAD",
+                        help="sweep: hold that head's SSMax factor at its value at the training length (an intervention)")
     parser.add_argument("--parts", metavar="LAYER.HEAD",
                         help="sweep: that head's content gap (digit 5 minus digit 4) split over the parts of its query")
     args = parser.parse_args()
