@@ -20,7 +20,7 @@ key's five digit tokens, both copies of the key summed. One JSON line per prompt
   and SSMax's factor s·log(i + 1), so that the part that moves with length is named. With ``--parts
   L.H``, head L.H's content gap (digit 5 minus digit 4, first copy) split over the parts of the
   residual stream its query is read from: the embedding and each head and feed-forward below it.
-  With ``--hold-ssmax L.H``, head L.H's SSMax factor is held at its training-length value (an
+  With ``--hold-ssmax L.H``, head L.H's SSMax factor stops growing past the training length (an
   intervention: does the drift follow the factor's growth?).
 
 The seeds read by ``scan`` are the certification's, spent by step 32 (read once, then diagnosed);
@@ -168,21 +168,36 @@ def scan(engine, tokenizer, args) -> None:
 
 
 @contextlib.contextmanager
-def ssmax_held(model, head: str, n_tokens: int):
-    """While open, head ``L.H``'s SSMax factor s·log(n) at a prompt of ``n_tokens`` is what it is
-    at the model's training length: s scaled by log(train_length + 1) / log(n_tokens)."""
+def ssmax_held(model, head: str):
+    """While open, head ``L.H``'s SSMax factor s·log(i + 1) stops growing at the training length:
+    every query past it gets the factor of the query at the training length; queries within it,
+    and every other head, keep theirs. The keys of the prompt's first positions (where the key sits
+    at depth 0) are thus computed as without the hold."""
+    import bamctl.engine.attention, bamctl.engine.flex, bamctl.engine.fused, bamctl.engine.native
+
     layer, h = (int(x) for x in head.split("."))
     scale = model.layers[layer].attention.ssmax_scale
     if scale is None:
         raise SystemExit(f"layer {layer} has no SSMax factor to hold")
-    kept = scale.detach().clone()
-    with torch.no_grad():
-        scale[h] = kept[h] * math.log(model.config.train_length + 1) / math.log(n_tokens)
+    limit = float(model.config.train_length)
+    factor_of = attention_math.ssmax_factor
+    users = [attention_math, bamctl.engine.attention, bamctl.engine.flex, bamctl.engine.fused, bamctl.engine.native]
+
+    def held(inputs, n_queries, device):
+        factor = factor_of(inputs, n_queries, device)
+        if inputs.ssmax_scale is scale:
+            positions = torch.arange(inputs.q_start, inputs.q_start + n_queries, device=device, dtype=torch.float32)
+            factor = factor.clone()
+            factor[h] = scale[h].float() * torch.log(positions.clamp(max=limit) + 1.0)
+        return factor
+
+    for module in users:
+        module.ssmax_factor = held
     try:
         yield
     finally:
-        with torch.no_grad():
-            scale.copy_(kept)
+        for module in users:
+            module.ssmax_factor = factor_of
 
 
 def sweep(engine, tokenizer, args) -> None:
@@ -192,8 +207,7 @@ def sweep(engine, tokenizer, args) -> None:
                               max_new_tokens=0, length=length, depth=args.depth, seed=0, index=0)
             built = exact_length_prompt(slot, tokenizer, key, " ")
             answer = key_tokens(tokenizer, key)
-            with ssmax_held(engine.model, args.hold_ssmax, len(built["input_ids"]) + KEY_DIGITS - 1) if args.hold_ssmax \
-                    else contextlib.nullcontext():
+            with ssmax_held(engine.model, args.hold_ssmax) if args.hold_ssmax else contextlib.nullcontext():
                 sweep_one(engine, tokenizer, args, key, length, built, answer)
 
 
@@ -229,7 +243,7 @@ def main() -> None:
     parser.add_argument("--lengths", default="1k..64k", help="sweep: the lengths")
     parser.add_argument("--logits", action="store_true", help="sweep: also each head's logit parts at digits 4 and 5")
     parser.add_argument("--hold-ssmax", metavar="LAYER.HEAD",
-                        help="sweep: hold that head's SSMax factor at its value at the training length (an intervention)")
+                        help="sweep: that head's SSMax factor stops growing at the training length (an intervention)")
     parser.add_argument("--parts", metavar="LAYER.HEAD",
                         help="sweep: that head's content gap (digit 5 minus digit 4) split over the parts of its query")
     args = parser.parse_args()
