@@ -278,3 +278,68 @@ def test_embedding_scale_must_be_positive():
 
     with pytest.raises(BamctlError, match="embedding_scale"):
         ModelConfig.from_preset("micro", "sinusoidal", embedding_scale=0.0)
+
+
+def _example_pe(file: str, name: str):
+    """A class of examples/positional/FILE, imported from its file as a plugin is."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "positional" / file
+    spec = importlib.util.spec_from_file_location(f"example_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+# What the engine asks of a PE before it picks a path: does it add to the logits at all
+# (gives_bias), is it a scan over key blocks nearest first (scans_content), pair by pair
+# (pairs_content), and must each tile of scores be shown to it (depends_on_content).
+PE_KINDS = {
+    ("rope.py", "RoPE"): (False, False, False, False),  # rotates q and k; adds nothing
+    ("alibi.py", "ALiBi"): (True, False, False, False),  # a table by distance
+    ("sandwich.py", "Sandwich"): (True, False, False, False),
+    ("cope.py", "CoPE"): (True, True, False, True),  # counts gates from the nearest key outwards
+    ("cable.py", "Cable"): (True, False, True, True),  # a pair_bias reading q and k
+    ("forgetting.py", "ForgettingGate"): (True, False, True, True),
+    ("score_mods.py", "GymALiBi"): (True, False, True, True),  # a FlexAttention score_mod may read anything
+}
+
+
+@pytest.mark.parametrize("where", list(PE_KINDS), ids=lambda where: where[1])
+def test_what_kind_of_prior_each_example_pe_is(where):
+    from bamctl.attention_math import depends_on_content, gives_bias, pairs_content, scans_content
+
+    if where[0] == "score_mods.py":
+        pytest.importorskip("attn_gym", reason="attn-gym not installed (the dev extra)")
+    pe = _example_pe(*where)
+    assert (gives_bias(pe), scans_content(pe), pairs_content(pe), depends_on_content(pe)) == PE_KINDS[where]
+
+
+def test_the_zoos_biases_are_its_distance_and_query_priors():
+    """Of the zoo, the PEs that add to the logits are the distance priors and FIRE (by query
+    position); the rotations and the input embeddings add nothing, and none reads content."""
+    from bamctl.attention_math import depends_on_content, gives_bias, scans_content
+    from bamctl.positional import PE_REGISTRY
+
+    adds = {name for name, spec in PE_REGISTRY.items() if gives_bias(spec.module)}
+    assert adds == {"alibi", "kerple", "t5", "fire", "bam"}
+    assert {name for name, spec in PE_REGISTRY.items() if spec.gives_bias} == adds
+    assert not any(scans_content(spec.module) or depends_on_content(spec.module) for spec in PE_REGISTRY.values())
+
+
+@pytest.mark.parametrize("flags, adds", [
+    ({"query_dependent": True}, True),
+    ({"content_dependent": True}, True),
+    ({"distance_table": lambda self, n: None}, True),
+    ({"score_mod": lambda self, *args: args[0]}, True),
+    ({"query_dependent": False, "content_dependent": False}, False),
+    ({"distance_table": "not a hook"}, False),
+    ({"content_scan": "not a hook", "content_dependent": True}, True),
+])
+def test_a_prior_gives_a_bias_by_any_one_of_its_hooks(flags, adds):
+    from bamctl.attention_math import gives_bias, scans_content
+
+    pe = type("PE", (), flags)
+    assert gives_bias(pe) is adds
+    assert scans_content(pe) is False  # only a callable content_scan is a scan (CoPE's, above)
