@@ -391,6 +391,31 @@ def test_largest_fit_is_the_largest_size_that_fits_whatever_the_estimate():
                 assert largest_fit(fits, estimate(cost), budget - cost(0)) == expected, (name, budget)
 
 
+def test_an_exact_estimate_costs_three_real_checks():
+    """With an estimate that is the cost itself, the search starts at the answer: two real checks
+    confirm it (it fits, one more does not) after the one of size 0, however large it is and even
+    where the budget is met exactly (the estimate's bisection keeps a size whose estimate equals the
+    room). Real checks encode a whole prompt; the estimate is what spares them."""
+    import numpy as np
+
+    from bamctl.tasks.sizing import largest_fit
+
+    rng = np.random.default_rng(3)
+    for _ in range(40):
+        cost = _monotone_costs(rng, 400)
+        answer = int(rng.integers(1, 398))
+        budget = cost(answer)  # met exactly: the answer's cost is the budget
+        answer = max(n for n in range(400) if cost(n) <= budget)  # flat runs end later
+        checked = []
+
+        def fits(n):
+            checked.append(n)
+            return cost(n) <= budget  # noqa: B023
+
+        assert largest_fit(fits, lambda n: cost(n) - cost(0), budget - cost(0)) == answer  # noqa: B023
+        assert checked == [0, answer, answer + 1]
+
+
 def test_size_exact_finds_the_largest_size_and_names_what_the_smallest_prompt_needs():
     """size_exact against brute force; an empty prompt over the budget is an error naming its tokens."""
     import numpy as np
@@ -438,6 +463,34 @@ def test_rulers_step_down_takes_steps_until_it_fits_and_refuses_at_one_step():
         ruler_step_down(total, 129, 100, 10, "length 1k of vt")
     with pytest.raises(BamctlError):
         ruler_step_down(total, 100, 15, 10, "t")  # 5 left is below one step: RULER would loop
+
+
+def test_rulers_search_runs_once_per_length_on_a_probe_no_sample_is():
+    """RULER searches a size once per length and every sample then steps down from it: the samples
+    of a length, whatever their index and depth, hand the search one probe, which is none of them
+    (a negative index, a draw no sample makes; no depth), so the search's cache holds one entry a
+    length. A prompt that never fits is refused naming its length and task."""
+    from bamctl.tasks.sample import SampleSlot
+    from bamctl.tasks.sizing import PromptSizes, size_prompt
+
+    def slot(index, depth, grid, length=1024):
+        return SampleSlot(task="niah_single_1", protocol="exact", scoring="generate", metric="exact_match",
+                          max_new_tokens=128, length=length, depth=depth, seed=0, index=index, depth_grid=grid)
+
+    probes = []
+
+    def sizes(of, tokens=lambda n: 10 * n):
+        return PromptSizes(slot=of, tokens=tokens, estimate=lambda n: n, without="", ruler_search=lambda p: probes.append(p) or 90,
+                           ruler_step=5)
+
+    for index, depth, grid in ((0, 0.0, (0, 3)), (1, 0.5, (1, 3)), (7, 1.0, (2, 3)), (2, None, None)):
+        assert size_prompt("ruler", sizes(slot(index, depth, grid))) == 85  # 90 * 10 > 1024 - 128; 85 * 10 fits
+    assert len(set(probes)) == 1
+    (probe,) = set(probes)
+    assert probe.index < 0 and probe.depth is None and probe.depth_grid is None
+    assert (probe.task, probe.length, probe.seed) == ("niah_single_1", 1024, 0)
+    with pytest.raises(BamctlError, match=r"^length 2048 of niah_single_1 does not fit with RULER's sizing \(steps of 5\)$"):
+        size_prompt("ruler", sizes(slot(0, 0.0, (0, 3), length=2048), tokens=lambda n: 10**6))
 
 
 @pytest.mark.parametrize("task, smallest, without", [("vt", 0, "without noise"), ("cwe", 10, "with only its 10 common words")])
