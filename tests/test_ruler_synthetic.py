@@ -465,6 +465,14 @@ def test_rulers_step_down_takes_steps_until_it_fits_and_refuses_at_one_step():
         ruler_step_down(total, 100, 15, 10, "t")  # 5 left is below one step: RULER would loop
 
 
+def test_an_unknown_sizing_is_one_line_naming_the_two():
+    from bamctl.tasks.sizing import check_sizing
+
+    check_sizing("exact") or check_sizing("ruler")  # the two known: no error
+    with pytest.raises(BamctlError, match=r"^--sizing must be one of exact, ruler, not 'fast'$"):
+        check_sizing("fast")
+
+
 def test_rulers_search_runs_once_per_length_on_a_probe_no_sample_is():
     """RULER searches a size once per length and every sample then steps down from it: the samples
     of a length, whatever their index and depth, hand the search one probe, which is none of them
