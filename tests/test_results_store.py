@@ -177,11 +177,76 @@ def test_a_read_racing_a_merge_lists_again_and_misses_nothing(tmp_path, monkeypa
     assert reader.part_files() == raced
 
 
+def test_compact_leaves_no_part_or_one_part_as_it_is_and_merges_two(tmp_path):
+    store, warnings = quiet_store(tmp_path / "results")
+    assert store.compact() is None  # nothing to merge, not even a directory
+    only = store.append([fake_row(sample=0)])
+    written = only.stat().st_mtime_ns
+    assert store.compact() == only and only.stat().st_mtime_ns == written  # not rewritten
+    second = store.append([fake_row(sample=1)])
+    merged = store.compact()
+    assert merged not in (only, second) and store.part_files() == [merged]
+    assert sorted(store.read()["sample"]) == [0, 1]
+    assert warnings == []
+
+
+def test_compact_removes_temp_files_of_appends_that_died_over_an_hour_ago(tmp_path):
+    """A crash mid-append leaves a hidden temp file; compaction removes those older than an hour
+    and leaves younger ones, which may be an append still writing."""
+    store, _ = quiet_store(tmp_path)
+    store.append([fake_row(sample=0)])
+    dead = tmp_path / ".part-dead.parquet.tmp"
+    writing = tmp_path / ".part-writing.parquet.tmp"
+    for temp in (dead, writing):
+        temp.write_bytes(b"PAR1")
+    two_hours_ago = dead.stat().st_mtime - 7200
+    os.utime(dead, (two_hours_ago, two_hours_ago))
+    store.compact()
+    assert not dead.exists() and writing.exists()
+
+
+def test_a_part_another_compaction_removed_meanwhile_is_no_error(tmp_path, monkeypatch):
+    store, _ = quiet_store(tmp_path)
+    parts = [store.append([fake_row(sample=i)]) for i in range(3)]
+    real_write = ResultStore._write
+
+    def write_then_lose_one(self, table):
+        path = real_write(self, table)
+        parts[1].unlink()  # another process's compaction got there first
+        return path
+
+    monkeypatch.setattr(ResultStore, "_write", write_then_lose_one)
+    merged = store.compact()
+    assert store.part_files() == [merged] and sorted(store.read()["sample"]) == [0, 1, 2]
+
+
+def test_ensure_writable_makes_the_whole_path_and_leaves_nothing_in_it(tmp_path):
+    store = ResultStore(tmp_path / "a" / "b" / "results")
+    assert repr(store) == f"ResultStore({str(tmp_path / 'a' / 'b' / 'results')!r})"
+    store.ensure_writable()
+    assert store.directory.is_dir() and list(store.directory.iterdir()) == []
+
+
+def test_a_write_error_without_a_reason_names_its_kind(tmp_path, monkeypatch):
+    """An OSError that carries no strerror (raised bare by a filesystem layer) still gives a reason."""
+    from pathlib import Path
+
+    def refuse(self, *args, **kwargs):
+        raise PermissionError()
+
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    store = ResultStore(tmp_path / "results")
+    with pytest.raises(BamctlError) as err:
+        store.ensure_writable()
+    assert str(err.value) == (f"cannot write results to {tmp_path / 'results'}: PermissionError "
+                              "(choose another directory with --dir)")
+
+
 def test_unwritable_directory_is_one_clear_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     store = ResultStore(blocker / "results")
-    with pytest.raises(BamctlError, match=r"cannot write results to .*results: ") as err:
+    with pytest.raises(BamctlError, match=r"cannot write results to .*results: Not a directory \(choose another") as err:
         store.append([fake_row()])
     assert "\n" not in str(err.value)
     with pytest.raises(BamctlError, match="cannot write results"):
