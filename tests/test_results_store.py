@@ -242,6 +242,56 @@ def test_a_write_error_without_a_reason_names_its_kind(tmp_path, monkeypatch):
                               "(choose another directory with --dir)")
 
 
+def test_merge_of_two_parts_is_one_part(tmp_path):
+    store, _ = quiet_store(tmp_path)
+    mine = [store.append([fake_row(sample=i)]) for i in range(2)]
+    merged = store.merge(mine)
+    assert store.part_files() == [merged] and sorted(store.read()["sample"]) == [0, 1]
+    assert store.merge([merged]) == merged and store.merge([]) is None
+
+
+def test_supersede_removes_elsewhere_only_the_older_rows_of_the_keys_it_wrote(tmp_path):
+    """After a rerun writes newer rows, every other file loses the older rows of those keys, wherever
+    it sits in the listing (before or after the new file, after a foreign file or one with nothing
+    to remove); rows of other keys stay, and so does a row of the same key written at the same instant
+    (another process's, not an older one). The count is every row removed."""
+    store, warnings = quiet_store(tmp_path)
+    t = lambda seconds: BASE_TIME + timedelta(seconds=seconds)  # noqa: E731
+    untouched = store.append([fake_row(sample=5)])
+    first_run = store.append([fake_row(sample=i) for i in (0, 1, 2)])
+    other_run = store.append([fake_row(sample=3, run_id="other"), fake_row(sample=1, run_id="other", created_at=t(1))])
+    written = store.append([fake_row(sample=i, run_id="rerun", created_at=t(10)) for i in (0, 1, 4)])
+    started_earlier = store.append([fake_row(sample=0, run_id="slow", created_at=t(5)), fake_row(sample=6, run_id="slow")])
+    same_instant = store.append([fake_row(sample=4, run_id="twin", created_at=t(10))])
+    pq.write_table(pa.table({"x": [1]}), tmp_path / "foreign.parquet")  # listed first, skipped
+    assert store.supersede(written) == 4  # samples 0 and 1 of the first run, 1 of the other, 0 of the slow one
+    files = set(store.part_files())
+    assert {untouched, written, same_instant, tmp_path / "foreign.parquet"} <= files
+    assert not files & {first_run, other_run, started_earlier}  # each replaced by what it kept
+    rows = store.read(dedupe=False)
+    assert sorted(rows["sample"]) == [0, 1, 2, 3, 4, 4, 5, 6]
+    assert set(rows[rows["sample"].isin([0, 1])]["run_id"]) == {"rerun"}
+    assert store.supersede(tmp_path / "part-gone.parquet") == 0
+    assert len(warnings) == 1 and "foreign.parquet" in warnings[0]
+
+
+def test_supersede_takes_a_file_another_process_removed_meanwhile(tmp_path, monkeypatch):
+    store, _ = quiet_store(tmp_path)
+    old = store.append([fake_row(sample=0), fake_row(sample=1)])
+    written = store.append([fake_row(sample=0, created_at=BASE_TIME + timedelta(seconds=1))])
+    real_read = ResultStore._read_part
+
+    def read_then_lose(self, path, columns):
+        table = real_read(self, path, columns)
+        if columns is None and path == old:
+            path.unlink()  # another process's compaction took it after this read
+        return table
+
+    monkeypatch.setattr(ResultStore, "_read_part", read_then_lose)
+    assert store.supersede(written) == 1
+    assert sorted(store.read()["sample"]) == [0, 1]
+
+
 def test_unwritable_directory_is_one_clear_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
