@@ -1,0 +1,165 @@
+"""Models in memory (bamctl.backends.in_memory): their identity, where they run, and which back-end
+takes them. Fast, with tiny modules: the evaluations of such models against their folders are
+tests/test_api.py's and tests/test_own_model.py's."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from bamctl.backends.base import RunOptions
+from bamctl.backends.in_memory import (HFModelInMemory, ModuleInMemory, TransformerInMemory, in_memory, own_device,
+                                       own_dtype, state_digest)
+from bamctl.errors import BamctlError
+from bamctl.model import ModelConfig, Transformer
+
+
+def micro_transformer(seed: int = 0) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(ModelConfig.from_preset("micro", "bam", train_length=64, vocab_size=40,
+                                               token_subset=list(range(39))))
+
+
+class Pair(torch.nn.Module):
+    """Two tensors whose names, shapes and dtypes a test can change one at a time."""
+
+    def __init__(self, first: torch.Tensor, second: torch.Tensor, names=("a", "b")):
+        super().__init__()
+        for name, tensor in zip(names, (first, second)):
+            self.register_parameter(name, torch.nn.Parameter(tensor, requires_grad=tensor.is_floating_point()))
+
+
+def test_the_state_digest_is_every_tensors_name_dtype_shape_and_bytes():
+    base = Pair(torch.arange(6.0).reshape(2, 3), torch.ones(4))
+    same = state_digest(base)
+    assert state_digest(copy.deepcopy(base)) == same
+    assert state_digest(Pair(torch.arange(6.0).reshape(2, 3), torch.ones(4))) == same  # values, not the object
+    changed = Pair(torch.arange(6.0).reshape(2, 3), torch.ones(4))
+    with torch.no_grad():
+        changed.b[3] = torch.nextafter(torch.tensor(1.0), torch.tensor(2.0))  # one bit of one value
+    others = {
+        "a value": changed,
+        "a name": Pair(torch.arange(6.0).reshape(2, 3), torch.ones(4), names=("a", "c")),
+        "a shape, the same bytes": Pair(torch.arange(6.0).reshape(3, 2), torch.ones(4)),
+        "a dtype": Pair(torch.arange(6.0).reshape(2, 3).double(), torch.ones(4)),
+        "an empty tensor": Pair(torch.arange(6.0).reshape(2, 3), torch.ones(0)),
+    }
+    digests = {what: state_digest(module) for what, module in others.items()}
+    assert same not in digests.values() and len(set(digests.values())) == len(digests), digests
+    # names in order: the same tensors registered in another order are the same state
+    swapped = torch.nn.Module()
+    swapped.register_parameter("b", torch.nn.Parameter(torch.ones(4)))
+    swapped.register_parameter("a", torch.nn.Parameter(torch.arange(6.0).reshape(2, 3)))
+    assert state_digest(swapped) == same
+
+
+def test_own_dtype_is_most_floating_weights_and_own_device_where_they_are():
+    mixed = torch.nn.Module()  # weight tensors are counted: 3 in bfloat16, 2 in float32
+    mixed.one = torch.nn.Linear(2, 2).to(torch.bfloat16)
+    mixed.two = torch.nn.Linear(4, 4)
+    mixed.three = torch.nn.Linear(2, 1, bias=False).to(torch.bfloat16)
+    assert own_dtype(mixed) == "bfloat16"
+    counters = torch.nn.Module()  # integer tensors are no dtype to compute in, however many
+    counters.weight = torch.nn.Linear(2, 2, bias=False).double()
+    for name in ("steps", "seen", "ids"):
+        counters.register_parameter(name, torch.nn.Parameter(torch.zeros(3, dtype=torch.int64), requires_grad=False))
+    assert own_dtype(counters) == "float64"
+    assert own_dtype(torch.nn.Module()) == "float32" and own_device(torch.nn.Module()) == "cpu"
+    assert own_device(torch.nn.Linear(2, 2)) == "cpu"
+
+
+def test_a_model_runs_where_it_lives_and_on_a_copy_anywhere_else():
+    model = micro_transformer()
+    held = in_memory(model)
+    here = held._here(RunOptions())
+    assert (here.device, here.dtype) == ("cpu", "float32")
+    asked = held._here(RunOptions(device="cpu", dtype="bfloat16"))
+    assert (asked.device, asked.dtype) == ("cpu", "bfloat16")
+    assert held._module_for(torch.device("cpu"), torch.float32) is model
+    other = held._module_for(torch.device("cpu"), torch.bfloat16)
+    assert other is not model and own_dtype(model) == "float32"  # the caller's weights are never cast
+    before = state_digest(model)
+    backend = held.open(RunOptions(dtype="bfloat16"))
+    try:
+        assert state_digest(model) == before and own_dtype(model) == "float32"
+    finally:
+        backend.close()
+
+
+def test_a_transformer_in_memory_is_named_by_its_label_and_identified_by_its_weights():
+    from bamctl.checkpoint import model_identity
+
+    model = micro_transformer()
+    held = in_memory(model)
+    assert isinstance(held, TransformerInMemory)
+    assert held.name == f"in-memory-{model.config.label}" and held.label == f"{held.name} (in memory)"
+    assert in_memory(model, name="step-100").name == "step-100"
+    peek = held.peek(RunOptions())
+    assert (peek.train_length, peek.tokenizer, peek.token_subset) == (64, "gpt2", frozenset(range(39)))
+    with pytest.raises(BamctlError, match="takes the tokenizer its config names"):
+        in_memory(model, tokenizer=object())
+    hashes = []
+    for module in (model, copy.deepcopy(model), micro_transformer(seed=1)):
+        backend = in_memory(module).open(RunOptions())
+        try:
+            hashes.append(backend.info.model_hash)
+        finally:
+            backend.close()
+    assert hashes[0] == hashes[1] == model_identity(state_digest(model), model.config) != hashes[2]
+
+
+def test_a_hugging_face_model_in_memory_is_named_by_where_it_came_from_and_needs_its_tokenizer(tmp_path):
+    pytest.importorskip("transformers", reason="transformers not installed (pip install 'bamctl[hf]')")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from tiny_llama import save_tiny_llama
+
+    folder = save_tiny_llama(tmp_path / "llama-tiny")
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    held = in_memory(model, tokenizer)
+    assert isinstance(held, HFModelInMemory) and held.name == "in-memory-llama-tiny"
+    model.config._name_or_path = ""
+    assert in_memory(model, tokenizer).name == "in-memory-llama"  # its model_type, where no path is known
+    with pytest.raises(BamctlError, match="needs its tokenizer"):
+        in_memory(model)
+    peek = held.peek(RunOptions())
+    assert peek.max_length == model.config.max_position_embeddings
+    # where it was loaded from is not what it computes: the same weights from another folder are one model
+    model.config._name_or_path = str(folder)
+    moved = AutoModelForCausalLM.from_pretrained(folder)
+    moved.config._name_or_path = str(tmp_path / "elsewhere")
+    hashes = []
+    for module in (model, moved):
+        backend = in_memory(module, tokenizer).open(RunOptions())
+        try:
+            hashes.append(backend.info.model_hash)
+        finally:
+            backend.close()
+    assert hashes[0] == hashes[1]
+    with torch.no_grad():
+        next(moved.parameters()).add_(1.0)
+    backend = in_memory(moved, tokenizer).open(RunOptions())
+    try:
+        assert backend.info.model_hash != hashes[0]
+    finally:
+        backend.close()
+
+
+def test_a_plain_module_is_taken_with_its_tokenizer_and_anything_else_is_refused():
+    from own_models import gpt2_encoding
+
+    class Plain(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(50257, 4)
+
+        def forward(self, ids):
+            return self.embed(ids) @ self.embed.weight.T
+
+    held = in_memory({"model": Plain(), "tokenizer": gpt2_encoding(), "train_length": 32})
+    assert isinstance(held, ModuleInMemory) and held.name == "in-memory-Plain"
+    assert held.peek(RunOptions()).train_length == 32
+    with pytest.raises(BamctlError, match="^cannot evaluate a int: give a model reference"):
+        in_memory(3)
