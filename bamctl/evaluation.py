@@ -73,6 +73,7 @@ class RunStats:
     dropped_rows: int = 0
     bos_left_out: int = 0  # rows fed without the BOS the back-end puts before its other requests of that kind
     unread_rows: int = 0  # rows whose prompt a server read at another length than sent (not scored)
+    unread_again: int = 0  # stored rows a server had read at another length, asked again
     rows: list[dict] = field(default_factory=list)
 
 
@@ -249,6 +250,8 @@ class Evaluation:
     def _still_to_do(self, slot: SampleSlot, rows: list[dict], stored: dict, reuse: bool, stats: RunStats):
         """The rows of a slot that must be computed, and the slot's sample if building it was needed to tell."""
         found = [stored.get(row_key(row)) for row in rows]
+        stats.unread_again += sum(s is not None and s.unread for s in found)
+        found = [None if s is not None and s.unread else s for s in found]  # never scored: nothing to reuse
         current = [s is not None and s.compute_version == self.compute_version for s in found]
         stats.other_code += sum(s is not None and not ok and not reuse for s, ok in zip(found, current))
         candidates = [s if s is not None and (ok or reuse) else None for s, ok in zip(found, current)]

@@ -293,3 +293,29 @@ def test_a_run_without_a_model_evaluates_the_flagship_and_names_it(tmp_path, cap
     from bamctl.results.store import ResultStore
 
     assert set(ResultStore(tmp_path / "r").read()["model"]) == {flagship}
+
+
+def test_a_row_a_server_read_at_another_length_is_asked_again_on_rerun(model_dir, tmp_path, capsys):
+    """Such a row holds no score (bamctl.backends.served): a rerun asks its request again rather than
+    keep it, and says so; the other rows are reused as usual."""
+    from datetime import timedelta
+
+    from bamctl.results.store import ResultStore
+
+    out = tmp_path / "r"
+    args = ["passkey", model_dir, "--lengths", "128", "--samples", "2", "--depths", "0.5", "--dir", str(out)]
+    code, _, err = cli(capsys, *args)
+    assert code == 0, err
+    store = ResultStore(out)
+    scored = store.read_table().to_pylist()
+    first = min(scored, key=lambda row: row["sample"])
+    misread = {**first, "served_token_gap": 1, "score": 0.0, "predicted": "", "correct": False,
+               "created_at": first["created_at"] + timedelta(microseconds=1)}
+    store.append([misread])
+    code, _, err = cli(capsys, *args)
+    assert code == 0, err
+    assert "1 sample stored in" in err and "unscored (a server read the prompt at another length than sent) asked again" in err
+    assert "1 sample already in" in err  # the other one, reused
+    again = {row["sample"]: row for row in store.read_table().to_pylist()}
+    assert again[first["sample"]]["served_token_gap"] is None
+    assert again[first["sample"]]["score"] == first["score"] and again[first["sample"]]["predicted"] == first["predicted"]

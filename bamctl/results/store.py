@@ -64,6 +64,7 @@ class StoredRequest:
 
     request_digest: str | None
     compute_version: str | None
+    unread: bool = False  # a server read its prompt at another length than sent: no score, asked again
 
 
 def _warn_stderr(message: str) -> None:
@@ -217,13 +218,15 @@ class ResultStore:
 
     def done_requests(self) -> dict[ResumeKey, StoredRequest]:
         """Per resume key, the request and compute version of its newest row: a rerun reuses that
-        row only when both match what it would compute (``bamctl.evaluation``)."""
-        _, tables = self._load(columns=[*KEY_COLUMNS, *REUSE_COLUMNS, "created_at"])
+        row only when both match what it would compute (``bamctl.evaluation``), and never a row a
+        server read at another length than sent (it holds no score)."""
+        _, tables = self._load(columns=[*KEY_COLUMNS, *REUSE_COLUMNS, "served_token_gap", "created_at"])
         if not tables:
             return {}
         table = _dedupe(pa.concat_tables(tables))
         return {
-            row_key(row): StoredRequest(row["request_digest"], row["compute_version"]) for row in table.to_pylist()
+            row_key(row): StoredRequest(row["request_digest"], row["compute_version"], bool(row["served_token_gap"]))
+            for row in table.to_pylist()
         }
 
     def read_table(self, *, dedupe: bool = True) -> pa.Table:

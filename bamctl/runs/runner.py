@@ -357,6 +357,9 @@ def run_notes(stats, name: str, out: Path, backend, *, quiet: bool = False) -> l
     if stats.other_code:
         lines.append(f"{name}: {plural(stats.other_code, 'sample')} stored in {out} by another compute version (other bamctl "
                      "code or library versions) computed again (--reuse takes them)")
+    if stats.unread_again:
+        lines.append(f"{name}: {plural(stats.unread_again, 'sample')} stored in {out} unscored (a server read the prompt "
+                     "at another length than sent) asked again")
     if stats.other_request:
         lines.append(f"{name}: {plural(stats.other_request, 'sample')} stored in {out} for other prompts under the same key "
                      "computed again")
