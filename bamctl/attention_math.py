@@ -53,6 +53,7 @@ class AttentionInputs:
     bias_table: torch.Tensor | None  # (H, D+1) float32, b_h(d) for d = 0..D
     ssmax_scale: torch.Tensor | None  # (H,) s_h, or None without SSMax
     ssmax_scope: str = "logits"  # "logits" (content + prior) or "content"
+    ssmax_bias: torch.Tensor | None = None  # (H,) b_h in c_h(i) = s_h log(i + 1) + b_h; None: b_h = 0
     # A prior that depends on the query's position too (FIRE), instead of bias_table. Its
     # ``bias(q positions (Tq,), k positions (Tk,))`` -> (H, Tq, Tk) serves the dense and blockwise
     # kernels; its ``kernel_form(q positions, max distance)`` -> PiecewiseBias the native one.
@@ -163,9 +164,10 @@ def content_bias(prior: ContentPrior | ContentScan | PairBias, q: torch.Tensor, 
 
 
 def ssmax_factor(inputs: AttentionInputs, n_queries: int, device) -> torch.Tensor:
-    """(H, Tq) SSMax's c_h(i) = s_h * log(i + 1) for queries q_start .. q_start + Tq - 1."""
+    """(H, Tq) SSMax's c_h(i) = s_h * log(i + 1) (+ b_h) for queries q_start .. q_start + Tq - 1."""
     positions = torch.arange(inputs.q_start, inputs.q_start + n_queries, device=device, dtype=torch.float32)
-    return inputs.ssmax_scale.float()[:, None] * torch.log(positions + 1.0)[None, :]
+    factor = inputs.ssmax_scale.float()[:, None] * torch.log(positions + 1.0)[None, :]
+    return factor if inputs.ssmax_bias is None else factor + inputs.ssmax_bias.float()[:, None]
 
 
 def _logits(

@@ -59,8 +59,9 @@ def model_identity(weights_sha256: str, config: ModelConfig) -> str:
 # Fields the weights already say, so they are no part of the identity beside them (and rows stored
 # before a field was added keep their hash): ssmax_init only set s before training, and the trained
 # weights hold s; tie_embeddings makes the head and the embeddings one matrix, which the weights
-# file then stores once (and a tied model computes what an untied one with equal matrices does).
-HELD_BY_THE_WEIGHTS = ("ssmax_init", "tie_embeddings")
+# file then stores once (and a tied model computes what an untied one with equal matrices does);
+# ssmax_bias adds a tensor per layer (its b_h) that the weights hold, or none.
+HELD_BY_THE_WEIGHTS = ("ssmax_init", "tie_embeddings", "ssmax_bias")
 
 
 def canonical_config(config: ModelConfig) -> dict:

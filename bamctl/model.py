@@ -39,6 +39,9 @@ class ModelConfig:
     ssmax: bool = False  # Scalable-Softmax on top of the PE
     ssmax_scope: str = "logits"  # "logits": (content + prior) * s log n; "content": the authors' code
     ssmax_init: float = 1.0  # SSMax's s_h before training (the SSMax paper's 1); the trained weights hold s
+    # SSMax's factor with a learned bias per head, s_h log n + b_h (the SSMax paper's variant; b_h from 0):
+    # a head that needs one sharpness at every length can hold it in b_h with s_h near 0.
+    ssmax_bias: bool = False
     rope_base: float = 10000.0
     sinusoidal_base: float = 10000.0
     # "vaswani": cos channel 2k+1 at the frequency of sin channel 2k; "bam": at its own
@@ -81,6 +84,8 @@ class ModelConfig:
             raise BamctlError(f"embedding_scale must be positive, not {self.embedding_scale!r}")
         if not self.ssmax_init > 0:
             raise BamctlError(f"ssmax_init must be positive, not {self.ssmax_init!r}")
+        if self.ssmax_bias and not self.ssmax:
+            raise BamctlError("ssmax_bias is a part of SSMax's factor: it needs ssmax = true")
         if self.ssmax_scope not in ("logits", "content"):
             raise BamctlError(f"ssmax_scope must be 'logits' or 'content', not {self.ssmax_scope!r}")
         if self.token_subset is not None and self.vocab_size != len(self.token_subset) + 1:
@@ -218,6 +223,7 @@ class Attention(nn.Module):
         self.observes = callable(getattr(self.prior, "observe", None))  # reads the layer's input (a forget gate)
         # SSMax's s_h, one per head and layer, initialised at ssmax_init (1, as in the SSMax paper).
         self.ssmax_scale = nn.Parameter(torch.full((cfg.n_heads,), float(cfg.ssmax_init))) if cfg.ssmax else None
+        self.ssmax_bias = nn.Parameter(torch.zeros(cfg.n_heads)) if cfg.ssmax and cfg.ssmax_bias else None  # b_h
         self.ssmax_scope = cfg.ssmax_scope
 
     def forward(self, x: torch.Tensor, where: ChunkPositions, state: ForwardState, keep_from: int = 0) -> torch.Tensor:
@@ -247,6 +253,7 @@ class Attention(nn.Module):
             q_start=where.start + keep_from,
             bias_table=state.bias_table(self.layer_id, self.prior, last, self.n_heads) if by_distance else None,
             ssmax_scale=self.ssmax_scale,
+            ssmax_bias=self.ssmax_bias,
             ssmax_scope=self.ssmax_scope,
             query_prior=self.prior if by_query else None,
             content_prior=self.prior if by_content else None,
@@ -350,5 +357,5 @@ class Transformer(nn.Module):
 
 
 def _is_positional(name: str) -> bool:
-    """A prior's parameter or buffer, or an SSMax scale, by its name in the state dict."""
-    return ".prior." in name or name.endswith("ssmax_scale")
+    """A prior's parameter or buffer, or an SSMax scale or bias, by its name in the state dict."""
+    return ".prior." in name or name.endswith(("ssmax_scale", "ssmax_bias"))

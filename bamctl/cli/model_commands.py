@@ -61,6 +61,8 @@ def _prior_rows(model) -> list[dict]:
             row.update({key: float(value[head]) for key, value in described.items()})
             if attention.ssmax_scale is not None:
                 row["ssmax_s"] = float(attention.ssmax_scale.detach()[head])
+            if attention.ssmax_bias is not None:
+                row["ssmax_b"] = float(attention.ssmax_bias.detach()[head])
             rows.append(row)
     return rows
 

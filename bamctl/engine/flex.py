@@ -200,8 +200,8 @@ def flex_attention_kernel(
     q_pad = q if tq_pad == tq else torch.nn.functional.pad(q, (0, 0, 0, tq_pad - tq))
     device = q.device
     offset = torch.tensor(q_start, device=device)
-    log_n = torch.log(torch.arange(q_start, q_start + tq_pad, device=device, dtype=torch.float32) + 1.0)
     table, scale = inputs.bias_table, inputs.ssmax_scale
+    factor = None if scale is None else ssmax_factor(inputs, tq_pad, device)  # (H, padded Tq): c_h(i)
     last = (table.shape[1] - 1) if table is not None else 0
     if inputs.content_prior is not None:  # pair by pair (the engine sends no other content prior here)
         # over the padded queries and the widened keys, so that every index flex asks for exists
@@ -222,13 +222,13 @@ def flex_attention_kernel(
             return score + bias_at(score, b, h, q_idx, kv_idx)
     elif bias_at is None:
         def score_mod(score, b, h, q_idx, kv_idx):
-            return score * (scale[h] * log_n[q_idx])
+            return score * factor[h, q_idx]
     elif inputs.ssmax_scope == "logits":
         def score_mod(score, b, h, q_idx, kv_idx):
-            return (score + bias_at(score, b, h, q_idx, kv_idx)) * (scale[h] * log_n[q_idx])
+            return (score + bias_at(score, b, h, q_idx, kv_idx)) * factor[h, q_idx]
     else:
         def score_mod(score, b, h, q_idx, kv_idx):
-            return score * (scale[h] * log_n[q_idx]) + bias_at(score, b, h, q_idx, kv_idx)
+            return score * factor[h, q_idx] + bias_at(score, b, h, q_idx, kv_idx)
 
     n_q = tq_pad // BLOCK
     if attempts(inputs, block_skip):
@@ -238,8 +238,6 @@ def flex_attention_kernel(
         skip = None
         block_mask = _causal_block_mask(q_start, offset, n_q, kv_len // BLOCK, device)
     compute = torch.float32 if q.device.type == "cpu" else q.dtype
-    if scale is not None:
-        scale = scale.to(torch.float32)
     shape = (tq_pad, kv_len, tuple(k.shape), table is None, scale is None, inputs.ssmax_scope, skip is None,
              inputs.content_prior is None)
     if shape in failed_shapes:

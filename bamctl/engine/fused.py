@@ -46,7 +46,7 @@ def needs_grad(*tensors) -> bool:
     if not torch.is_grad_enabled():
         return False
     inputs = tensors[-1]
-    return any(t is not None and t.requires_grad for t in (*tensors[:-1], inputs.bias_table, inputs.ssmax_scale))
+    return any(t is not None and t.requires_grad for t in (*tensors[:-1], inputs.bias_table, inputs.ssmax_scale, inputs.ssmax_bias))
 
 
 def _flash(q, k, v, mask, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:

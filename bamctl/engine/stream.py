@@ -125,7 +125,7 @@ def _exact_for(model: Transformer, attention: str, chosen_by_auto: bool) -> str:
     if found is None:
         return attention
     layer, head, value = found
-    what = f"this model has a negative SSMax scale that multiplies its prior (layer {layer}, head {head}: s = {value:.3g})"
+    what = f"this model has a negative SSMax scale that multiplies its prior (layer {layer}, head {head}: {value})"
     if chosen_by_auto:
         _notice(f"{what}; using the blockwise attention path, which stays exact for it")
         return "blockwise"
@@ -150,15 +150,17 @@ def _content_paths(priors: list) -> tuple[str, ...]:
     return ("dense",)
 
 
-def _negative_scale_on_a_prior(model: Transformer) -> tuple[int, int, float] | None:
-    """(layer, head, s) of the first SSMax scale s < 0 whose factor multiplies a prior, or None."""
+def _negative_scale_on_a_prior(model: Transformer) -> tuple[int, int, str] | None:
+    """(layer, head, "s = ..." or "b = ...") of the first SSMax scale s < 0 or bias b < 0 whose factor
+    multiplies a prior (either makes the factor s log(i + 1) + b negative at some position), or None."""
     for layer, block in enumerate(model.layers):
         attention = block.attention
         if attention.ssmax_scale is None or not gives_bias(attention.prior) or attention.ssmax_scope != "logits":
             continue
-        for head, value in enumerate(attention.ssmax_scale.detach().float().tolist()):
-            if value < 0:
-                return layer, head, value
+        for name, part in (("s", attention.ssmax_scale), ("b", attention.ssmax_bias)):
+            for head, value in enumerate([] if part is None else part.detach().float().tolist()):
+                if value < 0:
+                    return layer, head, f"{name} = {value:.3g}"
     return None
 
 
