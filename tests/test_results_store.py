@@ -292,6 +292,29 @@ def test_supersede_takes_a_file_another_process_removed_meanwhile(tmp_path, monk
     assert sorted(store.read()["sample"]) == [0, 1]
 
 
+def test_merge_takes_a_part_another_process_removed_meanwhile(tmp_path, monkeypatch):
+    store, _ = quiet_store(tmp_path)
+    mine = [store.append([fake_row(sample=i)]) for i in range(3)]
+    real_write = ResultStore._write
+
+    def write_then_lose_one(self, table):
+        path = real_write(self, table)
+        mine[0].unlink()  # a compaction elsewhere took it after this merge read it
+        return path
+
+    monkeypatch.setattr(ResultStore, "_write", write_then_lose_one)
+    merged = store.merge(mine)
+    assert store.part_files() == [merged] and sorted(store.read()["sample"]) == [0, 1, 2]
+
+
+def test_the_first_append_makes_the_whole_path_and_read_selects_by_protocol(tmp_path):
+    store, _ = quiet_store(tmp_path / "a" / "b" / "results")
+    store.append([fake_row(sample=0, protocol="authors"), fake_row(sample=1, protocol="ruler")])
+    assert list(store.read(protocol="ruler")["sample"]) == [1]
+    assert list(store.read(protocol="authors")["sample"]) == [0]
+    assert sorted(store.read()["sample"]) == [0, 1]
+
+
 def test_unwritable_directory_is_one_clear_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
