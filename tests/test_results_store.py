@@ -315,6 +315,21 @@ def test_the_first_append_makes_the_whole_path_and_read_selects_by_protocol(tmp_
     assert sorted(store.read()["sample"]) == [0, 1]
 
 
+def test_of_rows_written_at_the_same_instant_the_later_in_the_file_is_kept(tmp_path):
+    """Ties in created_at (one clock tick, many rows) go to the row written later: the sort that puts
+    the newest last must keep the file's order among equal times."""
+    import random
+
+    store, _ = quiet_store(tmp_path)
+    draw = random.Random(7)
+    ticks = [draw.randrange(5) for _ in range(200)]  # five instants shared by 200 keys
+    rows = [fake_row(sample=i, run_id=run, created_at=BASE_TIME + timedelta(microseconds=ticks[i]))
+            for run in ("earlier", "later") for i in range(200)]
+    store.append(rows)
+    kept = store.read()
+    assert len(kept) == 200 and set(kept["run_id"]) == {"later"}
+
+
 def test_unwritable_directory_is_one_clear_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
