@@ -63,28 +63,39 @@ def digit_weights(engine: StreamingEngine, input_ids: list[int], answer_ids: lis
 
 
 @contextlib.contextmanager
-def logit_parts(found: list, positions: list[int]):
+def attention_seen(record):
     """While open, every call of ``attention_weights`` (the engine's ``last_query_attention`` makes
-    one per layer) also appends, per head, the last query's content score, prior bias and SSMax
-    factor at ``positions``."""
+    one per layer, in layer order) first hands its ``q, k, inputs`` to ``record``."""
     weights_of = attention_math.attention_weights
 
     def recording(q, k, inputs):
-        at = torch.tensor(positions)
-        last = inputs.q_start + q.shape[2] - 1
-        scores = torch.einsum("hd,hpd->hp", q[0, :, -1].float(), k[0][:, at].float()) / math.sqrt(q.shape[-1])
-        bias = inputs.bias_for(torch.tensor([last]), at)[:, 0] if inputs.bias_for is not None else torch.zeros_like(scores)
-        factor = (inputs.ssmax_scale.float() * math.log(last + 1.0) if inputs.ssmax_scale is not None
-                  else torch.ones(scores.shape[0]))
-        found.append([{"content": [round(float(x), 3) for x in scores[h]], "prior": [round(float(x), 3) for x in bias[h]],
-                       "factor": round(float(factor[h]), 3), "scope": inputs.ssmax_scope} for h in range(scores.shape[0])])
+        record(q, k, inputs)
         return weights_of(q, k, inputs)
 
     attention_math.attention_weights = recording
     try:
-        yield found
+        yield
     finally:
         attention_math.attention_weights = weights_of
+
+
+@contextlib.contextmanager
+def logit_parts(found: list, positions: list[int]):
+    """While open, every layer's attention also appends, per head, the last query's content score,
+    prior bias and SSMax factor at ``positions``."""
+
+    def record(q, k, inputs):
+        at = torch.tensor(positions)
+        last = inputs.q_start + q.shape[2] - 1
+        scores = torch.einsum("hd,hpd->hp", q[0, :, -1].float(), k[0][:, at].float()) / math.sqrt(q.shape[-1])
+        bias = inputs.bias_for(torch.tensor([last]), at)[:, 0] if inputs.bias_for is not None else torch.zeros_like(scores)
+        factor = (attention_math.ssmax_factor(inputs, q.shape[2], q.device)[:, -1] if inputs.ssmax_scale is not None
+                  else torch.ones(scores.shape[0]))
+        found.append([{"content": [round(float(x), 3) for x in scores[h]], "prior": [round(float(x), 3) for x in bias[h]],
+                       "factor": round(float(factor[h]), 3), "scope": inputs.ssmax_scope} for h in range(scores.shape[0])])
+
+    with attention_seen(record):
+        yield found
 
 
 @contextlib.contextmanager
@@ -124,18 +135,15 @@ def query_parts(model, layer: int, head: int, positions: tuple[int, int]):
         handles.append(model.layers[l].attention.wo.register_forward_pre_hook(heads_of(l)))
         handles.append(model.layers[l].feed_forward.register_forward_hook(keep(f"ffn {l}")))
     handles.append(model.layers[layer].attention_norm.register_forward_pre_hook(stream))
-    weights_of = attention_math.attention_weights
     differences = []  # per call; the last query's forward makes the last n_layers of them
 
-    def recording(q, k, inputs):
+    def record(q, k, inputs):
         differences.append((k[0, head, positions[0]] - k[0, head, positions[1]]).float())
-        return weights_of(q, k, inputs)
 
-    attention_math.attention_weights = recording
     try:
-        yield found
+        with attention_seen(record):
+            yield found
     finally:
-        attention_math.attention_weights = weights_of
         for handle in handles:
             handle.remove()
     norm = model.layers[layer].attention_norm
@@ -176,7 +184,7 @@ def ssmax_held(model, head: str):
     import bamctl.engine.attention, bamctl.engine.flex, bamctl.engine.fused, bamctl.engine.native
 
     layer, h = (int(x) for x in head.split("."))
-    scale = model.layers[layer].attention.ssmax_scale
+    scale, bias = model.layers[layer].attention.ssmax_scale, model.layers[layer].attention.ssmax_bias
     if scale is None:
         raise SystemExit(f"layer {layer} has no SSMax factor to hold")
     limit = float(model.config.train_length)
@@ -188,7 +196,7 @@ def ssmax_held(model, head: str):
         if inputs.ssmax_scale is scale:
             positions = torch.arange(inputs.q_start, inputs.q_start + n_queries, device=device, dtype=torch.float32)
             factor = factor.clone()
-            factor[h] = scale[h].float() * torch.log(positions.clamp(max=limit) + 1.0)
+            factor[h] = scale[h].float() * torch.log(positions.clamp(max=limit) + 1.0) + (0 if bias is None else bias[h].float())
         return factor
 
     for module in users:

@@ -87,7 +87,7 @@ def test_the_flex_path_takes_the_bias(eager_flex, monkeypatch):
     assert torch.allclose(got, dense_attention(q, k, v, inputs), atol=1e-4, rtol=0)
 
 
-def _bias_model(tmp_path, seed: int = 0):
+def _bias_model(seed: int = 0):
     config = ModelConfig.from_preset("micro", "bam-ssmax", train_length=64, ssmax_bias=True)
     model = new_random_model(config, seed)
     with torch.no_grad():
@@ -96,8 +96,8 @@ def _bias_model(tmp_path, seed: int = 0):
     return model
 
 
-def test_a_model_with_the_bias_streams_in_chunks_as_its_one_forward(tmp_path):
-    model = _bias_model(tmp_path)
+def test_a_model_with_the_bias_streams_in_chunks_as_its_one_forward():
+    model = _bias_model()
     ids = torch.randint(0, model.config.vocab_size, (300,), generator=torch.Generator().manual_seed(0)).tolist()
     reference = model(torch.tensor([ids]))[0]
     for path in ("blockwise", *(["native"] if native.native_available()[0] else [])):
@@ -106,7 +106,7 @@ def test_a_model_with_the_bias_streams_in_chunks_as_its_one_forward(tmp_path):
 
 
 def test_the_bias_trains_as_a_positional_parameter_and_is_saved_with_the_weights(tmp_path):
-    model = _bias_model(tmp_path)
+    model = _bias_model()
     positional = {id(p) for p in model.positional_parameters()}
     biases = [block.attention.ssmax_bias for block in model.layers]
     assert all(id(b) in positional for b in biases)  # no weight decay, the positional learning rate
@@ -131,10 +131,10 @@ def test_the_bias_trains_as_a_positional_parameter_and_is_saved_with_the_weights
     assert new_random_model(ModelConfig.from_preset("micro", "bam-ssmax"), 0).layers[0].attention.ssmax_bias is None
 
 
-def test_the_bias_needs_ssmax_and_a_negative_one_keeps_off_the_folding_kernels(tmp_path):
+def test_the_bias_needs_ssmax_and_a_negative_one_keeps_off_the_folding_kernels():
     with pytest.raises(BamctlError, match="ssmax_bias is a part of SSMax's factor: it needs ssmax = true"):
         ModelConfig.from_preset("micro", "bam", ssmax_bias=True)
-    model = _bias_model(tmp_path)
+    model = _bias_model()
     for path in stream.FOLDING_PATHS:
         stream.StreamingEngine(model, device="cpu", attention=path)  # b >= 0, s >= 0: the factor stays >= 0
     with torch.no_grad():

@@ -120,4 +120,3 @@ def _leave(code) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code or 0)
-

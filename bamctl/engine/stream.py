@@ -121,7 +121,7 @@ def _exact_for(model: Transformer, attention: str, chosen_by_auto: bool) -> str:
             attention = "blockwise"  # auto on CUDA, on a CPU without the native kernel, or a prior native cannot take
     if attention not in FOLDING_PATHS:
         return attention
-    found = _negative_scale_on_a_prior(model)
+    found = _negative_factor_on_a_prior(model)
     if found is None:
         return attention
     layer, head, value = found
@@ -150,7 +150,7 @@ def _content_paths(priors: list) -> tuple[str, ...]:
     return ("dense",)
 
 
-def _negative_scale_on_a_prior(model: Transformer) -> tuple[int, int, str] | None:
+def _negative_factor_on_a_prior(model: Transformer) -> tuple[int, int, str] | None:
     """(layer, head, "s = ..." or "b = ...") of the first SSMax scale s < 0 or bias b < 0 whose factor
     multiplies a prior (either makes the factor s log(i + 1) + b negative at some position), or None."""
     for layer, block in enumerate(model.layers):
