@@ -295,6 +295,25 @@ def test_supersede_takes_a_file_another_process_removed_meanwhile(tmp_path, monk
     assert sorted(store.read()["sample"]) == [0, 1]
 
 
+def test_supersede_goes_on_past_a_file_removed_between_its_two_reads(tmp_path, monkeypatch):
+    store, _ = quiet_store(tmp_path)
+    lost = store.append([fake_row(sample=0)])
+    kept = store.append([fake_row(sample=1)])
+    written = store.append([fake_row(sample=s, created_at=BASE_TIME + timedelta(seconds=1)) for s in (0, 1)])
+    assert store.part_files().index(lost) < store.part_files().index(kept)
+    real_read = ResultStore._read_part
+
+    def lose_before_the_whole_read(self, path, columns):
+        if columns is None and path == lost:
+            path.unlink()  # another process's compaction took it after its keys were read
+            raise FileNotFoundError(path)
+        return real_read(self, path, columns)
+
+    monkeypatch.setattr(ResultStore, "_read_part", lose_before_the_whole_read)
+    assert store.supersede(written) == 1  # the next file's older row still goes
+    assert store.part_files() == [written]
+
+
 def test_the_first_append_makes_the_whole_path_and_read_selects_by_protocol(tmp_path):
     store, _ = quiet_store(tmp_path / "a" / "b" / "results")
     store.append([fake_row(sample=0, protocol="authors"), fake_row(sample=1, protocol="ruler")])
@@ -346,6 +365,16 @@ def test_foreign_and_truncated_files_are_skipped_with_one_warning(tmp_path):
     assert sorted(re.search(r"skipping \S*?([a-z]+\.parquet)", w).group(1) for w in warnings) == [
         "foreign.parquet", "notes.parquet", "truncated.parquet"]
     assert any("not a bamctl results file" in w for w in warnings)
+
+
+def test_a_file_of_ours_with_a_column_of_another_type_is_skipped_naming_the_column(tmp_path):
+    store, warnings = quiet_store(tmp_path)
+    good = store.append([fake_row(sample=0)])
+    table = pq.read_table(good)
+    seeds = pa.array(["not a seed"] * table.num_rows)
+    pq.write_table(table.set_column(table.schema.get_field_index("seed"), "seed", seeds), tmp_path / "odd.parquet")
+    assert list(store.read()["sample"]) == [0]
+    assert len(warnings) == 1 and re.search(r"skipping \S*odd\.parquet: column 'seed' is not int64$", warnings[0])
 
 
 def test_warnings_go_to_stderr(tmp_path, capsys):
