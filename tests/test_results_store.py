@@ -377,6 +377,55 @@ def test_a_file_of_ours_with_a_column_of_another_type_is_skipped_naming_the_colu
     assert len(warnings) == 1 and re.search(r"skipping \S*odd\.parquet: column 'seed' is not int64$", warnings[0])
 
 
+def test_each_kind_of_file_not_ours_is_skipped_with_its_own_reason(tmp_path, monkeypatch):
+    from bamctl.results.schema import VERSION_KEY
+
+    store, warnings = quiet_store(tmp_path)
+    good = store.append([fake_row(sample=0)])
+    table = pq.read_table(good)
+    newer = table.replace_schema_metadata({**table.schema.metadata, VERSION_KEY: str(SCHEMA_VERSION + 1).encode()})
+    pq.write_table(newer, tmp_path / "newer.parquet")
+    pq.write_table(table.drop_columns(["model"]), tmp_path / "modelless.parquet")
+    pq.write_table(pa.table({"x": [1]}), tmp_path / "foreign.parquet")
+    (tmp_path / "text.parquet").write_text("not parquet at all")
+    assert list(store.read()["sample"]) == [0]
+    reasons = {re.search(r"skipping \S*?([a-z]+)\.parquet", w).group(1): w.split(": ", 1)[1] for w in warnings}
+    assert reasons == {
+        "newer": f"written by a newer bamctl (schema {SCHEMA_VERSION + 1} > {SCHEMA_VERSION}); upgrade bamctl",
+        "modelless": "missing required column 'model'",
+        "foreign": "not a bamctl results file (no bamctl.schema_version in its metadata)",
+        "text": reasons["text"],
+    }
+    # pyarrow's own first line says what is wrong with it
+    assert re.fullmatch(r"unreadable Parquet \(truncated or not Parquet\): .*magic bytes.*", reasons["text"])
+    # an error without a message is named by its kind
+    def silent(path):
+        raise pa.ArrowInvalid("")
+
+    monkeypatch.setattr(pq, "ParquetFile", silent)
+    quiet, said = quiet_store(tmp_path)
+    assert quiet.read().empty
+    assert "skipping " + str(good) + ": unreadable Parquet (truncated or not Parquet): ArrowInvalid" in said
+
+
+def test_a_part_that_keeps_vanishing_is_listed_again_four_times_then_left_out(tmp_path, monkeypatch):
+    store, _ = quiet_store(tmp_path)
+    store.append([fake_row(sample=0)])
+    ghost = store.append([fake_row(sample=1)])
+    real_read = ResultStore._read_part
+    reads = []
+
+    def always_gone(self, path, columns):
+        if path == ghost:
+            reads.append(path)
+            raise FileNotFoundError(path)  # merged away by another process, each time it is listed
+        return real_read(self, path, columns)
+
+    monkeypatch.setattr(ResultStore, "_read_part", always_gone)
+    assert list(store.read()["sample"]) == [0]
+    assert len(reads) == 5  # four strict listings, then one that reads what is there
+
+
 def test_warnings_go_to_stderr(tmp_path, capsys):
     (tmp_path / "broken.parquet").write_text("x")
     assert ResultStore(tmp_path).read().empty
