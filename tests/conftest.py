@@ -1,8 +1,23 @@
 """Suite-wide set-up."""
 
 import signal
+import sys
 
 import pytest
+
+from mutation_scope import MUTATING
+
+
+@pytest.fixture(autouse=True)
+def fresh_caches_under_mutation():
+    """Under mutmut, every test starts with bamctl's caches empty (tests/mutation_scope.py)."""
+    if MUTATING:
+        for name, module in list(sys.modules.items()):
+            if name.startswith("bamctl") and module is not None:
+                for value in list(vars(module).values()):
+                    if callable(getattr(value, "cache_clear", None)) and hasattr(value, "cache_info"):
+                        value.cache_clear()
+    yield
 
 # Started as a background job of a non-interactive shell (`bash .ci/run &`), pytest inherits
 # SIGINT ignored, and so does every process a test starts: the tests that stop one with SIGINT,

@@ -17,9 +17,10 @@ from bamctl.tasks import generate_samples, plan_samples
 from bamctl.tasks.registry import GENERATORS
 from bamctl.tasks.texts import tasks_dir
 from bamctl.tokenizer import get_tokenizer
+from mutation_scope import shared_unless_mutating
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope=shared_unless_mutating)
 def model(tmp_path_factory):
     root = tmp_path_factory.mktemp("fp")
     return str(save_checkpoint(new_random_model(ModelConfig.from_preset("micro", "rope", train_length=128), 0), root / "rope"))

@@ -29,13 +29,14 @@ from bamctl.results.schema import rows_to_table
 from bamctl.results.store import ResultStore
 from bamctl.tasks import plan_samples
 from bamctl.tokenizer import get_tokenizer
+from mutation_scope import shared_unless_mutating
 from results_fakes import fake_row
 from test_fingerprints import run
 
 PASSKEY = ["--lengths", "128", "--samples", "2", "--depths", "0.5", "--json"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope=shared_unless_mutating)
 def micro(tmp_path_factory) -> str:
     model = new_random_model(ModelConfig.from_preset("micro", "bam-ssmax", train_length=128), 0)
     return str(save_checkpoint(model, tmp_path_factory.mktemp("models") / "micro"))

@@ -11,6 +11,7 @@ from bamctl.tasks.ruler import ESSAY_DEPTHS, niah_sample
 from bamctl.tasks.sample import Sample
 from bamctl.tasks.texts import ruler_words
 from bamctl.tokenizer import get_tokenizer
+from mutation_scope import shared_unless_mutating
 
 VARIANTS = [
     "niah_single_1",
@@ -48,7 +49,7 @@ def tok():
     return get_tokenizer("gpt2")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope=shared_unless_mutating)
 def samples(tok):
     """Two samples per variant at 1k and 4k."""
     return {

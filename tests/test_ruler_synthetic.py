@@ -26,6 +26,7 @@ from bamctl.tasks.common_words import cwe_sample
 from bamctl.tasks.frequent_words import fwe_sample, zeta, zipf_counts
 from bamctl.tasks.variable_tracking import rulers_example, vt_sample
 from bamctl.tokenizer import get_tokenizer
+from mutation_scope import shared_unless_mutating
 
 # RULER's constants.py, written out (vt's answer prefix as fixed upstream: "assigned").
 VT_TEMPLATE = (
@@ -57,7 +58,7 @@ def tok():
     return get_tokenizer("gpt2")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope=shared_unless_mutating)
 def samples(tok):
     """Two samples per task at 1k and 4k, and at 4k with RULER's sizing."""
     built = {}

@@ -1,0 +1,17 @@
+"""Fixture scopes that hold under mutmut (scripts/mutation.sh, docs/testing.md).
+
+mutmut counts a test as reaching a function only when that function runs inside the test. A fixture
+shared by a module's tests runs in the first of them, and a result cached by bamctl is computed in
+the first test that asks: every later test would be left out of the mutants it checks. Under mutmut
+each test therefore builds its own fixtures (this scope) and starts with bamctl's caches empty
+(tests/conftest.py).
+"""
+
+import os
+
+MUTATING = "MUTANT_UNDER_TEST" in os.environ  # mutmut sets it in every process it runs tests in
+
+
+def shared_unless_mutating(fixture_name, config) -> str:
+    """The scope of a fixture that runs bamctl's code: one per module, but one per test under mutmut."""
+    return "function" if MUTATING else "module"
