@@ -410,8 +410,8 @@ def test_each_kind_of_file_not_ours_is_skipped_with_its_own_reason(tmp_path, mon
 
 def test_a_part_that_keeps_vanishing_is_listed_again_four_times_then_left_out(tmp_path, monkeypatch):
     store, _ = quiet_store(tmp_path)
-    store.append([fake_row(sample=0)])
     ghost = store.append([fake_row(sample=1)])
+    store.append([fake_row(sample=0)])  # listed after the ghost: still read
     real_read = ResultStore._read_part
     reads = []
 
@@ -424,6 +424,16 @@ def test_a_part_that_keeps_vanishing_is_listed_again_four_times_then_left_out(tm
     monkeypatch.setattr(ResultStore, "_read_part", always_gone)
     assert list(store.read()["sample"]) == [0]
     assert len(reads) == 5  # four strict listings, then one that reads what is there
+
+
+def test_hidden_parquet_files_are_not_parts(tmp_path):
+    import shutil
+
+    store, warnings = quiet_store(tmp_path)
+    good = store.append([fake_row(sample=0)])
+    for hidden in (".copy.parquet", "_copy.parquet"):  # an editor's or a tool's, even if ours
+        shutil.copy(good, tmp_path / hidden)
+    assert store.part_files() == [good] and len(store.read()) == 1 and warnings == []
 
 
 def test_warnings_go_to_stderr(tmp_path, capsys):

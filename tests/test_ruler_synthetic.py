@@ -538,6 +538,16 @@ def test_chat_template_frames_the_task_and_the_answer_prefix_opens_the_reply(tok
         assert sample.n_tokens + sample.max_new_tokens <= 2048
 
 
+def test_a_chat_template_asked_of_a_tokenizer_without_one_is_one_clear_error(tok):
+    from bamctl.tasks.ruler import chat_frame
+
+    for task in ("niah_single_1", "vt"):
+        with pytest.raises(BamctlError, match="^--chat-template: tokenizer gpt2 has no chat template$"):
+            list(generate_samples(task, [1024], 1, 0, tok, chat_template=True))
+    with pytest.raises(BamctlError, match="^--chat-template: tokenizer gpt2 has no chat template$"):
+        chat_frame(tok)
+
+
 @pytest.mark.parametrize("task", TASKS)
 def test_samples_are_pure_functions_of_identity(tok, task):
     (alone,) = generate_samples(task, [2048], 1, 5, tok)
