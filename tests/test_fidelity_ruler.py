@@ -15,7 +15,7 @@ import pytest
 
 from bamctl.tasks import generate_samples, get_task
 from bamctl.tasks.passkey import FILLER
-from bamctl.tasks.ruler import ANSWER_PREFIX_SINGULAR, NiahSpec, niah_draw, placement_rng
+from bamctl.tasks.ruler import ANSWER_PREFIX_SINGULAR, NiahSpec, niah_draw, placement_rng, ruler_increment
 from bamctl.tasks.texts import shipped_corpus
 from bamctl.tokenizer import get_tokenizer
 
@@ -211,13 +211,22 @@ def _ruler_units(tok, task: str, length: int, sample, sent_tokenize) -> int:
     return used
 
 
-@pytest.mark.parametrize("task, length", [("niah_single_1", 2048), ("niah_single_2", 4096)])
+@pytest.mark.parametrize("task, length", [("niah_single_1", 2048), ("niah_single_1", 4096), ("niah_single_2", 4096)])
 def test_ruler_sizing_is_rulers_search_and_retries(tok, sent_tokenize, task, length):
     for sample in generate_samples(task, [length], 2, 0, tok, sizing="ruler"):
         assert sample.prompt == ruler_prompt(NiahSpec(**get_task(task).args), get_task(task).slot(
             length=length, depth=None, seed=sample.seed, index=sample.index), sample.meta["haystack_units"], sent_tokenize)
         assert sample.meta["haystack_units"] == _ruler_units(tok, task, length, sample, sent_tokenize)
         assert sample.n_tokens + 128 <= length
+
+
+def test_rulers_steps_are_500_essay_words_else_25_lines_or_5_below_4096_tokens():
+    """RULER's niah.py, restated: ``incremental = 500 if essay else 25``, and 5 where
+    ``max_seq_length < 4096`` and the haystack is not the essay. A sample's retries step down by it,
+    which two samples rarely reach, so the rule is held to here on its own."""
+    assert [ruler_increment("essay", n) for n in (1024, 4095, 4096, 65536)] == [500] * 4
+    for haystack in ("noise", "needle"):
+        assert [ruler_increment(haystack, n) for n in (1024, 4095, 4096, 65536)] == [5, 5, 25, 25]
 
 
 def test_ruler_sizing_is_often_shorter_than_exact(tok):

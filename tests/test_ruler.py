@@ -168,6 +168,21 @@ def test_depths_place_a_single_needle(tok):
     assert low.needle_positions[0] < 40 < 4000 - 200 < high.needle_positions[0]
 
 
+def test_essay_needles_stand_where_their_depth_says(tok, samples):
+    for sample in samples["niah_single_2", 4096]:  # depths drawn: the first needle's is the row's
+        assert sample.needle_depth == sample.meta["depths"][0] / 100
+    needle = "One of the special magic numbers for"
+    at = generate_samples("niah_single_2", [4096], 1, 0, tok, [0.0, 0.5, 1.0])
+    for sample, depth in zip(at, (0.0, 0.5, 1.0)):
+        assert sample.depth == sample.needle_depth == depth and sample.meta["depths"] == [depth * 100]
+        (position,) = sample.needle_positions
+        assert tok.decode(sample.input_ids[position:]).lstrip().startswith(needle)
+        context = tok.decode(sample.input_ids).split(needle)
+        assert len(context) == 2  # one needle, before sentence int(count * depth), RULER's cut
+        share = position / sample.n_tokens
+        assert {0.0: share < 0.05, 0.5: 0.4 < share < 0.6, 1.0: share > 0.9}[depth], (depth, share)
+
+
 def test_essay_corpus_holds_128k_tokens_before_repeating(tok):
     haystack = essay_haystack(tok)
     assert haystack.estimate_tokens(haystack.size) >= 131072
