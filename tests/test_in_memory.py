@@ -151,6 +151,8 @@ def test_a_hugging_face_model_in_memory_is_named_by_where_it_came_from_and_needs
     assert peek.max_length == model.config.max_position_embeddings
     model.config._name_or_path = str(folder) + "/"  # a folder's path as typed, with its slash
     assert in_memory(model, tokenizer).name == "in-memory-llama-tiny"
+    model.config._name_or_path = str(tmp_path / "MODEL-X")  # only slashes are stripped
+    assert in_memory(model, tokenizer).name == "in-memory-MODEL-X"
     # where it was loaded from is not what it computes: the same weights from another folder are one model
     model.config._name_or_path = str(folder)
     moved = AutoModelForCausalLM.from_pretrained(folder)
@@ -220,6 +222,11 @@ def test_a_plain_module_opens_as_itself_where_it_lives_and_as_a_cast_copy_otherw
     try:  # its own device and dtype: the caller's module itself, under the name it was given
         assert backend.model is module and (backend.device, backend.dtype) == ("cpu", "float32")
         assert backend.info.name == "mine" and backend.info.train_length == 32
+    finally:
+        backend.close()
+    backend = held.open(RunOptions(dtype="auto"))  # float32 on a CPU: still the module itself
+    try:
+        assert backend.model is module
     finally:
         backend.close()
     before = state_digest(module)
