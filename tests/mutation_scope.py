@@ -15,3 +15,16 @@ MUTATING = "MUTANT_UNDER_TEST" in os.environ  # mutmut sets it in every process 
 def shared_unless_mutating(fixture_name, config) -> str:
     """The scope of a fixture that runs bamctl's code: one per module, but one per test under mutmut."""
     return "function" if MUTATING else "module"
+
+
+class Built(dict):
+    """Values made on first use by ``make(key)``, then kept: a test builds only what it reads, which
+    keeps a per-test fixture (under mutmut) from building every sample for every test."""
+
+    def __init__(self, make):
+        super().__init__()
+        self.make = make
+
+    def __missing__(self, key):
+        self[key] = value = self.make(key)
+        return value

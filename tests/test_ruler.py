@@ -11,7 +11,7 @@ from bamctl.tasks.ruler import ESSAY_DEPTHS, niah_sample
 from bamctl.tasks.sample import Sample
 from bamctl.tasks.texts import ruler_words
 from bamctl.tokenizer import get_tokenizer
-from mutation_scope import shared_unless_mutating
+from mutation_scope import Built, shared_unless_mutating
 
 VARIANTS = [
     "niah_single_1",
@@ -51,12 +51,8 @@ def tok():
 
 @pytest.fixture(scope=shared_unless_mutating)
 def samples(tok):
-    """Two samples per variant at 1k and 4k."""
-    return {
-        (variant, length): list(generate_samples(variant, [length], 2, 3, tok))
-        for variant in VARIANTS
-        for length in (1024, 4096)
-    }
+    """Two samples per variant at a length: ``samples[variant, 1024]``, made when first read."""
+    return Built(lambda key: list(generate_samples(key[0], [key[1]], 2, 3, tok)))
 
 
 def _matches(kind: str, text: str) -> bool:

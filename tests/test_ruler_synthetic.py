@@ -26,7 +26,7 @@ from bamctl.tasks.common_words import cwe_sample
 from bamctl.tasks.frequent_words import fwe_sample, zeta, zipf_counts
 from bamctl.tasks.variable_tracking import rulers_example, vt_sample
 from bamctl.tokenizer import get_tokenizer
-from mutation_scope import shared_unless_mutating
+from mutation_scope import Built, shared_unless_mutating
 
 # RULER's constants.py, written out (vt's answer prefix as fixed upstream: "assigned").
 VT_TEMPLATE = (
@@ -60,13 +60,15 @@ def tok():
 
 @pytest.fixture(scope=shared_unless_mutating)
 def samples(tok):
-    """Two samples per task at 1k and 4k, and at 4k with RULER's sizing."""
-    built = {}
-    for task in TASKS:
-        for length in (1024, 4096):
-            built[task, length] = list(generate_samples(task, [length], 2, 0, tok))
-        built[task, "ruler"] = list(generate_samples(task, [4096], 2, 0, tok, sizing="ruler"))
-    return built
+    """Two samples per task at a length, ``samples[task, 1024]``, or at 4k with RULER's sizing,
+    ``samples[task, "ruler"]``: made when first read."""
+    def make(key):
+        task, length = key
+        if length == "ruler":
+            return list(generate_samples(task, [4096], 2, 0, tok, sizing="ruler"))
+        return list(generate_samples(task, [length], 2, 0, tok))
+
+    return Built(make)
 
 
 def _split(template: str) -> tuple[str, str]:
