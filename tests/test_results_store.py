@@ -436,6 +436,15 @@ def test_hidden_parquet_files_are_not_parts(tmp_path):
     assert store.part_files() == [good] and len(store.read()) == 1 and warnings == []
 
 
+def test_done_requests_tell_a_row_a_server_read_at_another_length(tmp_path):
+    store, _ = quiet_store(tmp_path)
+    rows = [{**fake_row(sample=s), "served_token_gap": gap} for s, gap in ((0, None), (1, 0), (2, -3))]
+    store.append(rows)
+    done = store.done_requests()
+    assert [done[row_key(row)].unread for row in rows] == [False, False, True]
+    assert done[row_key(rows[2])].request_digest == rows[2]["request_digest"]
+
+
 def test_warnings_go_to_stderr(tmp_path, capsys):
     (tmp_path / "broken.parquet").write_text("x")
     assert ResultStore(tmp_path).read().empty
