@@ -179,6 +179,34 @@ def test_essay_needles_stand_where_their_depth_says(tok, samples):
         assert {0.0: share < 0.05, 0.5: 0.4 < share < 0.6, 1.0: share > 0.9}[depth], (depth, share)
 
 
+def test_contexts_say_where_each_needle_starts_to_the_character(tok):
+    import random
+
+    from bamctl.tasks.haystacks import essay_haystack
+    from bamctl.tasks.ruler import essay_context_at, line_context
+
+    needles = ["One of the special magic numbers for a is: 1.", "One of the special magic numbers for b is: 2."]
+    contexts = [essay_context_at(essay_haystack(tok), needles, 600, [0.0, 40.0], 0.0),
+                essay_context_at(essay_haystack(tok), needles, 600, [25.0, 100.0], 0.25),
+                line_context(["x" * 7, "yy", "z" * 5, "w"], needles, random.Random(0), None),
+                line_context(["x" * 7, "yy", "z" * 5, "w"], needles[:1], random.Random(0), 0.0)]
+    for context in contexts:
+        assert [context.text[at:at + len(n)] for at, n in zip(context.needle_chars, needles)] == needles[:len(context.needle_chars)]
+
+
+def test_numbers_are_rulers_seven_digits_from_one_million_to_9999999():
+    from bamctl.tasks.ruler import random_number
+
+    class Edge:  # an rng that draws one end of the range it is asked for
+        def __init__(self, top):
+            self.top = top
+
+        def randint(self, low, high):
+            return high if self.top else low
+
+    assert (random_number(Edge(False)), random_number(Edge(True))) == ("1000000", "9999999")
+
+
 def test_essay_corpus_holds_128k_tokens_before_repeating(tok):
     haystack = essay_haystack(tok)
     assert haystack.estimate_tokens(haystack.size) >= 131072
