@@ -7,6 +7,12 @@ import pytest
 
 from mutation_scope import MUTATING
 
+# Started as a background job of a non-interactive shell (`bash .ci/run &`), pytest inherits
+# SIGINT ignored, and so does every process a test starts: the tests that stop one with SIGINT,
+# as a user's Ctrl-C does, would see it run to its end. SIGINT gets Python's handler back.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 @pytest.fixture(autouse=True)
 def fresh_caches_under_mutation():
@@ -18,12 +24,6 @@ def fresh_caches_under_mutation():
                     if callable(getattr(value, "cache_clear", None)) and hasattr(value, "cache_info"):
                         value.cache_clear()
     yield
-
-# Started as a background job of a non-interactive shell (`bash .ci/run &`), pytest inherits
-# SIGINT ignored, and so does every process a test starts: the tests that stop one with SIGINT,
-# as a user's Ctrl-C does, would see it run to its end. SIGINT gets Python's handler back.
-if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
-    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session", autouse=True)

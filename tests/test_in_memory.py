@@ -5,6 +5,7 @@ tests/test_api.py's and tests/test_own_model.py's."""
 from __future__ import annotations
 
 import copy
+from contextlib import closing
 
 import pytest
 import torch
@@ -29,6 +30,17 @@ class Pair(torch.nn.Module):
         super().__init__()
         for name, tensor in zip(names, (first, second)):
             self.register_parameter(name, torch.nn.Parameter(tensor, requires_grad=tensor.is_floating_point()))
+
+
+class Plain(torch.nn.Module):
+    """A plain module over GPT-2's vocabulary: logits from a tied 4-wide embedding."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(50257, 4)
+
+    def forward(self, ids):
+        return self.embed(ids) @ self.embed.weight.T
 
 
 def test_the_state_digest_is_every_tensors_name_dtype_shape_and_bytes():
@@ -96,11 +108,8 @@ def test_a_model_runs_where_it_lives_and_on_a_copy_anywhere_else():
     other = held._module_for(torch.device("cpu"), torch.bfloat16)
     assert other is not model and own_dtype(model) == "float32"  # the caller's weights are never cast
     before = state_digest(model)
-    backend = held.open(RunOptions(dtype="bfloat16"))
-    try:
+    with closing(held.open(RunOptions(dtype="bfloat16"))) as backend:
         assert state_digest(model) == before and own_dtype(model) == "float32"
-    finally:
-        backend.close()
 
 
 def test_a_transformer_in_memory_is_named_by_its_label_and_identified_by_its_weights():
@@ -113,15 +122,13 @@ def test_a_transformer_in_memory_is_named_by_its_label_and_identified_by_its_wei
     assert in_memory(model, name="step-100").name == "step-100"
     peek = held.peek(RunOptions())
     assert (peek.train_length, peek.tokenizer, peek.token_subset) == (64, "gpt2", frozenset(range(39)))
-    with pytest.raises(BamctlError, match="^a bamctl Transformer takes the tokenizer its config names; pass no tokenizer$"):
+    with pytest.raises(BamctlError,
+                       match="^a bamctl Transformer takes the tokenizer its config names; pass no tokenizer$"):
         in_memory(model, tokenizer=object())
     hashes = []
     for module in (model, copy.deepcopy(model), micro_transformer(seed=1)):
-        backend = in_memory(module).open(RunOptions())
-        try:
+        with closing(in_memory(module).open(RunOptions())) as backend:
             hashes.append(backend.info.model_hash)
-        finally:
-            backend.close()
     assert hashes[0] == hashes[1] == model_identity(state_digest(model), model.config) != hashes[2]
 
 
@@ -159,37 +166,24 @@ def test_a_hugging_face_model_in_memory_is_named_by_where_it_came_from_and_needs
     moved.config._name_or_path = str(tmp_path / "elsewhere")
     hashes = []
     for module in (model, moved):
-        backend = in_memory(module, tokenizer).open(RunOptions())
-        try:
+        with closing(in_memory(module, tokenizer).open(RunOptions())) as backend:
             hashes.append(backend.info.model_hash)
-        finally:
-            backend.close()
     assert hashes[0] == hashes[1]
     with torch.no_grad():
         next(moved.parameters()).add_(1.0)
-    backend = in_memory(moved, tokenizer).open(RunOptions())
-    try:
+    with closing(in_memory(moved, tokenizer).open(RunOptions())) as backend:
         assert backend.info.model_hash != hashes[0]
-    finally:
-        backend.close()
 
 
 def test_a_plain_module_is_taken_with_its_tokenizer_and_anything_else_is_refused():
     from own_models import gpt2_encoding
 
-    class Plain(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.embed = torch.nn.Embedding(50257, 4)
-
-        def forward(self, ids):
-            return self.embed(ids) @ self.embed.weight.T
-
     held = in_memory({"model": Plain(), "tokenizer": gpt2_encoding(), "train_length": 32})
     assert isinstance(held, ModuleInMemory) and held.name == "in-memory-Plain"
     assert held.peek(RunOptions()).train_length == 32
-    with pytest.raises(BamctlError, match=r"^cannot evaluate a int: give a model reference \(a catalog name, folder or "
-                                          r"PREFIX:PATH\), a torch.nn.Module with its tokenizer, or a bamctl Transformer$"):
+    with pytest.raises(BamctlError, match=r"^cannot evaluate a int: give a model reference \(a catalog name, "
+                                          r"folder or PREFIX:PATH\), a torch.nn.Module with its tokenizer, or a "
+                                          r"bamctl Transformer$"):
         in_memory(3)
     # a module and its tokenizer side by side, as a dict gives them; the dict's own name where none is asked
     encoding = gpt2_encoding()
@@ -207,36 +201,21 @@ def test_a_plain_module_is_taken_with_its_tokenizer_and_anything_else_is_refused
 def test_a_plain_module_opens_as_itself_where_it_lives_and_as_a_cast_copy_otherwise():
     from own_models import gpt2_encoding
 
-    class Plain(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.embed = torch.nn.Embedding(50257, 4)
-
-        def forward(self, ids):
-            return self.embed(ids) @ self.embed.weight.T
-
     torch.manual_seed(0)
     module = Plain()
     held = in_memory({"model": module, "tokenizer": gpt2_encoding(), "train_length": 32}, name="mine")
-    backend = held.open(RunOptions())
-    try:  # its own device and dtype: the caller's module itself, under the name it was given
+    # its own device and dtype: the caller's module itself, under the name it was given
+    with closing(held.open(RunOptions())) as backend:
         assert backend.model is module and (backend.device, backend.dtype) == ("cpu", "float32")
         assert backend.info.name == "mine" and backend.info.train_length == 32
-    finally:
-        backend.close()
-    backend = held.open(RunOptions(dtype="auto"))  # float32 on a CPU: still the module itself
-    try:
+    with closing(held.open(RunOptions(dtype="auto"))) as backend:  # float32 on a CPU: still the module itself
         assert backend.model is module
-    finally:
-        backend.close()
     before = state_digest(module)
-    backend = held.open(RunOptions(dtype="bfloat16"))
-    try:  # another dtype: a copy is cast, the caller's weights stay as they were
+    # another dtype: a copy is cast, the caller's weights stay as they were
+    with closing(held.open(RunOptions(dtype="bfloat16"))) as backend:
         assert backend.model is not module and backend.dtype == "bfloat16"
         assert own_dtype(backend.model) == "bfloat16" and own_dtype(module) == "float32"
         assert state_digest(module) == before
-    finally:
-        backend.close()
 
 
 def test_an_option_a_kind_cannot_honour_is_refused_naming_that_kind(tmp_path):
@@ -255,11 +234,8 @@ def test_a_transformer_in_memory_opens_as_itself_under_its_name():
     model = micro_transformer()
     held = in_memory(model, name="step-7")
     for asked in (RunOptions(), RunOptions(device="cpu", dtype="auto")):  # auto is float32 on a CPU
-        backend = held.open(asked)
-        try:
+        with closing(held.open(asked)) as backend:
             assert backend.checkpoint.model is model and backend.info.name == "step-7"
-        finally:
-            backend.close()
     whole = Transformer(ModelConfig.from_preset("micro", "bam", train_length=64))  # every token of its vocabulary
     assert whole.config.token_subset is None and in_memory(whole).peek(RunOptions()).token_subset is None
 
@@ -273,24 +249,21 @@ def test_a_hugging_face_model_in_memory_opens_as_itself_identified_with_its_gene
     model = AutoModelForCausalLM.from_pretrained(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     held = in_memory(model, tokenizer, name="mine")
-    with pytest.raises(BamctlError, match="^--base-url does not apply to a Hugging Face model in memory$"):
-        held.peek(RunOptions(base_url="http://127.0.0.1:1/v1"))
-    with pytest.raises(BamctlError, match="^--base-url does not apply to a Hugging Face model in memory$"):
-        held.open(RunOptions(base_url="http://127.0.0.1:1/v1"))
+    for call in (held.peek, held.open):
+        with pytest.raises(BamctlError, match="^--base-url does not apply to a Hugging Face model in memory$"):
+            call(RunOptions(base_url="http://127.0.0.1:1/v1"))
     limit = model.config.max_position_embeddings
     assert held.peek(RunOptions()).train_length == limit
     rope = getattr(model.config, "rope_parameters", None)
-    model.config.rope_parameters = {"rope_type": "linear", "factor": 4.0, "original_max_position_embeddings": limit // 4}
+    model.config.rope_parameters = {"rope_type": "linear", "factor": 4.0,
+                                    "original_max_position_embeddings": limit // 4}
     assert held.peek(RunOptions()).train_length == limit // 4  # a RoPE-scaled model's trained length
     model.config.rope_parameters = rope
     hashes = []
     for asked in (RunOptions(), RunOptions(dtype="auto")):
-        backend = held.open(asked)
-        try:
+        with closing(held.open(asked)) as backend:
             assert backend.model is model and backend.info.name == "mine" and backend.tokenizer.name == "mine"
             hashes.append(backend.info.model_hash)
-        finally:
-            backend.close()
     assert hashes[0] == hashes[1]
     # restated from the module's docstring: the hash of its weights, its config less where it was
     # loaded from, and its generation config (this proves agreement with that statement only)
@@ -302,17 +275,11 @@ def test_a_hugging_face_model_in_memory_opens_as_itself_identified_with_its_gene
                                 "generation": model.generation_config.to_dict()})
     # the generation config decides where a generated answer stops: another one is another model
     model.generation_config.eos_token_id = 7
-    backend = held.open(RunOptions())
-    try:
+    with closing(held.open(RunOptions())) as backend:
         assert backend.info.model_hash != hashes[0]
-    finally:
-        backend.close()
     model.generation_config = None  # a model that has none
-    backend = held.open(RunOptions())
-    try:
+    with closing(held.open(RunOptions())) as backend:
         assert backend.info.model_hash not in hashes
-    finally:
-        backend.close()
 
 
 def test_a_plain_module_without_its_trained_length_is_refused_under_its_name():
