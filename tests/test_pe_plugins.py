@@ -4,6 +4,7 @@ checkpoint; held to the zoo's own ALiBi where the example restates it."""
 
 from __future__ import annotations
 
+import math
 import shutil
 import textwrap
 from pathlib import Path
@@ -541,3 +542,73 @@ def test_the_docs_two_commands_train_a_plugin_and_compare_it_beside_the_nine(tmp
     rows = pd.read_parquet(tmp_path / "results")
     assert set(rows["model"]) >= {"bam-ssmax", "nope", "sinusoidal", "rope", "alibi", "bam", "nope-ssmax", "rope-ssmax", "alibi-ssmax"}
     assert len(set(rows["model"])) == 10 and len(rows) == 10 * 5  # the plugin's rows beside the nine's, 5 depths each
+
+
+class _Given:
+    """A content prior of one kind (``hook``), recording what the dense reference hands it, as
+    docs/positional-plugins.md's table documents each kind's arguments; its bias is 0."""
+
+    content_dependent = True
+
+    def __init__(self, hook: str):
+        self.seen = {}
+        setattr(self, hook, getattr(self, f"_{hook}"))
+
+    def _pair_bias(self, q, k, q_positions):
+        self.seen.update(q=q, k=k, q_positions=q_positions)
+        return lambda score, b, h, i, j: score * 0
+
+    def _score_mod(self, score, b, h, i, j):
+        self.seen.update(b=b, h=h, i=i, j=j)
+        return score
+
+    def _content_scan(self, q, scores, q_positions, k_positions, carry):
+        self.seen.update(q=q, scores=scores, q_positions=q_positions, k_positions=k_positions, carry=carry)
+        return scores.nan_to_num(0.0, 0.0, 0.0) * 0, None
+
+    def _content_bias(self, q, scores, q_positions, k_positions):
+        self.seen.update(q=q, scores=scores, q_positions=q_positions, k_positions=k_positions)
+        return scores.nan_to_num(0.0, 0.0, 0.0) * 0
+
+
+@pytest.mark.parametrize("hook", ["pair_bias", "score_mod", "content_scan", "content_bias"])
+def test_each_content_hook_is_given_the_queries_keys_positions_and_indices_its_kind_documents(hook):
+    """Queries 6..9 of a chunk against keys 0..9, a batch of 2 and 3 heads: a pair bias gets the chunk's
+    queries, every key and the queries' positions; a score_mod FlexAttention's broadcasting index grids
+    (batch, head, query position, key position); a scan one block of every key, nearest first (scores and
+    key positions reversed) and no carry; a whole-row bias the scores and positions in order."""
+    from bamctl.attention_math import AttentionInputs, attention_weights, depends_on_content, gives_bias
+
+    generator = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 3, 4, 8, generator=generator), torch.randn(2, 3, 10, 8, generator=generator)
+    prior = _Given(hook)
+    assert depends_on_content(prior) and gives_bias(prior)  # by its flag, whichever hook it has
+    weights = attention_weights(q, k, AttentionInputs(q_start=6, bias_table=None, ssmax_scale=None, content_prior=prior))
+    queries, keys = torch.arange(6, 10), torch.arange(10)
+    scores = ((q @ k.transpose(-1, -2)) / math.sqrt(8)).masked_fill(queries[:, None] < keys[None, :], float("-inf"))
+    assert torch.allclose(weights, torch.softmax(scores, -1))  # a zero bias: plain causal attention
+    seen = prior.seen
+    if hook == "pair_bias":
+        assert torch.equal(seen["q"], q) and torch.equal(seen["k"], k) and torch.equal(seen["q_positions"], queries)
+    elif hook == "score_mod":
+        for grid, wanted in (("b", torch.arange(2)[:, None, None, None]), ("h", torch.arange(3)[None, :, None, None]),
+                             ("i", queries[None, None, :, None]), ("j", keys[None, None, None, :])):
+            assert torch.equal(seen[grid], wanted), grid
+    else:
+        order = (lambda t: t.flip(-1)) if hook == "content_scan" else (lambda t: t)
+        assert torch.equal(seen["q"], q) and torch.equal(seen["q_positions"], queries)
+        assert torch.equal(seen["k_positions"], order(keys))
+        assert torch.allclose(seen["scores"], order(scores), equal_nan=True)
+        assert seen.get("carry", None) is None
+
+
+def test_a_prior_without_the_flag_or_a_score_mod_does_not_read_the_content():
+    from bamctl.attention_math import depends_on_content
+
+    class Plain:
+        content_dependent = False
+
+        def content_bias(self, q, scores, q_positions, k_positions):
+            return scores * 0
+
+    assert not depends_on_content(Plain())
