@@ -47,3 +47,37 @@ def test_a_length_past_the_models_positions_names_the_longest_that_fits(tmp_path
     assert code == 0, err  # the length it names runs
     code, err = _run(tmp_path, capsys, task, reference, fits + 1)
     assert code == 2 and f"the longest --lengths that fits is {fits}" in err, err  # and is the longest
+
+
+@pytest.mark.parametrize("prefix,prompt,targets,limit,dropped", [
+    (1, 9, 1, 10, 0),     # a one-token answer is only predicted: BOS + prompt is all that is fed, and it fits
+    (1, 9, 2, 10, 1),     # the first of two answer tokens is fed: one prompt token makes room for it
+    (1, 9, 5, 100, 0),    # well within the limit: nothing left out
+    (1, 9, 5, None, 0),   # no limit
+    (1, 12, 3, 10, 0),    # the prompt alone is past the limit: nothing left out, --beyond-max decides
+    (0, 10, 3, 10, 2),    # no BOS: the two answer tokens fed take the prompt's first two
+])
+def test_teacher_forcing_leaves_out_the_prompts_first_tokens_only_when_the_fed_answer_takes_it_past_the_limit(
+        prefix, prompt, targets, limit, dropped):
+    """LengthPolicy.continuation_fitting's rule, restated from its docstring: what is fed is the prefix,
+    the prompt and every answer token but the last; past the limit, and only when the prompt itself fits,
+    that many of the prompt's first tokens are left out."""
+    from bamctl.backends.base import Fitting
+    from bamctl.backends.hf_common import LengthPolicy
+
+    policy = LengthPolicy("m", limit, "warn")  # past the limit: warn and run
+    assert policy.continuation_fitting(prefix, prompt, targets) == Fitting(bos=prefix > 0, dropped=dropped)
+    bos = list(range(100, 100 + prefix))
+    assert policy.fit(bos, list(range(prompt)), [7] * targets) == bos + list(range(dropped, prompt)) + [7] * (targets - 1)
+
+
+@pytest.mark.parametrize("bos,leading,wanted", [("auto", [1], [1, 5, 6]), ("auto", [], [5, 6]), ("always", [], [9, 5, 6]),
+                                                ("never", [1], [5, 6])])
+def test_a_prompt_is_fed_after_the_bos_the_option_asks_for(bos, leading, wanted):
+    from types import SimpleNamespace
+
+    from bamctl.backends.hf_common import RequestShaper
+
+    tokenizer = SimpleNamespace(name="t", has_chat_template=False, bos_id=9, leading_special_ids=leading)
+    shaper = RequestShaper(tokenizer, chat_template=False, bos=bos)
+    assert shaper.prompt((5, 6)) == wanted and shaper.bos_for("teacher_forced") == (wanted[0] in (1, 9))
