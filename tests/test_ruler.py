@@ -270,3 +270,35 @@ def test_an_unknown_metric_is_refused_with_the_close_names():
 
     with pytest.raises(BamctlError, match=r"^unknown metric 'passkey_exac'; did you mean passkey_exact"):
         score("passkey_exac", [], _nll_sample())
+
+
+def test_a_key_drawn_twice_is_drawn_again_from_the_same_rng_as_ruler_does():
+    """RULER draws keys until each is new (its ``while key in keys``): a number drawn a second time
+    is replaced by the rng's next draw, never kept twice or left empty. The rng here returns the first
+    key again when the second is drawn (its draws: key, value, the same key), then draws as seeded."""
+    import random
+
+    from bamctl.tasks.ruler import NiahSpec, draw_needles
+
+    class DrawsTheFirstKeyTwice(random.Random):
+        def __init__(self, seed: int):
+            super().__init__(seed)
+            self.script = [1234567, 2345678, 1234567]
+
+        def randint(self, a, b):
+            return self.script.pop(0) if self.script else super().randint(a, b)
+
+    draw = draw_needles(NiahSpec("noise", "numbers", "numbers", num_keys=2), DrawsTheFirstKeyTwice(5))
+    seeded = random.Random(5)
+    redrawn = str(seeded.randint(10**6, 10**7 - 1))
+    assert draw.keys == ["1234567", redrawn]
+    assert draw.values == [["2345678"], [str(seeded.randint(10**6, 10**7 - 1))]]
+
+
+def test_a_niah_task_that_names_no_counts_hides_one_key_with_one_value(tok):
+    """A task file's ``args`` may leave out num_keys, num_values and num_queries: the generator then
+    hides one needle, one key with one value, as RULER's single variants do."""
+    slot = get_task("niah_single_1").slot(length=1024, depth=None, seed=3, index=0)
+    sample = niah_sample(slot=slot, tokenizer=tok, haystack="noise", key_type="words", value_type="numbers")
+    assert len(sample.meta["keys"]) == 1 and len(sample.meta["queries"]) == 1 and len(sample.answers) == 1
+    assert len(sample.needle_positions) == 1 and sample.prompt.count("One of the special magic numbers for") == 1
