@@ -166,10 +166,11 @@ RULER_TEMPLATE = (
 RULER_DEPTHS = list(np.round(np.linspace(0, 100, num=40, endpoint=True)).astype(int))
 
 
-def ruler_prompt(spec, slot, n_units: int, sent_tokenize) -> str:
+def ruler_prompt(spec, slot, n_units: int, sent_tokenize, essays: str | None = None) -> str:
     """RULER's NIAH prompt at ``n_units`` (template, haystack, answer prefix), built here; bamctl gives
     only the sample's random draws (keys, values, shuffled needles, queries, and the generator that
-    places the needles at that size), as both sides were fed identical draws when compared."""
+    places the needles at that size), as both sides were fed identical draws when compared.
+    ``essays``: the text of a user's haystack file, instead of the shipped essays."""
     draw = niah_draw(slot, spec)
     template, type_v = RULER_TEMPLATE, spec.value_type
     if spec.num_queries * spec.num_values == 1:
@@ -179,7 +180,7 @@ def ruler_prompt(spec, slot, n_units: int, sent_tokenize) -> str:
     query = ", ".join(queries[:-1]) + ", and " + queries[-1] if len(queries) > 1 else queries[0]
     rng = placement_rng(slot, n_units)
     if spec.haystack == "essay":
-        words = ruler_haystack_words(shipped_corpus("essays").text)
+        words = ruler_haystack_words(shipped_corpus("essays").text if essays is None else essays)
         context = ruler_essay_context(words, n_units, draw.needles, rng.sample(RULER_DEPTHS, len(draw.needles)), sent_tokenize)
     else:  # noise: RULER's "repeat" haystack, needles inserted at sampled line indexes
         lines = [FILLER] * n_units
@@ -189,14 +190,14 @@ def ruler_prompt(spec, slot, n_units: int, sent_tokenize) -> str:
     return template.format(type_needle_v=type_v, query=query, context=context)
 
 
-def _ruler_units(tok, task: str, length: int, sample, sent_tokenize) -> int:
+def _ruler_units(tok, task: str, length: int, sample, sent_tokenize, essays: str | None = None) -> int:
     """RULER's sizing (niah.py): binary search once per length, then steps of 500 words or 25 lines
     (5 below 4096 tokens) fewer per sample until prompt plus 128 tokens fit."""
     spec = NiahSpec(**get_task(task).args)
     step = 500 if spec.haystack == "essay" else (5 if length < 4096 else 25)
 
     def total(slot, n):
-        return len(tok.encode(ruler_prompt(spec, slot, n, sent_tokenize))) + 128
+        return len(tok.encode(ruler_prompt(spec, slot, n, sent_tokenize, essays))) + 128
 
     probe = get_task(task).slot(length=length, depth=None, seed=sample.seed, index=-1)
     per_unit = (total(probe, step) - 128) / step
@@ -218,6 +219,19 @@ def test_ruler_sizing_is_rulers_search_and_retries(tok, sent_tokenize, task, len
             length=length, depth=None, seed=sample.seed, index=sample.index), sample.meta["haystack_units"], sent_tokenize)
         assert sample.meta["haystack_units"] == _ruler_units(tok, task, length, sample, sent_tokenize)
         assert sample.n_tokens + 128 <= length
+
+
+def test_ruler_sizing_searches_the_users_haystack_and_searches_again_when_the_file_changes(tok, sent_tokenize, tmp_path):
+    """--haystack FILE with --sizing ruler: RULER's search runs over that file's words, and over its new
+    words when the file changes between two runs in one process (the search is kept per file contents):
+    short words, then words of many tokens each, at one path."""
+    path = tmp_path / "essays.txt"
+    for sentence in ("Zebras graze near the river.", "Photosynthetic microorganisms metabolize atmospheric nitrogen."):
+        path.write_text(" ".join([sentence] * 2000))
+        for sample in generate_samples("niah_single_2", [4096], 1, 0, tok, sizing="ruler", haystack_path=str(path)):
+            assert sample.meta["haystack_units"] == _ruler_units(tok, "niah_single_2", 4096, sample, sent_tokenize,
+                                                                 path.read_text())
+            assert sample.n_tokens + 128 <= 4096
 
 
 def test_rulers_steps_are_500_essay_words_else_25_lines_or_5_below_4096_tokens():

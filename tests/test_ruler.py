@@ -302,3 +302,12 @@ def test_a_niah_task_that_names_no_counts_hides_one_key_with_one_value(tok):
     sample = niah_sample(slot=slot, tokenizer=tok, haystack="noise", key_type="words", value_type="numbers")
     assert len(sample.meta["keys"]) == 1 and len(sample.meta["queries"]) == 1 and len(sample.answers) == 1
     assert len(sample.needle_positions) == 1 and sample.prompt.count("One of the special magic numbers for") == 1
+
+
+def test_a_length_too_short_for_a_needle_without_haystack_says_so(tok):
+    """Exact sizing refuses a length whose prompt has no room even without haystack, and names it so."""
+    from bamctl.errors import BamctlError
+
+    with pytest.raises(BamctlError, match=r"^length 100 is too short for niah_single_1: the prompt without haystack "
+                                          r"already needs \d+ tokens besides the 128-token answer budget$"):
+        list(generate_samples("niah_single_1", [100], 1, 0, tok))
