@@ -311,3 +311,27 @@ def test_a_length_too_short_for_a_needle_without_haystack_says_so(tok):
     with pytest.raises(BamctlError, match=r"^length 100 is too short for niah_single_1: the prompt without haystack "
                                           r"already needs \d+ tokens besides the 128-token answer budget$"):
         list(generate_samples("niah_single_1", [100], 1, 0, tok))
+
+
+def test_a_sample_records_its_haystack_and_its_needle_depth_to_six_decimals(tok):
+    """docs/SCHEMA.md's needle_depth, to six decimals (18 of 31 noise lines: 0.580645); the meta names
+    the haystack, and only an essay haystack lists the depths its needles were drawn at."""
+    samples = {}
+    for task, length in (("niah_single_1", 1000), ("niah_single_2", 1024)):
+        spec = get_task(task)
+        samples[task] = niah_sample(slot=spec.slot(length=length, depth=None, seed=0, index=0), tokenizer=tok, **spec.args)
+        assert samples[task].meta["haystack"] == spec.args["haystack"]
+        assert ("depths" in samples[task].meta) == (spec.args["haystack"] == "essay")
+    lines = samples["niah_single_1"]
+    assert lines.meta["haystack_units"] == 31 and lines.needle_depth == 0.580645
+
+
+def test_an_unknown_haystack_and_depths_for_several_needles_are_refused_by_name(tok):
+    from bamctl.errors import BamctlError
+    from bamctl.tasks.ruler import NiahSpec
+
+    with pytest.raises(BamctlError, match=r"^unknown haystack 'hay'; known: noise, essay, needle$"):
+        NiahSpec("hay", "words", "numbers")
+    spec = get_task("niah_multikey_1")
+    with pytest.raises(BamctlError, match=r"^--depths places a single needle; niah_multikey_1 hides 4$"):
+        niah_sample(slot=spec.slot(length=1024, depth=0.5, seed=0, index=0), tokenizer=tok, **spec.args)
