@@ -190,14 +190,14 @@ def ruler_prompt(spec, slot, n_units: int, sent_tokenize, essays: str | None = N
     return template.format(type_needle_v=type_v, query=query, context=context)
 
 
-def _ruler_units(tok, task: str, length: int, sample, sent_tokenize, essays: str | None = None) -> int:
+def _ruler_units(tok, task: str, length: int, sample, sent_tokenize, essays: str | None = None, wrap=lambda p: p) -> int:
     """RULER's sizing (niah.py): binary search once per length, then steps of 500 words or 25 lines
     (5 below 4096 tokens) fewer per sample until prompt plus 128 tokens fit."""
     spec = NiahSpec(**get_task(task).args)
     step = 500 if spec.haystack == "essay" else (5 if length < 4096 else 25)
 
     def total(slot, n):
-        return len(tok.encode(ruler_prompt(spec, slot, n, sent_tokenize, essays))) + 128
+        return len(tok.encode(wrap(ruler_prompt(spec, slot, n, sent_tokenize, essays)))) + 128
 
     probe = get_task(task).slot(length=length, depth=None, seed=sample.seed, index=-1)
     per_unit = (total(probe, step) - 128) / step
@@ -232,6 +232,21 @@ def test_ruler_sizing_searches_the_users_haystack_and_searches_again_when_the_fi
             assert sample.meta["haystack_units"] == _ruler_units(tok, "niah_single_2", 4096, sample, sent_tokenize,
                                                                  path.read_text())
             assert sample.n_tokens + 128 <= 4096
+
+
+def test_ruler_sizing_with_a_chat_template_searches_the_wrapped_prompt(chat_tok, sent_tokenize):
+    """With a chat template RULER's search measures the prompt as the model gets it: the task in the
+    user turn, the answer prefix (its leading space kept) opening the assistant's (RULER's prepare.py,
+    restated as ``wrap``)."""
+    def wrap(prompt: str) -> str:
+        return "<|user|>\n" + prompt.replace("? The special magic", "?<|end|>\n<|assistant|>\n The special magic", 1)
+
+    task = "niah_single_1"
+    for sample in generate_samples(task, [2048], 2, 0, chat_tok, sizing="ruler", chat_template=True):
+        slot = get_task(task).slot(length=2048, depth=None, seed=sample.seed, index=sample.index)
+        units = sample.meta["haystack_units"]
+        assert sample.prompt == wrap(ruler_prompt(NiahSpec(**get_task(task).args), slot, units, sent_tokenize))
+        assert units == _ruler_units(chat_tok, task, 2048, sample, sent_tokenize, wrap=wrap)
 
 
 def test_rulers_steps_are_500_essay_words_else_25_lines_or_5_below_4096_tokens():
