@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from mutation_scope import MUTATING
+from mutation_scope import mutating
 
 # Started as a background job of a non-interactive shell (`bash .ci/run &`), pytest inherits
 # SIGINT ignored, and so does every process a test starts: the tests that stop one with SIGINT,
@@ -17,7 +17,7 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 @pytest.fixture(autouse=True)
 def fresh_caches_under_mutation():
     """Under mutmut, every test starts with bamctl's caches empty (tests/mutation_scope.py)."""
-    if MUTATING:
+    if mutating():
         for name, module in list(sys.modules.items()):
             if name.startswith("bamctl") and module is not None:
                 for value in list(vars(module).values()):

@@ -9,12 +9,17 @@ each test therefore builds its own fixtures (this scope) and starts with bamctl'
 
 import os
 
-MUTATING = "MUTANT_UNDER_TEST" in os.environ  # mutmut sets it in every process it runs tests in
+
+def mutating() -> bool:
+    """Whether mutmut runs this test. Read when asked, not at import: mutmut imports the tests once in
+    a server process (its forkserver's warm-up collects them) and sets ``MUTANT_UNDER_TEST`` only in
+    the child it forks for each mutant, which collects again and so asks again."""
+    return "MUTANT_UNDER_TEST" in os.environ
 
 
 def shared_unless_mutating(fixture_name, config) -> str:
     """The scope of a fixture that runs bamctl's code: one per module, but one per test under mutmut."""
-    return "function" if MUTATING else "module"
+    return "function" if mutating() else "module"
 
 
 class Built(dict):
