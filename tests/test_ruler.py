@@ -164,6 +164,12 @@ def test_depths_place_a_single_needle(tok):
     assert low.needle_positions[0] < 40 < 4000 - 200 < high.needle_positions[0]
 
 
+def test_depths_place_the_needle_among_decoy_needles_too(tok):
+    low, high = generate_samples("niah_multikey_2", [4096], 1, 0, tok, [0.0, 1.0])
+    assert low.needle_depth == 0.0 and high.needle_depth == 1.0
+    assert low.needle_positions[0] < 60 < 4000 - 200 < high.needle_positions[0]
+
+
 def test_essay_needles_stand_where_their_depth_says(tok, samples):
     for sample in samples["niah_single_2", 4096]:  # depths drawn: the first needle's is the row's
         assert sample.needle_depth == sample.meta["depths"][0] / 100
