@@ -340,8 +340,9 @@ def test_an_unknown_haystack_and_depths_for_several_needles_are_refused_by_name(
         NiahSpec("hay", "words", "numbers")
     with pytest.raises(BamctlError, match=r"^unknown needle kind 'letters'; known: numbers, words, uuids$"):
         NiahSpec("noise", "words", "letters")
-    with pytest.raises(BamctlError, match=r"^num_keys, num_values and num_queries must be at least 1$"):
-        NiahSpec("noise", "words", "numbers", num_values=0)
+    for count in ("num_keys", "num_values", "num_queries"):
+        with pytest.raises(BamctlError, match=r"^num_keys, num_values and num_queries must be at least 1$"):
+            NiahSpec("noise", "words", "numbers", **{count: 0})
     spec = get_task("niah_multikey_1")
     with pytest.raises(BamctlError, match=r"^--depths places a single needle; niah_multikey_1 hides 4$"):
         niah_sample(slot=spec.slot(length=1024, depth=0.5, seed=0, index=0), tokenizer=tok, **spec.args)
