@@ -51,10 +51,22 @@ def test_random_cases_count_directly():
         assert sum(win.n_scored for win in sliding_windows(n, w, s)) == max(0, n - 1)
 
 
-@pytest.mark.parametrize(("w", "s"), [(1, 1), (0, 1), (8, 0), (8, 9)])
-def test_bad_window_or_stride(w, s):
-    with pytest.raises(BamctlError):
+@pytest.mark.parametrize(("w", "s", "why"), [
+    (1, 1, "window 1 is too small: a window needs 2 tokens to score one"),
+    (0, 1, "window 0 is too small: a window needs 2 tokens to score one"),
+    (8, 0, r"stride 0 must be between 1 and the window \(8\)"),
+    (8, 9, r"stride 9 must be between 1 and the window \(8\)"),
+])
+def test_bad_window_or_stride(w, s, why):
+    with pytest.raises(BamctlError, match=f"^{why}$"):
         sliding_windows(100, w, s)
+
+
+def test_buckets_of_one_prediction_are_allowed_and_none_are_refused_by_name():
+    """A bucket of 1 scores each prediction apart; 0 is refused; without ``bos`` a BOS is assumed."""
+    assert [(b.start, b.end, b.offset) for b in position_buckets(3, 1)] == [(0, 1, 0), (1, 2, 0), (2, 3, 0)]
+    with pytest.raises(BamctlError, match="^bucket size 0 must be at least 1$"):
+        position_buckets(3, 0)
 
 
 @pytest.mark.parametrize("bos", [True, False])
@@ -128,6 +140,7 @@ def test_ppl_user_corpus(tmp_path):
     tok = get_tokenizer("gpt2")
     path = tmp_path / "mine.txt"
     path.write_text("one two three four five six seven eight nine ten " * 20)
+    assert ppl_corpus_tokens(tok, path) == tok.encode(path.read_text())  # the file's tokens, not the shipped text's
     (sample,) = generate_samples("ppl", [50], 1, 0, tok, corpus_path=path)
     assert sample.n_tokens == 50 and sample.meta["corpus"] == str(path)
     empty = tmp_path / "empty.txt"
