@@ -161,3 +161,11 @@ def test_ppl_and_training_texts_are_disjoint_from_each_other_and_the_essays():
         start = rng.randrange(len(ppl) - 300)
         snippet = ppl[start : start + 300]
         assert snippet not in others
+
+
+def test_a_document_named_without_a_seed_is_seed_zeros():
+    from bamctl.tasks.perplexity import ppl_document
+
+    tok = get_tokenizer("gpt2")
+    assert ppl_document(tok, None, 512, 1) == ppl_document(tok, None, 512, 1, seed=0)
+    assert ppl_document(tok, None, 512, 1) != ppl_document(tok, None, 512, 1, seed=1)
