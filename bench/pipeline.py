@@ -1,8 +1,8 @@
 """Where the main job's time goes: prompt generation, the model, writing rows, and the rest.
 
-Runs the two comparisons of ``scripts/main.sh`` (the nine passkey references at 128 to 8k, 35 keys a
-cell, chunks of 1,024; the six language-model references on perplexity at 256 to 4k, 9 documents)
-through the Python API into a fresh folder, so that every sample is computed, as ``main.sh --force``
+Runs the two comparisons of ``scripts/main.sh``, read from it (the nine passkey references at 128 to
+8k, 35 keys a cell, chunks of 1,024; the six language-model references on perplexity at 256 to 4k, 9
+documents), through the Python API into a fresh folder, so that every sample is computed, as ``main.sh --force``
 does, with timers around:
 
 - **prompts**: planning a request and building its samples (``TaskRequest.plan``, ``TaskPlan.build``:
@@ -25,18 +25,36 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import shlex
 import sys
 import tempfile
 import time
+from pathlib import Path
 
-# The two comparisons of scripts/main.sh, restated (its arguments, without the plots).
-MAIN_JOB = {
-    "passkey": dict(models=["bam-ssmax", "nope", "sinusoidal", "rope", "alibi", "bam", "nope-ssmax", "rope-ssmax",
-                            "alibi-ssmax"],
-                    options=dict(lengths="128,512,2k,8k", chunk_size=1024, depths="0.5", seeds=0, samples=35)),
-    "ppl": dict(models=["lm-bam", "lm-nope", "lm-sinusoidal", "lm-rope", "lm-alibi", "lm-bam-ssmax"],
-                options=dict(lengths="256..4k", seeds=0, samples=9)),
-}
+MAIN_SH = Path(__file__).resolve().parent.parent / "scripts" / "main.sh"
+# main.sh's compare options -> the API's keywords; --dir and --plot are this bench's own choice
+OPTIONS = {"--lengths": ("lengths", str), "--chunk-size": ("chunk_size", int), "--depths": ("depths", str),
+           "--seed": ("seeds", str), "--samples": ("samples", int)}
+
+
+def main_job() -> dict[str, dict]:
+    """The comparisons ``scripts/main.sh`` runs, read from it: task -> models and the API's options."""
+    text = MAIN_SH.read_text().replace("\\\n", " ")
+    jobs = {}
+    for line in text.splitlines():
+        if "-m bamctl compare " not in line:
+            continue
+        words = shlex.split(line.split("-m bamctl compare ", 1)[1])
+        flags = next(i for i, word in enumerate(words) if word.startswith("--"))
+        models, options, task = words[:flags], {}, "passkey"
+        for flag, value in zip(words[flags:], words[flags + 1:]):
+            if flag == "--task":
+                task = value
+            elif flag in OPTIONS:
+                name, kind = OPTIONS[flag]
+                options[name] = kind(value)
+        jobs[task] = dict(models=models, options=options)
+    return jobs
 
 
 class Timers:
@@ -86,7 +104,7 @@ def instrument(timers: Timers) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--task", choices=[*MAIN_JOB, "both"], default="both")
+    parser.add_argument("--task", choices=["passkey", "ppl", "both"], default="both")
     parser.add_argument("--models", default=None, help="comma list instead of the main job's models")
     args = parser.parse_args()
 
@@ -100,8 +118,9 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     timers = Timers()
     instrument(timers)
-    for task in (MAIN_JOB if args.task == "both" else [args.task]):
-        job = MAIN_JOB[task]
+    jobs = main_job()
+    for task in (jobs if args.task == "both" else [args.task]):
+        job = jobs[task]
         models = args.models.split(",") if args.models else job["models"]
         timers.seconds, timers.tokens = {}, 0
         with tempfile.TemporaryDirectory() as folder:

@@ -112,9 +112,10 @@ def unit_shape(path: str, queries: int) -> tuple[int, int]:
         rows = 256 if queries >= 768 else (64 if queries >= 192 else 32)  # restated: csrc's query_block()
         return rows, NATIVE_KEY_BLOCK
     if path == "blockwise":
-        from bamctl.engine.attention import QUERY_BLOCK
+        from bamctl.engine.attention import QUERY_BLOCK, BlockwiseKernel
 
-        return min(QUERY_BLOCK, 1024), 1024
+        keys = BlockwiseKernel().block_size
+        return min(QUERY_BLOCK, keys), keys
     if path == "flex":
         from bamctl.engine.flex import BLOCK
 
@@ -347,11 +348,11 @@ def main() -> None:
         rate = 4 * dim / ns
         print(f"| {dim} | {ns:.3f} | {rate:.1f} | {rate / peak:.0%} | {fixed / ns:.0%} |", flush=True)
 
-    print(f"\n{MODEL}'s shapes ({len(model_layers(MODEL, 2))} layers x {HEADS} heads of {HEAD_DIM}), "
+    layers = model_layers(MODEL, max(lengths))  # tables to the longest distance serve every length
+    print(f"\n{MODEL}'s shapes ({len(layers)} layers x {HEADS} heads of {HEAD_DIM}), "
           f"chunks of {CHUNK}; lengths past {_label(whole_max)}: their last chunk alone")
     print("\n| length | path | block skip | seconds | pairs computed | GFLOP/s | of `mm` |\n|---|---|---|---:|---:|---:|---:|")
     for length in lengths:
-        layers = model_layers(MODEL, length)
         for path in args.paths.split(","):
             for mode in ("off", "auto"):
                 r = time_path(path, mode, length, whole_max, layers, repeats_at(length))

@@ -4,10 +4,11 @@ import re
 
 import pytest
 
+from bamctl.errors import BamctlError
 from bamctl.tasks import generate_samples, score, string_match_all, string_match_part
 from bamctl.tasks.haystacks import essay_haystack
 from bamctl.tasks.registry import get_task
-from bamctl.tasks.ruler import ESSAY_DEPTHS, niah_sample
+from bamctl.tasks.ruler import ESSAY_DEPTHS, NiahSpec, draw_needles, niah_sample
 from bamctl.tasks.sample import Sample
 from bamctl.tasks.texts import ruler_words
 from bamctl.tokenizer import get_tokenizer
@@ -272,8 +273,6 @@ def test_mean_nll_is_the_span_nll_per_scored_token_and_nan_without_tokens():
 
 
 def test_an_unknown_metric_is_refused_with_the_close_names():
-    from bamctl.errors import BamctlError
-
     with pytest.raises(BamctlError, match=r"^unknown metric 'passkey_exac'; did you mean passkey_exact"):
         score("passkey_exac", [], _nll_sample())
 
@@ -283,8 +282,6 @@ def test_a_key_drawn_twice_is_drawn_again_from_the_same_rng_as_ruler_does():
     is replaced by the rng's next draw, never kept twice or left empty. The rng here returns the first
     key again when the second is drawn (its draws: key, value, the same key), then draws as seeded."""
     import random
-
-    from bamctl.tasks.ruler import NiahSpec, draw_needles
 
     class DrawsTheFirstKeyTwice(random.Random):
         def __init__(self, seed: int):
@@ -312,8 +309,6 @@ def test_a_niah_task_that_names_no_counts_hides_one_key_with_one_value(tok):
 
 def test_a_length_too_short_for_a_needle_without_haystack_says_so(tok):
     """Exact sizing refuses a length whose prompt has no room even without haystack, and names it so."""
-    from bamctl.errors import BamctlError
-
     with pytest.raises(BamctlError, match=r"^length 100 is too short for niah_single_1: the prompt without haystack "
                                           r"already needs \d+ tokens besides the 128-token answer budget$"):
         list(generate_samples("niah_single_1", [100], 1, 0, tok))
@@ -333,9 +328,6 @@ def test_a_sample_records_its_haystack_and_its_needle_depth_to_six_decimals(tok)
 
 
 def test_an_unknown_haystack_and_depths_for_several_needles_are_refused_by_name(tok):
-    from bamctl.errors import BamctlError
-    from bamctl.tasks.ruler import NiahSpec
-
     with pytest.raises(BamctlError, match=r"^unknown haystack 'hay'; known: noise, essay, needle$"):
         NiahSpec("hay", "words", "numbers")
     with pytest.raises(BamctlError, match=r"^unknown needle kind 'letters'; known: numbers, words, uuids$"):
