@@ -236,7 +236,7 @@ def native_attention_blocks(
             prior_scale = factor.contiguous()
         else:  # c_h(i) multiplies the content score alone: folding it into q is exact, for any sign
             qf = qf * factor[None, :, :, None]
-    kf, vf = k.float(), v.float()
+    kf, vf = _as_stored(k), _as_stored(v)
     if kf.stride(-1) != 1:
         kf = kf.contiguous()
     if vf.stride(-1) != 1:
@@ -255,6 +255,12 @@ def native_attention_blocks(
         prior = prior_line(inputs.bias_table, q0 + tq - 1, q0 + tq).float().contiguous()
     out, _lse, blocks = _extension().bam_attention(qf, kf, vf, prior, prior_scale, q0, block_skip == "auto")
     return out.to(q.dtype), blocks
+
+
+def _as_stored(x: torch.Tensor) -> torch.Tensor:
+    """Keys or values as the kernel takes them: float32 and bfloat16 caches as they are (it widens a
+    bfloat16 block as it reads it, exactly), any other dtype as a float32 copy."""
+    return x if x.dtype in (torch.float32, torch.bfloat16) else x.float()
 
 
 def _prior_needs_grad(prior) -> bool:

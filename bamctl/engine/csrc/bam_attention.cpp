@@ -46,6 +46,13 @@
 // key blocks in sequence with an online softmax (running max and sum), the two products
 // as BLAS calls; keys in a query's future are never visited. The BLAS is the one torch
 // itself links (its exported Fortran `sgemm_`), so nothing else needs installing.
+//
+// The keys and values come as the KV cache holds them, float32 or bfloat16 (`--dtype
+// bfloat16`). A bfloat16 block is widened into a float32 tile as it is read: exactly, since
+// every bfloat16 is a float32, so the products, the prior, SSMax, the running max and sum are
+// float32 arithmetic on the cache's own values, the skipping bound included (it takes its key
+// norms from the same tile the product reads). No float32 copy of the whole cache is made:
+// at 512k tokens that copy would be as large as the cache again, on every call.
 
 #include <torch/extension.h>
 
@@ -55,9 +62,12 @@
 
 #include <algorithm>
 #include <atomic>
-#include <utility>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
@@ -76,6 +86,38 @@ void gemm(bool transpose_a, int64_t m, int64_t n, int64_t k, const float* a, int
   const float alpha = 1.f;
   sgemm_(&ta, &tb, &im, &in, &ik, &alpha, a, &ilda, b, &ildb, &beta, c, &ildc);
 }
+
+// dst[0:n] = src[0:n] widened to float32: a bfloat16 is the top half of a float32's bits, so
+// this is exact (and a loop the compiler vectorises).
+void widen(const c10::BFloat16* src, float* dst, int64_t n) {
+  const auto* bits = reinterpret_cast<const uint16_t*>(src);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t word = static_cast<uint32_t>(bits[i]) << 16;
+    std::memcpy(dst + i, &word, sizeof(float));
+  }
+}
+
+// One head's keys or values as the products read them, a block of rows at a time: float32
+// storage in place; bfloat16 widened into this thread's float32 tile (`rows` x dim).
+template <typename Stored>
+class BlockReader {
+ public:
+  BlockReader(int64_t max_rows, int64_t dim) : tile_(std::is_same_v<Stored, float> ? 0 : max_rows * dim), dim_(dim) {}
+
+  // Rows [j0, j0 + n) of `data` (row stride `stride`): their first row and its stride.
+  std::pair<const float*, int64_t> read(const Stored* data, int64_t stride, int64_t j0, int64_t n) {
+    if constexpr (std::is_same_v<Stored, float>) {
+      return {data + j0 * stride, stride};
+    } else {
+      for (int64_t j = 0; j < n; ++j) widen(data + (j0 + j) * stride, tile_.data() + j * dim_, dim_);
+      return {tile_.data(), dim_};
+    }
+  }
+
+ private:
+  std::vector<float> tile_;
+  int64_t dim_;
+};
 
 constexpr int64_t kKeyBlock = 512;
 constexpr float kEpsilonNats = 27.725887f;  // 40 ln 2: the skipped mass stays below 2^-40 of a row's
@@ -149,7 +191,7 @@ float exp_and_sum(float* row, float top, int64_t n) {
   return sum;
 }
 
-// Whether key block [j0, j0 + cols), wholly in the past of the `rows` queries of a block
+// Whether key block [j0, j0 + cols) (`keys`: its first key), wholly in the past of the `rows` queries of a block
 // (the first at absolute position `first`), can be left out: for every row r an upper bound
 // of its logits over the block lies more than kEpsilonNats + log(first + r + 1) below top[r],
 // the largest logit r has already computed. `prior` points at the first of the rows + cols - 1
@@ -165,11 +207,11 @@ float exp_and_sum(float* row, float top, int64_t n) {
 // steep prior's far entries the largest logits, and this bound says so: such a block is
 // never ruled out on the strength of smaller logits seen nearer. (With p = 1, q_r may carry
 // a content-only SSMax factor of either sign: |q_r| includes it.)
-bool block_is_negligible(const float* keys, int64_t key_stride, int64_t dim, int64_t j0, int64_t cols,
+bool block_is_negligible(const float* keys, int64_t key_stride, int64_t dim, int64_t cols,
                          const float* prior, int64_t rows, int64_t first, const float* q_norm, const float* row_scale,
                          const float* top) {
-  float key_max = 0.f;
-  for (int64_t j = 0; j < cols; ++j) key_max = std::max(key_max, norm(keys + (j0 + j) * key_stride, dim));
+  float key_max = 0.f;  // keys: the block's first key, as the product reads it
+  for (int64_t j = 0; j < cols; ++j) key_max = std::max(key_max, norm(keys + j * key_stride, dim));
   const auto [prior_min, prior_max] = min_max(prior, rows + cols - 1);
   for (int64_t r = 0; r < rows; ++r) {
     const float p = row_scale ? row_scale[r] : 1.f;
@@ -235,7 +277,7 @@ struct DistancePrior {
     }
 
     bool negligible(const float* keys, int64_t key_stride, int64_t dim, int64_t j0, int64_t cols, const float* top) const {
-      return line_ != nullptr && block_is_negligible(keys, key_stride, dim, j0, cols, line_ + (prior_.length - visible_ + j0),
+      return line_ != nullptr && block_is_negligible(keys, key_stride, dim, cols, line_ + (prior_.length - visible_ + j0),
                                                      rows_, first_, q_norm_.data(), scale_, top);
     }
 
@@ -318,8 +360,9 @@ struct PiecewisePrior {
 
 void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t q_start) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "q, k, v must be (B, H, T, Dh)");
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
-              "q, k, v must be float32");
+  TORCH_CHECK(q.scalar_type() == at::kFloat, "q must be float32");
+  TORCH_CHECK((k.scalar_type() == at::kFloat || k.scalar_type() == at::kBFloat16) && v.scalar_type() == k.scalar_type(),
+              "k and v must be both float32 or both bfloat16");
   TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "last dims must be contiguous");
   const int64_t heads = q.size(1), dim = q.size(3);
   TORCH_CHECK(k.size(1) == heads && v.size(1) == heads && k.size(3) == dim && v.size(3) == dim, "shape mismatch");
@@ -335,7 +378,7 @@ const float* row_scale_of(const c10::optional<at::Tensor>& prior_scale, int64_t 
   return prior_scale->data_ptr<float>();
 }
 
-template <class Bias>
+template <class Stored, class Bias>
 std::vector<at::Tensor> flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Bias& bias,
                                         int64_t q_start, bool skip) {
   const int64_t batch = q.size(0), heads = q.size(1), queries = q.size(2), dim = q.size(3);
@@ -344,8 +387,8 @@ std::vector<at::Tensor> flash_attention(const at::Tensor& q, const at::Tensor& k
   auto out = at::empty({batch, heads, queries, dim}, q.options());
   auto lse = at::empty({batch, heads, queries}, q.options());
   const float* q_data = q.data_ptr<float>();
-  const float* k_data = k.data_ptr<float>();
-  const float* v_data = v.data_ptr<float>();
+  const Stored* k_data = k.data_ptr<Stored>();
+  const Stored* v_data = v.data_ptr<Stored>();
   float* out_data = out.data_ptr<float>();
   float* lse_data = lse.data_ptr<float>();
   const int64_t q_block = query_block(queries);
@@ -360,14 +403,15 @@ std::vector<at::Tensor> flash_attention(const at::Tensor& q, const at::Tensor& k
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     std::vector<float> scores(q_block * kKeyBlock), acc(q_block * dim), top(q_block), total(q_block);
     typename Bias::Task task_bias(bias, q_block);
+    BlockReader<Stored> key_reader(kKeyBlock, dim), value_reader(kKeyBlock, dim);
     for (int64_t task = next_task.fetch_add(1); task < n_tasks; task = next_task.fetch_add(1)) {
       const int64_t block = n_blocks - 1 - task / (batch * heads), b = (task / heads) % batch, h = task % heads;
       const int64_t r0 = block * q_block, rows = std::min(q_block, queries - r0);
       const int64_t first = q_start + r0;          // absolute position of the block's first query
       const int64_t visible = first + rows;        // keys 0 .. visible - 1 are seen by some row
       const float* qp = q_data + b * q.stride(0) + h * q.stride(1) + r0 * q.stride(2);
-      const float* kp = k_data + b * k.stride(0) + h * k.stride(1);
-      const float* vp = v_data + b * v.stride(0) + h * v.stride(1);
+      const Stored* kp = k_data + b * k.stride(0) + h * k.stride(1);
+      const Stored* vp = v_data + b * v.stride(0) + h * v.stride(1);
       std::fill(top.begin(), top.begin() + rows, -std::numeric_limits<float>::infinity());
       std::fill(total.begin(), total.begin() + rows, 0.f);
       std::fill(acc.begin(), acc.begin() + rows * dim, 0.f);
@@ -377,13 +421,14 @@ std::vector<at::Tensor> flash_attention(const at::Tensor& q, const at::Tensor& k
       for (int64_t j0 = (visible - 1) / kKeyBlock * kKeyBlock; j0 >= 0; j0 -= kKeyBlock) {  // nearest first
         const int64_t cols = std::min(kKeyBlock, visible - j0);
         ++local_visited;
+        const auto [keys, key_stride] = key_reader.read(kp, k.stride(2), j0, cols);
         if (skip && j0 + cols <= first &&  // wholly in the past of every row: may skip
-            task_bias.negligible(kp, k.stride(2), dim, j0, cols, top.data())) {
+            task_bias.negligible(keys, key_stride, dim, j0, cols, top.data())) {
           ++local_skipped;
           continue;
         }
         // scores (rows x cols, row-major) = q_block . k_block^T
-        gemm(true, cols, rows, dim, kp + j0 * k.stride(2), k.stride(2), qp, q.stride(2), 0.f, scores.data(), cols);
+        gemm(true, cols, rows, dim, keys, key_stride, qp, q.stride(2), 0.f, scores.data(), cols);
         for (int64_t r = 0; r < rows; ++r) {
           float* row = scores.data() + r * cols;
           const int64_t i = first + r;
@@ -405,7 +450,8 @@ std::vector<at::Tensor> flash_attention(const at::Tensor& q, const at::Tensor& k
           }
         }
         // acc (rows x dim) += weights (rows x cols) . v_block (cols x dim)
-        gemm(false, dim, rows, cols, vp + j0 * v.stride(2), v.stride(2), scores.data(), cols, 1.f, acc.data(), dim);
+        const auto [values, value_stride] = value_reader.read(vp, v.stride(2), j0, cols);
+        gemm(false, dim, rows, cols, values, value_stride, scores.data(), cols, 1.f, acc.data(), dim);
       }
       skipped[b] += local_skipped;
       visited[b] += local_visited;
@@ -427,12 +473,20 @@ std::vector<at::Tensor> flash_attention(const at::Tensor& q, const at::Tensor& k
   return {out, lse, counts};
 }
 
+// flash_attention for the cache's storage type.
+template <class Bias>
+std::vector<at::Tensor> run_flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Bias& bias,
+                                            int64_t q_start, bool skip) {
+  if (k.scalar_type() == at::kBFloat16) return flash_attention<c10::BFloat16>(q, k, v, bias, q_start, skip);
+  return flash_attention<float>(q, k, v, bias, q_start, skip);
+}
+
 }  // namespace
 
 std::vector<at::Tensor> bam_attention(
     const at::Tensor& q,  // (B, H, Tq, Dh) float32, times 1/sqrt(Dh) (and c_h(i) if no prior_scale); last dim contiguous
-    const at::Tensor& k,  // (B, H, Tk, Dh) float32; last dim contiguous
-    const at::Tensor& v,  // (B, H, Tk, Dh) float32; last dim contiguous
+    const at::Tensor& k,  // (B, H, Tk, Dh) float32 or bfloat16; last dim contiguous
+    const at::Tensor& v,  // (B, H, Tk, Dh) as k
     const c10::optional<at::Tensor>& prior_rev,    // (H, L) float32 contiguous, or none
     const c10::optional<at::Tensor>& prior_scale,  // (H, Tq) float32 contiguous, or none (= 1)
     int64_t q_start,
@@ -448,13 +502,13 @@ std::vector<at::Tensor> bam_attention(
   }
   prior.row_scale = row_scale_of(prior_scale, heads, queries);
   prior.queries = queries;
-  return flash_attention(q, k, v, prior, q_start, skip);
+  return run_flash_attention(q, k, v, prior, q_start, skip);
 }
 
 std::vector<at::Tensor> piecewise_attention(
     const at::Tensor& q,            // (B, H, Tq, Dh) float32, times 1/sqrt(Dh) (and c_h(i) if no prior_scale)
-    const at::Tensor& k,            // (B, H, Tk, Dh) float32; last dim contiguous
-    const at::Tensor& v,            // (B, H, Tk, Dh) float32; last dim contiguous
+    const at::Tensor& k,            // (B, H, Tk, Dh) float32 or bfloat16; last dim contiguous
+    const at::Tensor& v,            // (B, H, Tk, Dh) as k
     const at::Tensor& psi_rev,      // (L,) float32: psi(L - 1 - t), non-decreasing in the distance
     const at::Tensor& query_norm,   // (Tq,) float32, > 0
     const at::Tensor& breaks,       // (m,) float32, sorted
@@ -482,7 +536,7 @@ std::vector<at::Tensor> piecewise_attention(
   prior.pieces = m + 1;
   prior.row_scale = row_scale_of(prior_scale, heads, queries);
   prior.queries = queries;
-  return flash_attention(q, k, v, prior, q_start, false);  // FIRE: no table bounds a block's bias
+  return run_flash_attention(q, k, v, prior, q_start, false);  // FIRE: no table bounds a block's bias
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
