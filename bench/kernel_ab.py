@@ -11,6 +11,7 @@ Change the source or the flags, load it again, and compare the two folders:
 
     python bench/kernel_ab.py bamctl_attention_<shipped digest> bamctl_attention_<changed digest>
     python bench/kernel_ab.py A B --length 64k --head-dims 32 --repeats 2
+    python bench/kernel_ab.py A B --kv-dtype bfloat16     # a bfloat16 KV cache (builds that take one)
 
 Both builds get the same inputs (random queries, keys and values, seed 0; a GGD prior with heads from
 beta = -0.5 to 1; SSMax over scores and prior, c_h(i) = 0.3 log(i + 1)), streamed in chunks of
@@ -72,6 +73,8 @@ def main() -> None:
     parser.add_argument("--length", default="16k")
     parser.add_argument("--head-dims", default="32,64")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--kv-dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="the keys' and values' dtype as the kernel is given them (queries stay float32)")
     args = parser.parse_args()
 
     from bamctl.lengths import parse_lengths
@@ -80,7 +83,8 @@ def main() -> None:
     builds = {"a": load_build(args.a), "b": load_build(args.b)}
     length = parse_lengths(args.length)[0]
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads; a = {args.a}, b = {args.b}; {length} tokens, {HEADS} heads")
+          f"{torch.get_num_threads()} threads; a = {args.a}, b = {args.b}; {length} tokens, {HEADS} heads, "
+          f"keys and values {args.kv_dtype}")
     print("\n| head size | block skip | a s | b s | a GFLOP/s | b GFLOP/s | b / a time | outputs |\n|---:|---|---:|---:|---:|---:|---:|---|")
     prior = GGDPrior(HEADS, init="alibi")
     with torch.no_grad():
@@ -90,6 +94,7 @@ def main() -> None:
     for dim in (int(x) for x in args.head_dims.split(",")):
         torch.manual_seed(0)
         q, k, v = (torch.randn(1, HEADS, length, dim) for _ in range(3))
+        k, v = k.to(getattr(torch, args.kv_dtype)), v.to(getattr(torch, args.kv_dtype))
         for skip in (False, True):
             best, outs = {}, {}
             for name, module in builds.items():  # untimed first calls
