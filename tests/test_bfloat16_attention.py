@@ -164,3 +164,20 @@ def test_blockwise_and_flex_skipping_bound_the_keys_as_the_bfloat16_cache_holds_
     q, k, v, inputs = _bound_case(queries=128)
     assert skipping_blocks(q, k, inputs, 128)[0, 0, 0, FAR // 128].item()
     assert not skipping_blocks(q.bfloat16(), k.bfloat16(), inputs, 128)[0, 0, 0, FAR // 128].item()
+
+
+@pytest.mark.parametrize("kernel", ["dense", pytest.param("native", marks=native_only), "blockwise", "fused"])
+@torch.inference_mode()
+def test_every_path_answers_in_the_queries_dtype(kernel):
+    """A bfloat16 model's attention output is bfloat16 (its next projection takes it so): the
+    float32 result rounded once, on every path the reference included."""
+    from bamctl.engine.fused import fused_attention
+
+    q, k, v, inputs = (x.bfloat16() if torch.is_tensor(x) else x for x in _case(1, 300, 300, True, True, "content"))
+    run = {"dense": dense_attention, "native": native.native_attention, "blockwise": blockwise_attention,
+           "fused": fused_attention}[kernel]
+    got = run(q, k, v, inputs)
+    assert got.dtype == torch.bfloat16
+    expected = dense_attention(q.float(), k.float(), v.float(), inputs)
+    assert expected.dtype == torch.float32
+    assert (got.float() - expected).abs().max() <= 2 * BF16_UNIT * expected.abs().max()
