@@ -21,6 +21,10 @@ on the cache's values (docs/engine.md, "bfloat16"). This script says what that b
    one layer's bfloat16 cache), given the cache as stored or as a float32 copy of it (what the
    engine passed before the kernel read bfloat16): the peak resident memory the call adds, each
    in a fresh process.
+6. **Training**: the ``bam-ssmax`` recipe's own steps (its model, batches, optimiser, seed) in
+   float32 and under ``torch.autocast("cpu", torch.bfloat16)`` (float32 weights and optimiser;
+   the products in bfloat16): tokens per second, best of the timed steps after one untimed, and
+   the losses of the same steps side by side.
 
     python bench/bfloat16.py                           # tables 1-4, 16k and 64k, requests at 64k (~10 minutes)
     python bench/bfloat16.py --requests ''             # tables 1-3 only
@@ -133,6 +137,43 @@ def call_memory(length: int, given: str) -> int:
     return int(done.stdout.split()[-1])
 
 
+def train_steps(recipe_name: str, steps: int, autocast: bool) -> tuple[float, list[float]]:
+    """Tokens per second (the best step after the first) and the losses of ``steps`` steps of the recipe."""
+    from contextlib import nullcontext
+
+    from bamctl.train.loop import _cpu_threads, lr_at, make_optimizer, prepare, row_mean_loss
+    from bamctl.train.recipe import load_recipe, recipe_path
+
+    recipe = load_recipe(recipe_path(recipe_name))
+    setup = prepare(recipe, device="cpu")
+    optimizer = make_optimizer(setup.trainee, recipe)
+    context = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if autocast else nullcontext
+    best, losses = float("inf"), []
+    with _cpu_threads(setup.device, recipe.train.cpu_threads):
+        setup.model.train()
+        for step in range(steps):
+            start = time.perf_counter()
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step, recipe) * group["lr_scale"]
+            tokens, total = 0, 0.0
+            for micro in range(recipe.train.grad_accum):
+                inputs, targets = setup.batches.batch(step, micro)
+                with context():
+                    logits = setup.trainee.logits(inputs)
+                loss = row_mean_loss(logits.float(), targets)
+                (loss / recipe.train.grad_accum).backward()
+                tokens += inputs.numel()
+                total += loss.item()
+            if recipe.optim.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(setup.model.parameters(), recipe.optim.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(total / recipe.train.grad_accum)
+            if step > 0:
+                best = min(best, (time.perf_counter() - start) / tokens)
+    return 1.0 / best, losses
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", default="16k,64k", help="table 2's lengths (default 16k,64k)")
@@ -141,6 +182,7 @@ def main() -> None:
     parser.add_argument("--pair-length", default="8k", help="table 3's length ('' for no table 3)")
     parser.add_argument("--requests", default="64k", help="table 4's prompt lengths ('' for none)")
     parser.add_argument("--memory-length", default="512k", help="table 5's context ('' for no table 5)")
+    parser.add_argument("--train-steps", type=int, default=6, help="table 6's steps of the recipe (0: no table 6)")
     parser.add_argument("--repeats", type=int, default=2, help="timed calls per figure, the best counts")
     args = parser.parse_args()
     lengths = [_length(x) for x in args.lengths.split(",") if x]
@@ -159,10 +201,11 @@ def main() -> None:
           f"{exps[torch.float32] / exps[torch.bfloat16]:.2f}× faster |", flush=True)
 
     layer = model_layers(MODEL, max(lengths + [_length(args.pair_length or "1k")]))[0]
-    print(f"\nattention alone: {MODEL}'s first layer's prior and SSMax, {HEADS} heads, chunks of {CHUNK}; "
-          f"lengths past {_label(whole_max)}: their last chunk alone; speed = float32 seconds / bfloat16 seconds")
-    print("\n| length | head size | path | block skip | float32 s | bfloat16 s | speed | bfloat16 GFLOP/s | "
-          "of SDPA's bfloat16 rate |\n|---|---:|---|---|---:|---:|---:|---:|---:|")
+    if lengths:
+        print(f"\nattention alone: {MODEL}'s first layer's prior and SSMax, {HEADS} heads, chunks of {CHUNK}; "
+              f"lengths past {_label(whole_max)}: their last chunk alone; speed = float32 seconds / bfloat16 seconds")
+        print("\n| length | head size | path | block skip | float32 s | bfloat16 s | speed | bfloat16 GFLOP/s | "
+              "of SDPA's bfloat16 rate |\n|---|---:|---|---|---:|---:|---:|---:|---:|")
     paths = [("sdpa", "-"), ("native", "off"), ("native", "auto"), ("blockwise", "off"), ("flex", "off")]
     for length in lengths:
         whole = length <= whole_max
@@ -209,6 +252,12 @@ def main() -> None:
         print("\n| the kernel is given | peak memory the call adds |\n|---|---:|")
         for given, label in (("stored", "the bfloat16 cache as stored"), ("copy", "a float32 copy (before)")):
             print(f"| {label} | {call_memory(length, given) / 2**20:.0f} MiB |", flush=True)
+    if args.train_steps:
+        print(f"\ntraining: the {MODEL} recipe's first {args.train_steps} steps, tokens per second (best step after the first)")
+        print("\n| precision | tokens / s | losses |\n|---|---:|---|")
+        for label, autocast in (("float32", False), ("autocast bfloat16", True)):
+            rate, losses = train_steps(MODEL, args.train_steps, autocast)
+            print(f"| {label} | {rate:,.0f} | {' '.join(f'{x:.4f}' for x in losses)} |", flush=True)
     print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
