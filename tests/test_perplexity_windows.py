@@ -169,3 +169,17 @@ def test_a_document_named_without_a_seed_is_seed_zeros():
     tok = get_tokenizer("gpt2")
     assert ppl_document(tok, None, 512, 1) == ppl_document(tok, None, 512, 1, seed=0)
     assert ppl_document(tok, None, 512, 1) != ppl_document(tok, None, 512, 1, seed=1)
+
+
+def test_a_buckets_sample_asked_without_a_bucket_size_is_refused_by_name():
+    """ppl_sample's bucket size has no usable default: a caller that names none is refused, not
+    scored in buckets of some size it did not choose."""
+    from bamctl.tasks.perplexity import ppl_sample
+    from bamctl.tasks.sample import SampleSlot
+
+    slot = SampleSlot(task="ppl", protocol="buckets", scoring="nll", metric="ppl", max_new_tokens=0,
+                      length=64, depth=None, seed=0, index=0)
+    with pytest.raises(BamctlError, match="^bucket size 0 must be at least 1$"):
+        ppl_sample(slot=slot, tokenizer=get_tokenizer("gpt2"))
+    (sample,) = [ppl_sample(slot=slot, tokenizer=get_tokenizer("gpt2"), bucket=16)]
+    assert [(s.start, s.stop) for s in sample.scored] == [(1, 17), (17, 33), (33, 49), (49, 65)]
