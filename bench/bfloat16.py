@@ -26,9 +26,10 @@ on the cache's values (docs/engine.md, "bfloat16"). This script says what that b
    the products in bfloat16): tokens per second, best of the timed steps after one untimed, and
    the losses of the same steps side by side.
 
-    python bench/bfloat16.py                           # tables 1-4, 16k and 64k, requests at 64k (~10 minutes)
-    python bench/bfloat16.py --requests ''             # tables 1-3 only
-    python bench/bfloat16.py --requests 64k,512k       # the 512k prompt too (about 20 minutes more)
+    python bench/bfloat16.py                           # every table: 16k and 64k, requests at 64k (~10 minutes)
+    python bench/bfloat16.py --requests ''             # no whole requests
+    python bench/bfloat16.py --lengths '' --pair-length '' --requests ''   # tables 1, 5 and 6 only
+    python bench/bfloat16.py --requests 64k,512k       # the 512k prompt too (native with skipping; about 20 minutes more)
 
 The load average is printed before and after: the figures mean something only on an idle machine.
 """
