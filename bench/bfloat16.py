@@ -139,40 +139,25 @@ def call_memory(length: int, given: str) -> int:
 
 
 def train_steps(recipe_name: str, steps: int, autocast: bool) -> tuple[float, list[float]]:
-    """Tokens per second (the best step after the first) and the losses of ``steps`` steps of the recipe."""
-    from contextlib import nullcontext
-
-    from bamctl.train.loop import _cpu_threads, lr_at, make_optimizer, prepare, row_mean_loss
+    """Tokens per second (the best step after the first) and the losses of ``steps`` steps of the
+    recipe, each the training loop's own step (its learning rate, micro-batches, clipping)."""
+    from bamctl.train.loop import _cpu_threads, _step, make_optimizer, prepare
     from bamctl.train.recipe import load_recipe, recipe_path
 
     recipe = load_recipe(recipe_path(recipe_name))
     setup = prepare(recipe, device="cpu")
     optimizer = make_optimizer(setup.trainee, recipe)
-    context = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if autocast else nullcontext
+    context = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else None
+    tokens = recipe.train.batch_size * (setup.batches.row_tokens() - 1) * recipe.train.grad_accum  # inputs per step
     best, losses = float("inf"), []
     with _cpu_threads(setup.device, recipe.train.cpu_threads):
         setup.model.train()
         for step in range(steps):
             start = time.perf_counter()
-            for group in optimizer.param_groups:
-                group["lr"] = lr_at(step, recipe) * group["lr_scale"]
-            tokens, total = 0, 0.0
-            for micro in range(recipe.train.grad_accum):
-                inputs, targets = setup.batches.batch(step, micro)
-                with context():
-                    logits = setup.trainee.logits(inputs)
-                loss = row_mean_loss(logits.float(), targets)
-                (loss / recipe.train.grad_accum).backward()
-                tokens += inputs.numel()
-                total += loss.item()
-            if recipe.optim.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(setup.model.parameters(), recipe.optim.grad_clip)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            losses.append(total / recipe.train.grad_accum)
+            losses.append(_step(setup, optimizer, step, context))
             if step > 0:
-                best = min(best, (time.perf_counter() - start) / tokens)
-    return 1.0 / best, losses
+                best = min(best, time.perf_counter() - start)
+    return tokens / best, losses
 
 
 def main() -> None:

@@ -186,13 +186,16 @@ def prepare(recipe: Recipe, *, device: str = "cpu", data_dir: Path | None = None
     return Setup(recipe, trainee, batches, resolved, source)
 
 
-def _step(setup: Setup, optimizer, step: int) -> float:
-    """One optimiser step (all micro-batches); returns the mean loss."""
+def _step(setup: Setup, optimizer, step: int, autocast=None) -> float:
+    """One optimiser step (all micro-batches); returns the mean loss. ``autocast``: the context the
+    forward runs in; by default bfloat16 autocast on CUDA and none elsewhere (bench/bfloat16.py
+    times the recipe's steps under CPU autocast through it)."""
     recipe, model = setup.recipe, setup.model
     lr = lr_at(step, recipe)
     for group in optimizer.param_groups:
         group["lr"] = lr * group["lr_scale"]
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if setup.device.type == "cuda" else nullcontext()
+    if autocast is None:
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if setup.device.type == "cuda" else nullcontext()
     total = 0.0
     accum = recipe.train.grad_accum
     for micro in range(accum):
