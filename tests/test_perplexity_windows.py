@@ -183,3 +183,39 @@ def test_a_buckets_sample_asked_without_a_bucket_size_is_refused_by_name():
         ppl_sample(slot=slot, tokenizer=get_tokenizer("gpt2"))
     (sample,) = [ppl_sample(slot=slot, tokenizer=get_tokenizer("gpt2"), bucket=16)]
     assert [(s.start, s.stop) for s in sample.scored] == [(1, 17), (17, 33), (33, 49), (49, 65)]
+
+
+@pytest.mark.parametrize("stride", [None, 8, 31])
+def test_sliding_samples_feed_the_document_in_windows_and_score_each_token_once_where_it_stands(stride):
+    """Each sliding sample of a document (seed 7's, not the default's) is a window of at most
+    `length` consecutive document tokens ending at its last scored token; its scored span is its
+    tail, labelled by the document position of its first scored token; over the samples of a
+    document, tokens 1..N-1 are each scored once (lm-eval's rolling windows, stated directly)."""
+    from bamctl.tasks.perplexity import ppl_document
+
+    tok = get_tokenizer("gpt2")
+    n, length, seed = 100, 32, 7
+    samples = list(generate_samples("ppl", [length], 2, seed, tok, doc_tokens=n, stride=stride))
+    for index in (0, 1):
+        document, _ = ppl_document(tok, None, n, index, seed)
+        scored = []
+        for sample in (s for s in samples if s.index == index):
+            (span,) = sample.scored
+            first = span.position  # the document position of input_ids[span.start]
+            begin = first - span.start
+            assert span.stop == len(sample.input_ids) and 0 < span.start < span.stop
+            assert sample.input_ids == document[begin : first + span.n_scored]
+            assert len(sample.input_ids) == min(length, first + span.n_scored)
+            scored += range(first, first + span.n_scored)
+        assert scored == list(range(1, n))
+    if stride is not None:  # after the first, every window scores `stride` new tokens (the last fewer)
+        assert [s.scored[0].n_scored for s in samples if s.index == 0][1:-1] == [stride] * (len(samples) // 2 - 2)
+
+
+def test_a_buckets_sample_is_its_seeds_document():
+    from bamctl.tasks.perplexity import ppl_document
+
+    tok = get_tokenizer("gpt2")
+    for seed in (0, 5):
+        (sample,) = generate_samples("ppl", [64], 1, seed, tok, protocol="buckets", bucket=16)
+        assert sample.input_ids == ppl_document(tok, None, 65, 0, seed)[0]
