@@ -217,5 +217,5 @@ def test_a_buckets_sample_is_its_seeds_document():
 
     tok = get_tokenizer("gpt2")
     for seed in (0, 5):
-        (sample,) = generate_samples("ppl", [64], 1, seed, tok, protocol="buckets", bucket=16)
-        assert sample.input_ids == ppl_document(tok, None, 65, 0, seed)[0]
+        samples = list(generate_samples("ppl", [64], 2, seed, tok, protocol="buckets", bucket=16))
+        assert [s.input_ids for s in samples] == [ppl_document(tok, None, 65, index, seed)[0] for index in (0, 1)]
