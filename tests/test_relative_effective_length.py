@@ -102,3 +102,14 @@ def pd_na():
     import pandas as pd
 
     return pd.NA
+
+
+def test_a_share_of_exactly_one_is_a_share_and_anything_past_it_or_at_zero_is_not():
+    rows = frame_of(cells("tiny-rope", WEAK))
+    _, row = relative_row(cells("tiny-rope", WEAK), 1.0)
+    assert row["length"] == 512  # 1.0 × 0.5: 1k's 0.45 falls short
+    for share in (0.0, -0.5, 1.0001, 2.0):
+        with pytest.raises(BamctlError, match=rf"^--relative must be in \(0, 1\], .* not {share:g}$"):
+            summarize(rows, relative=share)
+    with pytest.raises(BamctlError, match="^--base-length goes with --relative"):
+        summarize(rows, base_length=1024)
