@@ -247,3 +247,34 @@ def test_a_near_certain_answer_keeps_its_digits_in_the_table():
     values = {(sample, 0.5): -3e-4 * (1 + sample) for sample in range(3)}  # a trained model's found keys
     summary, = summarize(frame_of(_logprob_rows("tiny-rope", values)), metric="answer_logprob")
     assert format_cell(summary, 1024, "tiny-rope").startswith("-6.0e-04 [")  # not "-0.00", which hides the scale
+
+
+def test_answer_logprob_cells_leave_out_rows_without_one_and_keep_the_asked_model_order():
+    from results_fakes import fake_row, frame_of
+
+    from bamctl.results.summary import answer_logprob_table
+
+    rows = _logprob_rows("tiny-rope", {(0, 0.5): -2.0, (1, 0.5): -4.0}) + _logprob_rows("tiny-bam", {(0, 0.5): -1.0})
+    rows.append(fake_row("tiny-rope", sample=2, answer_logprob=None))  # a generated row asked without it
+    table = answer_logprob_table(frame_of(rows), models=["tiny-rope", "tiny-bam"])
+    assert list(table["answer_logprob"].columns) == ["tiny-rope", "tiny-bam"]  # as asked, not sorted
+    assert table.loc[1024, ("answer_logprob", "tiny-rope")] == -3.0 and table.loc[1024, ("n", "tiny-rope")] == 2
+    assert list(answer_logprob_table(frame_of(rows))["n"].columns) == ["tiny-bam", "tiny-rope"]  # by default, by name
+
+
+def test_metric_answer_logprob_over_rows_that_hold_none_says_why_in_one_line():
+    from results_fakes import fake_row, frame_of, perplexity_rows
+
+    from bamctl.errors import BamctlError
+    from bamctl.results.summary import summarize
+
+    with pytest.raises(BamctlError) as refused:
+        summarize(frame_of(perplexity_rows()), metric="answer_logprob")
+    assert str(refused.value) == ("--metric answer_logprob: ppl rows have no answer to score (perplexity); it "
+                                  "applies to passkey and RULER")
+    generated = [fake_row(task="niah_single_1", protocol="ruler", scoring="generate", answer_logprob=None)]
+    with pytest.raises(BamctlError) as refused:
+        summarize(frame_of(generated), metric="answer_logprob")
+    assert str(refused.value) == (
+        "--metric answer_logprob: no niah_single_1 row holds an answer log-probability (generated rows hold one only "
+        "when run with --answer-logprob; rows written before schema 9 hold none)")

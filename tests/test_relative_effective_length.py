@@ -4,6 +4,7 @@ NoLiMa's rule, beside the absolute one, and its certified form (draw-level Wilso
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from typer.testing import CliRunner
@@ -13,7 +14,7 @@ from bamctl.cli.app import app
 from bamctl.errors import BamctlError
 from bamctl.results.render import render_summary, summaries_to_json
 from bamctl.results.store import ResultStore
-from bamctl.results.summary import min_certifiable_n, summarize, wilson_interval
+from bamctl.results.summary import min_certifiable_n, relative_effective_length, summarize, wilson_interval
 from results_fakes import fake_row, frame_of
 
 
@@ -73,7 +74,7 @@ def test_too_few_keys_at_the_base_say_how_many_certification_needs():
 
 def test_a_model_scoring_nothing_at_its_base_has_no_relative_length():
     summary, row = relative_row(cells("tiny-rope", {512: (0, 10), 1024: (0, 10)}), 0.85)
-    assert row["length"] is pd_na() and row["certified"] is pd_na()
+    assert row["length"] is pd_na() and row["certified"] is pd_na() and row["needs_draws"] is pd_na()  # nothing to certify
     values = [str(c) for c in render_summary(summary).columns[1]._cells]
     assert "no base score" in values
 
@@ -113,3 +114,66 @@ def test_a_share_of_exactly_one_is_a_share_and_anything_past_it_or_at_zero_is_no
             summarize(rows, relative=share)
     with pytest.raises(BamctlError, match="^--base-length goes with --relative"):
         summarize(rows, base_length=1024)
+
+
+def table_of(rows):
+    summary, = summarize(frame_of(rows))
+    return summary.table
+
+
+def keys_at_depths(model: str, length: int, keys: int, depths=(0.0, 0.5, 1.0), wrong: int = 0) -> list[dict]:
+    """`keys` keys, each asked at every depth (prompts of one draw); the first `wrong` keys missed."""
+    return [fake_row(model, length=length, depth=depth, sample=i, score=0.0 if i < wrong else 1.0)
+            for i in range(keys) for depth in depths]
+
+
+def test_certification_counts_draws_not_prompts_and_prompts_only_where_a_table_has_no_draws():
+    needed = min_certifiable_n(0.85)
+    # needed - 1 keys at three depths: prompts enough, draws too few
+    table = table_of(keys_at_depths("tiny-rope", 512, needed - 1) + keys_at_depths("tiny-rope", 1024, needed - 1))
+    row = relative_effective_length(table, 0.85).loc["tiny-rope"]
+    assert row["certified"] is pd_na() and row["needs_draws"] == needed
+    # a table that counts prompts alone counts them: 3 (needed - 1) are enough, so nothing is asked
+    assert relative_effective_length(table.drop(columns="n_draws", level="field"), 0.85).loc["tiny-rope", "needs_draws"] is pd_na()
+    one_depth = table_of(keys_at_depths("tiny-rope", 512, needed - 1, depths=(0.5,)))
+    assert relative_effective_length(one_depth.drop(columns="n_draws", level="field"), 0.85).loc["tiny-rope", "needs_draws"] == needed
+    uncounted = relative_effective_length(table.drop(columns=["n", "n_draws"], level="field"), 0.85).loc["tiny-rope"]
+    assert uncounted["length"] == 1024 and uncounted["needs_draws"] is pd_na()  # no count: nothing to ask for
+
+
+def test_exactly_the_draws_certification_needs_are_enough_even_where_a_key_was_missed():
+    needed = min_certifiable_n(0.85)
+    right = relative_effective_length(table_of(keys_at_depths("tiny-rope", 512, needed, depths=(0.5,))), 0.85)
+    assert right.loc["tiny-rope", "certified"] == 512 and right.loc["tiny-rope", "needs_draws"] is pd_na()
+    missed = relative_effective_length(table_of(keys_at_depths("tiny-rope", 512, needed, depths=(0.5,), wrong=1)), 0.85)
+    assert missed.loc["tiny-rope", "certified"] is pd_na() and missed.loc["tiny-rope", "needs_draws"] is pd_na()
+
+
+def test_the_certified_bar_is_the_share_times_the_bases_upper_bound_below_one():
+    rows = cells("tiny-rope", {512: (38, 40), 1024: (26, 40), 2048: (10, 40)})
+    row = relative_effective_length(table_of(rows), 0.5).loc["tiny-rope"]
+    bar = 0.5 * wilson_interval(38, 40)[1]  # 0.493: 26 of 40 (lower bound 0.495) reaches it
+    assert wilson_interval(26, 40)[0] >= bar > wilson_interval(10, 40)[0] and row["certified"] == 1024
+
+
+def test_a_model_without_a_cell_at_the_base_or_without_any_has_no_relative_length():
+    rows = cells("tiny-rope", {512: (10, 10), 1024: (10, 10)}) + cells("tiny-bam", {1024: (10, 10)})
+    table = table_of(rows)
+    result = relative_effective_length(table, 0.85, base_length=512)
+    bam = result.loc["tiny-bam"]
+    assert bam["length"] is pd_na() and bam["certified"] is pd_na() and bam["needs_draws"] is pd_na()
+    assert math.isnan(result.at["tiny-bam", "base_score"]) and bam["base_length"] == 512
+    assert result.loc["tiny-rope", "length"] == 1024
+    table[("score", "tiny-bam")] = math.nan  # a column of no scores at all: no base to speak of
+    result = relative_effective_length(table, 0.85)
+    empty = result.loc["tiny-bam"]
+    assert empty["base_length"] is pd_na() and empty["length"] is pd_na() and math.isnan(result.at["tiny-bam", "base_score"])
+
+
+def test_the_table_level_call_refuses_what_the_cli_refuses_by_name():
+    table = table_of(cells("tiny-rope", WEAK))
+    with pytest.raises(BamctlError, match="^--base-length goes with --relative"):
+        relative_effective_length(table, None, 1024)
+    message = "--base-length 3000 is not a tested length; the table's lengths are 512, 1024, 2048, 4096, 8192"
+    with pytest.raises(BamctlError, match=f"^{message}$"):
+        relative_effective_length(table, 0.85, 3000)

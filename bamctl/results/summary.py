@@ -147,10 +147,11 @@ def answer_logprob_table(frame: pd.DataFrame, models: Sequence[str] | None = Non
     probability of the answer's scored tokens, summed), n = those prompts, n_draws = their distinct
     draws, and the 95% interval of the mean by a cluster bootstrap over the draws
     (``stats.mean_interval_over_draws``; NaN with one draw). Rows without one (generate rows asked
-    without it, rows before schema 9) are left out."""
+    without it, rows before schema 9: a null ``answer_logprob``) are left out; some row must hold one
+    (``summarize`` says why when none does)."""
     _require_one_group(frame)
     rows = frame.assign(_label=model_labels(frame), _draw=draw_ids(frame))
-    rows = rows[rows["answer_logprob"].notna()] if "answer_logprob" in rows else rows.iloc[:0]
+    rows = rows[rows["answer_logprob"].notna()]
     rows = rows.assign(_logprob=rows["answer_logprob"].astype(float))
     grouped = rows.groupby(["length", "_label"])
     cells = grouped.agg(answer_logprob=("_logprob", "mean"), n=("_logprob", "size"), n_draws=("_draw", "nunique"))
