@@ -700,3 +700,22 @@ def test_an_out_of_reach_comparison_carries_its_baseline_and_its_floor_at_most_o
     results = [result("x", n, 2, 0.5) for n in (512, 1024, 2048)] + [result("y", 512, 30, 2 / 2**30)]
     (reach,) = out_of_reach(results)
     assert (reach.model, reach.baseline, reach.lengths, reach.p_min, reach.p_holm_floor) == ("x", "base", 3, 0.5, 1.0)
+
+
+def test_a_mark_is_the_significant_result_of_its_own_length_and_lower_is_better_for_perplexity():
+    import dataclasses
+
+    from results_fakes import passkey_grid, perplexity_rows
+
+    def result(length, difference, p_holm):
+        return PairedResult("tiny-bam", "tiny-rope", length, 8, 8, MCNEMAR, difference, difference - 0.1,
+                            difference + 0.1, p_holm, 0.01, p_holm)
+
+    accuracy, = summarize(frame_of(passkey_grid()))
+    marked = dataclasses.replace(accuracy, paired=(result(1024, 0.3, 0.01), result(2048, -0.3, 0.01), result(4096, 0.5, 0.2)))
+    assert [marked.mark(n, "tiny-bam") for n in (512, 1024, 2048, 4096)] == ["", "▲", "▼", ""]  # 4k: not significant
+    assert marked.mark(1024, "tiny-rope") == ""
+    perplexity, = summarize(frame_of(perplexity_rows()))
+    # a difference of mean NLL per token: below 0 is better, and a small rise is still worse
+    marked = dataclasses.replace(perplexity, paired=(result(512, -0.2, 0.01), result(1024, 0.5, 0.01)))
+    assert [marked.mark(n, "tiny-bam") for n in (512, 1024)] == ["▲", "▼"]
