@@ -124,6 +124,14 @@ def test_perplexity_is_token_weighted():
     assert table.loc[1024, ("n_scored", "tiny-rope")] == 400 and table.loc[1024, ("n", "tiny-rope")] == 2
 
 
+def test_tables_put_the_asked_models_first_in_the_asked_order_then_the_rest_by_name():
+    ppl = frame_of(perplexity_rows())
+    assert list(perplexity_table(ppl, models=["tiny-rope", "tiny-bam"])["ppl"].columns) == ["tiny-rope", "tiny-bam"]
+    assert list(perplexity_table(ppl)["ppl"].columns) == ["tiny-bam", "tiny-rope"]
+    grid = frame_of(passkey_grid(models=("tiny-rope", "tiny-bam", "tiny-alibi")))
+    assert list(accuracy_table(grid, models=["tiny-rope"])["score"].columns) == ["tiny-rope", "tiny-alibi", "tiny-bam"]
+
+
 def test_summarize_splits_tasks_and_picks_the_metric():
     summaries = summarize(frame_of(passkey_grid() + perplexity_rows()), threshold=0.9, models=["tiny-rope"])
     assert [(s.task, s.metric) for s in summaries] == [("passkey", "accuracy"), ("ppl", "perplexity")]
