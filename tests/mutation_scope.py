@@ -7,7 +7,9 @@ each test therefore builds its own fixtures (this scope) and starts with bamctl'
 (tests/conftest.py).
 """
 
+import json
 import os
+from pathlib import Path
 
 
 def mutating() -> bool:
@@ -15,6 +17,17 @@ def mutating() -> bool:
     a server process (its forkserver's warm-up collects them) and sets ``MUTANT_UNDER_TEST`` only in
     the child it forks for each mutant, which collects again and so asks again."""
     return "MUTANT_UNDER_TEST" in os.environ
+
+
+def mutation_durations() -> dict[str, float]:
+    """Seconds per test id from mutmut's first pass (``mutants/mutmut-stats.json``, in the folder mutmut
+    runs the tests from); empty before that pass or outside a run."""
+    for path in (Path("mutmut-stats.json"), Path("mutants", "mutmut-stats.json")):
+        try:
+            return json.loads(path.read_text())["duration_by_test"]
+        except (OSError, ValueError, KeyError):
+            continue
+    return {}
 
 
 def shared_unless_mutating(fixture_name, config) -> str:
