@@ -287,7 +287,7 @@ def test_certified_effective_length_needs_the_wilson_lower_bound_at_every_length
     assert row["certified"] == 128 and row["certified_ratio"] == 1.0  # the bound fails from 256 on
 
 
-@pytest.mark.parametrize("threshold", [0.5, 0.8, 0.9, 0.95, 0.99])
+@pytest.mark.parametrize("threshold", [0.1, 0.2, 0.21, 0.5, 0.8, 0.9, 0.95, 0.99])
 def test_min_certifiable_n_is_the_first_n_whose_all_correct_wilson_bound_reaches_the_threshold(threshold):
     def lower(n):
         return scipy_stats.binomtest(n, n).proportion_ci(method="wilson").low
