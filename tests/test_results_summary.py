@@ -309,3 +309,23 @@ def test_certification_asks_for_draws_only_where_too_few_could_never_certify():
     # a table that counts prompts alone (one per key here) is held to them
     assert effective_length(few.drop(columns="n_draws", level="field")).loc["tiny-rope", "needs_draws"] == needed
     assert effective_length(few.drop(columns=["n", "n_draws"], level="field")).loc["tiny-rope", "needs_draws"] is pd.NA
+
+
+def test_best_models_skip_a_length_one_model_ran_and_one_where_every_model_ties():
+    table = hand_table(
+        {"rope": {512: 1.0, 1024: 0.5, 2048: 0.7, 4096: 0.25}, "bam": {1024: 0.5, 2048: 0.9, 4096: 0.25}},
+        {"rope": 512, "bam": 512},
+    )  # 512: rope alone; 1024 and 4096: a tie of every model
+    assert best_models(table, "accuracy") == {2048: {"bam"}}
+    perplexity = table.rename(columns={"score": "ppl"}, level="field")
+    assert best_models(perplexity, "perplexity") == {2048: {"rope"}}  # lower is better
+
+
+def test_two_fingerprints_in_one_dtype_are_two_tables_without_a_dtype_in_their_titles():
+    """A model's rows from before and after its task changed are split by prompts; their dtype is one,
+    so neither title names it."""
+    rows = [fake_row("tiny-rope", sample=i) for i in range(2)]
+    rows += [fake_row("tiny-rope", sample=i) | {"fingerprint": "fp-passkey-v2"} for i in range(2)]
+    tables = summarize(frame_of(rows))
+    assert len(tables) == 2 and not any(s.dtype_distinct for s in tables)
+    assert all(s.distinct and "[float32]" not in s.title for s in tables)
