@@ -34,7 +34,7 @@ from bamctl.results.stats import (
     unpaired_tests,
 )
 from bamctl.results.store import to_pandas
-from bamctl.results.summary import effective_length, min_certifiable_n, summarize
+from bamctl.results.summary import effective_length, min_certifiable_n, summarize, wilson_interval
 
 from results_fakes import fake_row, frame_of
 
@@ -294,6 +294,18 @@ def test_min_certifiable_n_is_the_first_n_whose_all_correct_wilson_bound_reaches
 
     n = min_certifiable_n(threshold)
     assert lower(n) >= threshold and (n == 1 or lower(n - 1) < threshold)
+
+
+@pytest.mark.parametrize("z", [1.0, 1.959963984540054, 2.5758293035489004])
+def test_a_threshold_that_is_exactly_n_keys_bound_needs_n_keys_and_one_just_past_it_needs_more(z):
+    """The search's start, t z^2 / (1 - t), solves n / (n + z^2) = t exactly, but floats put it past n for
+    about half the thresholds that are a bound themselves (t = the bound of n of n keys): n keys
+    reach such a t, "at or above", and are the fewest that do."""
+    for n in range(1, 400):
+        bound = wilson_interval(n, n, z)[0]
+        assert min_certifiable_n(bound, z) == n
+        past = math.nextafter(bound, 1.0)
+        assert min_certifiable_n(past, z) == next(m for m in range(n, n + 3) if wilson_interval(m, m, z)[0] >= past)
 
 
 def test_min_certifiable_n_at_0_9_is_35_and_none_at_1():

@@ -166,8 +166,10 @@ def min_certifiable_n(threshold: float, z: float = Z_95) -> int | None:
     prompt of every draw correct: n/n has the bound n / (n + z²)); None when no n can (a threshold of 1)."""
     if threshold >= 1:
         return None
-    n = max(1, math.ceil(threshold * z * z / (1 - threshold)))
-    while wilson_interval(n, n, z)[0] < threshold:  # the closed form, checked against rounding
+    n = max(1, math.ceil(threshold * z * z / (1 - threshold)))  # the closed form, which floats may put one off
+    while n > 1 and wilson_interval(n - 1, n - 1, z)[0] >= threshold:  # a threshold that is exactly a bound
+        n -= 1
+    while wilson_interval(n, n, z)[0] < threshold:
         n += 1
     return n
 
