@@ -329,3 +329,11 @@ def test_two_fingerprints_in_one_dtype_are_two_tables_without_a_dtype_in_their_t
     tables = summarize(frame_of(rows))
     assert len(tables) == 2 and not any(s.dtype_distinct for s in tables)
     assert all(s.distinct and "[float32]" not in s.title for s in tables)
+
+
+def test_summarize_orders_every_kind_of_table_as_asked():
+    asked = ["tiny-rope", "tiny-bam"]
+    (ppl,) = summarize(frame_of(perplexity_rows()), models=asked)
+    (accuracy,) = summarize(frame_of(passkey_grid()), models=asked)
+    (logprob,) = summarize(frame_of(passkey_grid()), models=asked, metric="answer_logprob")
+    assert ppl.models == accuracy.models == logprob.models == asked  # by name they would be the other way
