@@ -566,6 +566,7 @@ def test_a_document_two_seeds_picked_counts_once():
         (d,), np.mean, permutation_type="samples", n_resamples=np.inf, alternative="two-sided"
     ).pvalue
     assert (result.n_draws, result.difference) == (4, pytest.approx(d.mean())) and result.p == pytest.approx(expected)
+    assert result.n == 4  # buckets paired: the copies a second seed picked are not paired again
 
 
 def test_old_perplexity_rows_of_two_seeds_are_the_same_documents():
@@ -731,3 +732,25 @@ def test_a_mark_is_the_significant_result_of_its_own_length_and_lower_is_better_
     # a difference of mean NLL per token: below 0 is better, and a small rise is still worse
     marked = dataclasses.replace(perplexity, paired=(result(512, -0.2, 0.01), result(1024, 0.5, 0.01)))
     assert [marked.mark(n, "tiny-bam") for n in (512, 1024)] == ["▲", "▼"]
+
+
+def test_answer_logprob_comparisons_pair_each_keys_answer_logprob_not_its_score():
+    """--metric answer_logprob --baseline: the paired test runs on the answer log-probabilities (both
+    models here score 0 on every key, so a test on scores would find no difference); rows without
+    one are left out."""
+    values = {"tiny-rope": [-6.0, -5.0, -7.0, -6.5, -5.5, -6.2], "tiny-bam": [-2.0, -1.5, -2.5, -1.0, -2.2, -1.8]}
+    rows = [fake_row(model, sample=i, score=0.0, answer_logprob=v) for model, vs in values.items() for i, v in enumerate(vs)]
+    rows.append(fake_row("tiny-bam", sample=6, score=0.0, answer_logprob=None))  # a generated row asked without it
+    rows.append(fake_row("tiny-rope", sample=6, score=0.0, answer_logprob=-6.0))  # so key 6 has no pair
+    (summary,) = summarize(frame_of(rows), metric="answer_logprob", baseline="tiny-rope")
+    (result,) = summary.paired
+    d = np.array(values["tiny-bam"]) - np.array(values["tiny-rope"])
+    assert (result.n, result.n_draws) == (6, 6) and result.difference == pytest.approx(d.mean())
+    assert result.p == pytest.approx(2 / 2**6)  # every key better: the two extreme sign patterns of 64
+
+
+def test_the_threshold_asked_is_the_one_effective_lengths_use():
+    rows = [fake_row("tiny-rope", length=n, sample=i, score=1.0 if i < right else 0.0)
+            for n, right in ((512, 10), (1024, 7), (2048, 4)) for i in range(10)]
+    assert summarize(frame_of(rows))[0].effective.loc["tiny-rope", "length"] == 512
+    assert summarize(frame_of(rows), threshold=0.7)[0].effective.loc["tiny-rope", "length"] == 1024
