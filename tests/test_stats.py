@@ -754,3 +754,25 @@ def test_the_threshold_asked_is_the_one_effective_lengths_use():
             for n, right in ((512, 10), (1024, 7), (2048, 4)) for i in range(10)]
     assert summarize(frame_of(rows))[0].effective.loc["tiny-rope", "length"] == 512
     assert summarize(frame_of(rows), threshold=0.7)[0].effective.loc["tiny-rope", "length"] == 1024
+
+
+def test_a_perplexity_comparison_weighs_a_documents_windows_by_their_tokens():
+    """Sliding windows of one document score unequal numbers of tokens (the first window scores
+    all but one of its tokens, later ones only the stride): a document's mean NLL per token is
+    Σ nll / Σ tokens over its windows, not the mean of its windows' means."""
+    windows = {"tiny-rope": [(2.0, 3.0), (2.2, 2.6), (1.8, 3.4), (2.4, 2.0)], "tiny-bam": [(1.5, 3.5), (2.1, 3.0), (1.6, 2.2), (2.0, 3.1)]}
+    tokens = (90, 10)  # per window of every document
+    rows = [fake_row(model, task="ppl", protocol="sliding", scoring="nll", length=256, depth=None, sample=doc,
+                     score=v, nll=v * n, n_scored=n, draw=f"doc@{doc}") | {"position": position}
+            for model, docs in windows.items() for doc, values in enumerate(docs)
+            for position, (v, n) in enumerate(zip(values, tokens))]
+    (summary,) = summarize(frame_of(rows), baseline="tiny-rope")
+    (result,) = summary.paired
+
+    def per_token(model):
+        return np.array([sum(v * n for v, n in zip(values, tokens)) / sum(tokens) for values in windows[model]])
+
+    d = per_token("tiny-bam") - per_token("tiny-rope")
+    assert (result.n, result.n_draws) == (8, 4) and result.difference == pytest.approx(d.mean())
+    unweighted = np.mean([np.mean(b) - np.mean(r) for b, r in zip(windows["tiny-bam"], windows["tiny-rope"])])
+    assert abs(result.difference - unweighted) > 0.05  # what a mean of window means would have said
