@@ -776,3 +776,20 @@ def test_a_perplexity_comparison_weighs_a_documents_windows_by_their_tokens():
     assert (result.n, result.n_draws) == (8, 4) and result.difference == pytest.approx(d.mean())
     unweighted = np.mean([np.mean(b) - np.mean(r) for b, r in zip(windows["tiny-bam"], windows["tiny-rope"])])
     assert abs(result.difference - unweighted) > 0.05  # what a mean of window means would have said
+
+
+def test_a_model_of_other_prompts_is_tested_unpaired_beside_the_paired_ones():
+    """A model whose prompts another tokenizer built (another fingerprint, the same seeds and lengths)
+    shares the table and is tested against the baseline by the unpaired test; the others, paired."""
+    from bamctl.results.stats import UNPAIRED
+
+    rows = [fake_row(model, length=n, sample=i, score=float(i % 2 or model != "tiny-rope"))
+            for model in ("tiny-rope", "tiny-alibi", "tiny-bam") for n in (512, 1024) for i in range(6)]
+    rows = [row | {"fingerprint": "fp-other-tokenizer"} if row["model"] == "tiny-bam" else row for row in rows]
+    (summary,) = summarize(frame_of(rows), baseline="tiny-rope")
+    assert summary.other_prompts == ("tiny-bam",)
+    tests = {(r.model, r.length): r.test for r in summary.paired}
+    assert tests[("tiny-bam", 512)] == tests[("tiny-bam", 1024)] == UNPAIRED
+    assert tests[("tiny-alibi", 512)] != UNPAIRED and len(tests) == 4
+    unpaired = [r for r in summary.paired if r.model == "tiny-bam"]
+    assert all(r.baseline == "tiny-rope" and r.difference == pytest.approx(0.5) for r in unpaired)  # 1 against 1/2
