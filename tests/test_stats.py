@@ -793,3 +793,14 @@ def test_a_model_of_other_prompts_is_tested_unpaired_beside_the_paired_ones():
     assert tests[("tiny-alibi", 512)] != UNPAIRED and len(tests) == 4
     unpaired = [r for r in summary.paired if r.model == "tiny-bam"]
     assert all(r.baseline == "tiny-rope" and r.difference == pytest.approx(0.5) for r in unpaired)  # 1 against 1/2
+
+
+def test_perplexity_of_other_prompts_is_never_tested_against_the_baseline():
+    """Another tokenizer's documents are other tokens: their NLLs are not compared, paired or not."""
+    rows = [fake_row(model, task="ppl", protocol="sliding", scoring="nll", length=256, depth=None, sample=doc,
+                     score=v, nll=v * 100, n_scored=100)
+            for model, v in (("tiny-rope", 2.0), ("tiny-alibi", 1.8), ("tiny-bam", 1.5)) for doc in range(4)]
+    rows = [row | {"fingerprint": "fp-other-tokenizer"} if row["model"] == "tiny-bam" else row for row in rows]
+    (summary,) = summarize(frame_of(rows), baseline="tiny-rope")
+    assert summary.other_prompts == ("tiny-bam",)
+    assert [r.model for r in summary.paired] == ["tiny-alibi"]
