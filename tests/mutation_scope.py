@@ -20,14 +20,12 @@ def mutating() -> bool:
 
 
 def mutation_durations() -> dict[str, float]:
-    """Seconds per test id from mutmut's first pass (``mutants/mutmut-stats.json``, in the folder mutmut
-    runs the tests from); empty before that pass or outside a run."""
-    for path in (Path("mutmut-stats.json"), Path("mutants", "mutmut-stats.json")):
-        try:
-            return json.loads(path.read_text())["duration_by_test"]
-        except (OSError, ValueError, KeyError):
-            continue
-    return {}
+    """Seconds per test id from mutmut's first pass (``mutants/mutmut-stats.json``; mutmut runs the
+    tests from ``mutants/``); empty before that pass or outside a run."""
+    try:
+        return json.loads(Path("mutmut-stats.json").read_text())["duration_by_test"]
+    except (OSError, ValueError, KeyError):
+        return {}
 
 
 def shared_unless_mutating(fixture_name, config) -> str:

@@ -108,6 +108,12 @@ def frame_of(rows: list[dict[str, Any]]) -> pd.DataFrame:
     return to_pandas(rows_to_table(rows))
 
 
+def keys_found(model: str, right_of: dict[int, tuple[int, int]]) -> list[dict[str, Any]]:
+    """Per length, (keys right, keys): one prompt per key, so each key is one 0/1 outcome."""
+    return [fake_row(model, length=length, depth=0.5, sample=i, score=1.0 if i < right else 0.0)
+            for length, (right, keys) in right_of.items() for i in range(keys)]
+
+
 def passkey_grid(
     models: tuple[str, ...] = ("tiny-rope", "tiny-bam"),
     lengths: tuple[int, ...] = (512, 1024, 2048, 4096),

@@ -15,13 +15,7 @@ from bamctl.errors import BamctlError
 from bamctl.results.render import render_summary, summaries_to_json
 from bamctl.results.store import ResultStore
 from bamctl.results.summary import min_certifiable_n, relative_effective_length, summarize, wilson_interval
-from results_fakes import fake_row, frame_of
-
-
-def cells(model: str, right_of: dict[int, tuple[int, int]]) -> list[dict]:
-    """Per length, (keys right, keys): one prompt per key, so each key is one 0/1 outcome."""
-    return [fake_row(model, length=length, depth=0.5, sample=i, score=1.0 if i < right else 0.0)
-            for length, (right, keys) in right_of.items() for i in range(keys)]
+from results_fakes import fake_row, frame_of, keys_found
 
 
 # A weak small model: half its keys at the shortest length, fading slowly, then lost; back at 8k.
@@ -34,7 +28,7 @@ def relative_row(rows, relative, base_length=None, model="tiny-rope"):
 
 
 def test_a_weak_model_has_a_relative_effective_length_where_the_absolute_one_is_none():
-    summary, row = relative_row(cells("tiny-rope", WEAK), 0.85)
+    summary, row = relative_row(keys_found("tiny-rope", WEAK), 0.85)
     assert summary.effective.loc["tiny-rope", "length"] is pd_na()  # 0.5 at the shortest: under 0.9
     # 0.85 × 0.5 = 0.425: 1k and 2k (0.45) reach it, 4k (0.30) does not, and 8k's recovery does not count
     assert (row["base_length"], row["base_score"], row["length"]) == (512, 0.5, 2048)
@@ -42,7 +36,7 @@ def test_a_weak_model_has_a_relative_effective_length_where_the_absolute_one_is_
 
 
 def test_the_base_length_moves_the_base_and_lengths_below_it_do_not_count():
-    rows = cells("tiny-rope", {512: (2, 20), **{n: v for n, v in WEAK.items() if n > 512}})
+    rows = keys_found("tiny-rope", {512: (2, 20), **{n: v for n, v in WEAK.items() if n > 512}})
     _, row = relative_row(rows, 0.85, base_length=1024)
     # 0.85 × 0.45 = 0.3825 from 1k on; 512 (0.10) lies below the base and does not stop it
     assert (row["base_length"], row["length"]) == (1024, 2048)
@@ -52,7 +46,7 @@ def test_the_base_length_moves_the_base_and_lengths_below_it_do_not_count():
 
 def test_the_certified_relative_length_holds_lower_bounds_to_the_bases_upper_bound():
     strong = {512: (40, 40), 1024: (40, 40), 2048: (37, 40), 4096: (30, 40)}
-    summary, row = relative_row(cells("tiny-rope", strong), 0.85)
+    summary, row = relative_row(keys_found("tiny-rope", strong), 0.85)
     assert row["length"] == 2048  # means: 0.925 at 2k reaches 0.85 × 1.0, 0.75 at 4k does not
     # the rule restated: every length's Wilson lower bound at or above 0.85 × the base's upper bound
     needed = 0.85 * wilson_interval(40, 40)[1]
@@ -64,7 +58,7 @@ def test_the_certified_relative_length_holds_lower_bounds_to_the_bases_upper_bou
 
 def test_too_few_keys_at_the_base_say_how_many_certification_needs():
     few = {512: (5, 5), 1024: (5, 5)}
-    summary, row = relative_row(cells("tiny-rope", few), 0.85)
+    summary, row = relative_row(keys_found("tiny-rope", few), 0.85)
     assert row["certified"] is pd_na() and row["needs_draws"] == min_certifiable_n(0.85)
     labels = render_summary(summary).columns[0]._cells
     assert "certified relative effective length" in [str(label) for label in labels]
@@ -73,14 +67,14 @@ def test_too_few_keys_at_the_base_say_how_many_certification_needs():
 
 
 def test_a_model_scoring_nothing_at_its_base_has_no_relative_length():
-    summary, row = relative_row(cells("tiny-rope", {512: (0, 10), 1024: (0, 10)}), 0.85)
+    summary, row = relative_row(keys_found("tiny-rope", {512: (0, 10), 1024: (0, 10)}), 0.85)
     assert row["length"] is pd_na() and row["certified"] is pd_na() and row["needs_draws"] is pd_na()  # nothing to certify
     values = [str(c) for c in render_summary(summary).columns[1]._cells]
     assert "no base score" in values
 
 
 def test_results_show_gives_both_lengths_and_refuses_a_base_it_did_not_test(tmp_path, capsys):
-    ResultStore(tmp_path).append(cells("tiny-rope", WEAK))
+    ResultStore(tmp_path).append(keys_found("tiny-rope", WEAK))
     shown = CliRunner().invoke(app, ["results", "show", "--dir", str(tmp_path), "--relative", "0.85", "--json"])
     assert shown.exit_code == 0, shown.output
     summary, = json.loads(shown.stdout)["summaries"]
@@ -96,7 +90,7 @@ def test_results_show_gives_both_lengths_and_refuses_a_base_it_did_not_test(tmp_
         error = capsys.readouterr().err
         assert exit_.value.code == 2 and words in error and len(error.strip().splitlines()) == 1
     with pytest.raises(BamctlError, match="in \\(0, 1\\]"):
-        summarize(frame_of(cells("tiny-rope", WEAK)), relative=0.0)
+        summarize(frame_of(keys_found("tiny-rope", WEAK)), relative=0.0)
 
 
 def pd_na():
@@ -106,8 +100,8 @@ def pd_na():
 
 
 def test_a_share_of_exactly_one_is_a_share_and_anything_past_it_or_at_zero_is_not():
-    rows = frame_of(cells("tiny-rope", WEAK))
-    _, row = relative_row(cells("tiny-rope", WEAK), 1.0)
+    rows = frame_of(keys_found("tiny-rope", WEAK))
+    _, row = relative_row(keys_found("tiny-rope", WEAK), 1.0)
     assert row["length"] == 512  # 1.0 × 0.5: 1k's 0.45 falls short
     for share in (0.0, -0.5, 1.0001, 2.0):
         with pytest.raises(BamctlError, match=rf"^--relative must be in \(0, 1\], .* not {share:g}$"):
@@ -150,14 +144,14 @@ def test_exactly_the_draws_certification_needs_are_enough_even_where_a_key_was_m
 
 
 def test_the_certified_bar_is_the_share_times_the_bases_upper_bound_below_one():
-    rows = cells("tiny-rope", {512: (38, 40), 1024: (26, 40), 2048: (10, 40)})
+    rows = keys_found("tiny-rope", {512: (38, 40), 1024: (26, 40), 2048: (10, 40)})
     row = relative_effective_length(table_of(rows), 0.5).loc["tiny-rope"]
     bar = 0.5 * wilson_interval(38, 40)[1]  # 0.493: 26 of 40 (lower bound 0.495) reaches it
     assert wilson_interval(26, 40)[0] >= bar > wilson_interval(10, 40)[0] and row["certified"] == 1024
 
 
 def test_a_model_without_a_cell_at_the_base_or_without_any_has_no_relative_length():
-    rows = cells("tiny-rope", {512: (10, 10), 1024: (10, 10)}) + cells("tiny-bam", {1024: (10, 10)})
+    rows = keys_found("tiny-rope", {512: (10, 10), 1024: (10, 10)}) + keys_found("tiny-bam", {1024: (10, 10)})
     table = table_of(rows)
     result = relative_effective_length(table, 0.85, base_length=512)
     bam = result.loc["tiny-bam"]
@@ -171,7 +165,7 @@ def test_a_model_without_a_cell_at_the_base_or_without_any_has_no_relative_lengt
 
 
 def test_the_table_level_call_refuses_what_the_cli_refuses_by_name():
-    table = table_of(cells("tiny-rope", WEAK))
+    table = table_of(keys_found("tiny-rope", WEAK))
     with pytest.raises(BamctlError, match="^--base-length goes with --relative"):
         relative_effective_length(table, None, 1024)
     message = "--base-length 3000 is not a tested length; the table's lengths are 512, 1024, 2048, 4096, 8192"

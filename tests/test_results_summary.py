@@ -19,7 +19,7 @@ from bamctl.results.summary import (
     wilson_interval,
 )
 
-from results_fakes import fake_row, frame_of, passkey_grid, perplexity_rows
+from results_fakes import fake_row, frame_of, keys_found, passkey_grid, perplexity_rows
 
 
 @pytest.mark.parametrize(
@@ -289,22 +289,17 @@ def test_rows_a_server_read_at_another_length_are_left_out_of_every_cell_and_nam
     assert summaries_to_json([summary])["summaries"][0]["unread_rows"] == {"tiny-bam": 3}
 
 
-def keys_right(length: int, right: int, keys: int, model: str = "tiny-rope") -> list[dict]:
-    """One prompt per key at one depth: `right` of `keys` keys found."""
-    return [fake_row(model, length=length, depth=0.5, sample=i, score=1.0 if i < right else 0.0) for i in range(keys)]
-
-
 def test_effective_length_holds_lengths_at_0_9_by_default():
-    table = accuracy_table(frame_of(keys_right(512, 9, 10) + keys_right(1024, 17, 20)))
+    table = accuracy_table(frame_of(keys_found("tiny-rope", {512: (9, 10), 1024: (17, 20)})))
     assert effective_length(table).loc["tiny-rope", "length"] == 512  # 0.9 passes, 0.85 does not
     assert effective_length(table).equals(effective_length(table, 0.9))
 
 
 def test_certification_asks_for_draws_only_where_too_few_could_never_certify():
     needed = min_certifiable_n(0.9)
-    missed = effective_length(accuracy_table(frame_of(keys_right(512, needed - 1, needed)))).loc["tiny-rope"]
+    missed = effective_length(accuracy_table(frame_of(keys_found("tiny-rope", {512: (needed - 1, needed)})))).loc["tiny-rope"]
     assert missed["certified"] is pd.NA and missed["needs_draws"] is pd.NA  # enough keys; one was missed
-    few = accuracy_table(frame_of(keys_right(512, needed - 1, needed - 1)))
+    few = accuracy_table(frame_of(keys_found("tiny-rope", {512: (needed - 1, needed - 1)})))
     assert effective_length(few).loc["tiny-rope", "needs_draws"] == needed
     # a table that counts prompts alone (one per key here) is held to them
     assert effective_length(few.drop(columns="n_draws", level="field")).loc["tiny-rope", "needs_draws"] == needed
