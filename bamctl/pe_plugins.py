@@ -68,24 +68,24 @@ def _plugin_spec(name: str, recorded: dict | None) -> PESpec:
                               f"nor at {given} from here; put it back, or run from the folder it was named from")
         reference = name
     target, sep, attribute = reference.rpartition(":")
-    if sep:
-        file = Path(target).expanduser().resolve() if is_file_target(target) else locate_module(target)
-        code = None if file is None or not file.is_file() or is_installed(file) else local_code(file)
-        if code is not None and recorded is not None:
-            if recorded.get("digest") not in (None, code.digest):
-                raise BamctlError(f"{who}: {code.describe()} in {code.root} is not the code this checkpoint was made "
-                                  f"with (its digest {code.digest}, recorded {recorded['digest']}); restore those "
-                                  "files, or make a new checkpoint")
-            consent.require(code, who)
-        elif code is not None:
-            consent.named(code)
-        found = load(target, attribute, who)
-    elif reference in installed_plugins():
-        code = None
-        found = load_entry_point(PLUGIN_GROUP, reference, who)
-    else:
+    point = None if sep else installed_plugins().get(reference)
+    if not sep and point is None:
         raise BamctlError(f"{who}: no installed package gives it (entry point group {PLUGIN_GROUP}); install the "
                           "package that does, or name its file as FILE.py:CLASS")
+    if sep and is_file_target(target):
+        file = Path(target).expanduser().resolve()
+    else:  # a module on the path: an entry point's package of the user's own (editable, or on PYTHONPATH) is local code too
+        file = locate_module(target if sep else point.module)
+    code = None if file is None or not file.is_file() or is_installed(file) else local_code(file)
+    if code is not None and recorded is not None:
+        if recorded.get("digest") not in (None, code.digest):
+            raise BamctlError(f"{who}: {code.describe()} in {code.root} is not the code this checkpoint was made "
+                              f"with (its digest {code.digest}, recorded {recorded['digest']}); restore those "
+                              "files, or make a new checkpoint")
+        consent.require(code, who)
+    elif code is not None:
+        consent.named(code)
+    found = load(target, attribute, who) if sep else load_entry_point(PLUGIN_GROUP, reference, who)
     cls = found.value
     check_plugin(cls, who)
     digest_now = code.digest if code is not None else file_digest_or_none(found.source)

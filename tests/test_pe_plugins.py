@@ -16,6 +16,7 @@ import torch
 import bamctl
 from bamctl.checkpoint import load_checkpoint, new_random_model, save_checkpoint
 from bamctl.errors import BamctlError
+from bamctl.local_code import local_code
 from bamctl.model import ModelConfig
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "positional"
@@ -125,7 +126,10 @@ def test_bamctl_new_and_inspect_take_a_plugin(tmp_path, capsys):
 
 def test_an_installed_packages_entry_point_is_a_pe_name(tmp_path, monkeypatch):
     """A package that declares ``[project.entry-points."bamctl.positional_encodings"]`` (here its
-    installed metadata, written as pip writes it) gives its PE by name."""
+    installed metadata, written as pip writes it) gives its PE by name. Its package lies on the path,
+    not in site-packages (an editable install, a PYTHONPATH): the user named its code by naming the
+    entry point, so the model builds with no flag, and its identity is that code's digest, as a
+    file named FILE.py:CLASS would be."""
     site = tmp_path / "site"
     (site / "mype").mkdir(parents=True)
     shutil.copy(EXAMPLES / "sandwich.py", site / "mype" / "pe.py")
@@ -138,6 +142,7 @@ def test_an_installed_packages_entry_point_is_a_pe_name(tmp_path, monkeypatch):
     model = _model("sandwich")
     assert model.config.pe == "sandwich" and model.config.pe_source["where"] == "mype.pe:Sandwich"
     assert type(model.layers[0].attention.prior).__name__ == "Sandwich"
+    assert model.config.pe_source["digest"] == local_code(site / "mype" / "pe.py").digest
 
 
 def test_bamctl_train_trains_a_plugin_named_in_a_recipe(tmp_path, capsys, monkeypatch):
