@@ -343,3 +343,86 @@ def test_a_prior_gives_a_bias_by_any_one_of_its_hooks(flags, adds):
     pe = type("PE", (), flags)
     assert gives_bias(pe) is adds
     assert scans_content(pe) is False  # only a callable content_scan is a scan (CoPE's, above)
+
+
+def test_bamctl_models_lists_every_zoo_pe_with_what_it_is(capsys, monkeypatch):
+    """`bamctl models` is where a user finds the names --pe takes: one row per zoo PE, its name
+    beside its own one-line description, in the zoo's order (``_zoo`` builds the registry)."""
+    import re
+
+    from bamctl.cli import main
+    from bamctl.positional import _zoo
+
+    monkeypatch.setenv("COLUMNS", "250")
+    with pytest.raises(SystemExit) as exited:
+        main(["models"])
+    out = capsys.readouterr().out
+    assert exited.value.code == 0 and "bamctl new --pe NAME; NAME-ssmax adds Scalable-Softmax" in out
+    listed = re.findall(r"^│ (\S+)\s+│ (.+?)\s+│$", out.split("positional encodings (bamctl new --pe")[1], re.M)
+    assert listed == [(name, spec.summary) for name, spec in _zoo().items()]
+    assert all(spec.name == name and spec.summary for name, spec in _zoo().items())
+
+
+def test_each_prior_describes_its_parameters_per_head():
+    """What `bamctl inspect` prints per head, from parameters set here and worked out by hand."""
+    from bamctl.positional import ALiBiPrior, FIREPrior, GGDPrior
+
+    assert ALiBiPrior(8).describe()["slope"].tolist() == [2.0 ** -(h + 1) for h in range(8)]
+    kerple = KerplePrior(2)
+    with torch.no_grad():
+        kerple.log_r1.copy_(torch.tensor([0.0, math.log(2.0)]))
+        kerple.log_r2.copy_(torch.tensor([math.log(0.5), math.log(3.0)]))
+    shown = kerple.describe()
+    assert shown.keys() == {"r1", "r2"}
+    assert shown["r1"].tolist() == pytest.approx([1.0, 2.0]) and shown["r2"].tolist() == pytest.approx([0.5, 3.0])
+    t5 = T5Prior(2)
+    with torch.no_grad():
+        t5.bucket_bias.copy_(torch.arange(64, dtype=torch.float32).view(2, 32))
+    shown = t5.describe()
+    assert list(shown) == ["b(0)", "b(16)", "b(128+)"]  # the exact, first log-spaced and last (farthest) buckets
+    assert [v.tolist() for v in shown.values()] == [[0, 32], [16, 48], [31, 63]]
+    fire = FIREPrior(3, train_length=64)
+    with torch.no_grad():
+        fire.threshold.fill_(-50.0)  # L enters as |L|
+    shown = fire.describe()
+    assert shown["c"].tolist() == pytest.approx([0.1] * 3) and shown["L"].tolist() == [50.0] * 3
+    bam = GGDPrior(3, train_mu=True)
+    with torch.no_grad():
+        bam.theta_alpha.copy_(torch.tensor([math.log(2.0), 0.5, 0.3]))
+        bam.theta_beta.copy_(torch.tensor([1.0, 2.0, 0.0]))
+        bam.theta_mu.copy_(torch.tensor([0.0, math.log(2.0), -math.log(2.0)]))
+    shown = bam.describe()
+    assert list(shown) == ["alpha", "beta", "mu", "scale"]
+    # alpha = exp(-theta_alpha / beta): ALiBi slope 2 is alpha 1/2; beta = 0 (flat) is alpha inf
+    assert shown["alpha"].tolist() == pytest.approx([0.5, math.exp(-0.25), math.inf])
+    assert shown["beta"].tolist() == [1.0, 2.0, 0.0]
+    assert shown["mu"].tolist() == pytest.approx([0.0, 1.5, -1.5])  # e^theta - e^-theta
+    assert shown["scale"].tolist() == pytest.approx([2.0, math.exp(0.5), math.exp(0.3)])
+
+
+def test_xpos_scale_by_hand():
+    """ζ_k = (2k/d + 0.4) / 1.4 per rotary pair, both channels of a pair alike, raised to offset / 512."""
+    from bamctl.positional import xpos_scale
+
+    zeta = [2 / 7, 13 / 28, 9 / 14, 23 / 28]  # d = 8: pairs 0, 2, 4, 6
+    scale = xpos_scale(torch.tensor([0, 512, -1024, 256]), 8)
+    assert scale.dtype == torch.float32 and scale.shape == (4, 8)
+    for row, power in zip(scale.tolist(), [0, 1, -2, 0.5]):
+        assert row == pytest.approx([z**power for z in zeta for _ in range(2)], rel=1e-6)
+
+
+def test_rope_scaling_refuses_an_unknown_kind_and_a_factor_below_one():
+    assert RopeScaling("linear", 1.0, 128).label == "linear:1" and RopeScaling("yarn", 1.5, 128).label == "yarn:1.5"
+    with pytest.raises(BamctlError, match=r"unknown RoPE scaling 'dynamic'; use one of linear, ntk, yarn$"):
+        RopeScaling("dynamic", 2.0, 128)
+    with pytest.raises(BamctlError, match=r"^--rope-factor must be at least 1, not 0.5$"):
+        RopeScaling("ntk", 0.5, 128)
+
+
+def test_fires_kernel_form_is_the_line_of_every_distance_and_each_querys_norm():
+    """What the native kernel reads: ψ(d) for d = 0..max_distance (no more), ψ(max(L, i)) per query."""
+    fire = _fire(3, 64, seed=4)
+    queries = torch.tensor([10, 64, 200])
+    form = fire.kernel_form(queries, 250)
+    assert torch.equal(form.line, fire.psi(torch.arange(251)))
+    assert torch.equal(form.query_norm, fire.psi(torch.tensor([64, 64, 200])))

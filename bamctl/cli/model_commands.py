@@ -291,8 +291,9 @@ def _draw_attention(checkpoint, path: Path, length: int, depth: float, seed: int
 def list_models(
     json_output: Annotated[bool, typer.Option("--json", help="Print the catalog as JSON.")] = False,
 ) -> None:
-    """List the model catalog: name, PE, SSMax, training length, parameters, location; and the
-    positional encodings installed packages give (entry points of bamctl.positional_encodings).
+    """List the model catalog: name, PE, SSMax, training length, parameters, location; the positional
+    encodings bamctl new --pe takes, and those installed packages give (entry points of
+    bamctl.positional_encodings).
 
     Any checkpoint directory works as a model argument too.
 
@@ -300,7 +301,7 @@ def list_models(
     """
     from bamctl.catalog import catalog
     from bamctl.pe_plugins import PLUGIN_GROUP, installed_plugins
-    from bamctl.positional import SSMAX_SUFFIX
+    from bamctl.positional import PE_REGISTRY, SSMAX_SUFFIX
 
     entries = catalog()
     if json_output:
@@ -316,6 +317,12 @@ def list_models(
     stdout.print(table)
     if not entries:
         stdout.print("no shipped checkpoints yet; make one with: bamctl new --out DIR")
+    zoo = Table(title=f"positional encodings (bamctl new --pe NAME; NAME{SSMAX_SUFFIX} adds Scalable-Softmax)")
+    for column in ("--pe", "what it is"):
+        zoo.add_column(column)
+    for spec in PE_REGISTRY.values():
+        zoo.add_row(spec.name, spec.summary)
+    stdout.print(zoo)
     plugins = installed_plugins()
     if plugins:  # PEs that installed packages give by name (bamctl new --pe NAME)
         found = Table(title=f"positional encodings of installed packages ({PLUGIN_GROUP})")
