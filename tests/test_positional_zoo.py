@@ -426,3 +426,78 @@ def test_fires_kernel_form_is_the_line_of_every_distance_and_each_querys_norm():
     form = fire.kernel_form(queries, 250)
     assert torch.equal(form.line, fire.psi(torch.arange(251)))
     assert torch.equal(form.query_norm, fire.psi(torch.tensor([64, 64, 200])))
+
+
+def test_sinusoids_by_hand_in_both_layouts():
+    """sin on even channels, cos on odd ones; Vaswani's pair shares base^(-2k/d), the authors' layout
+    gives channel c its own base^(-c/d). Defaults: Vaswani's, base 10000."""
+    from bamctl.positional import sinusoidal_encoding
+
+    positions, dim = [0, 1, 7, 1000], 6
+    for base, layout in ((10000.0, "vaswani"), (100.0, "vaswani"), (10000.0, "bam"), (100.0, "bam")):
+        exponent = (lambda c: c - c % 2) if layout == "vaswani" else (lambda c: c)
+        expected = [[(math.sin if c % 2 == 0 else math.cos)(p * base ** (-exponent(c) / dim)) for c in range(dim)]
+                    for p in positions]
+        got = sinusoidal_encoding(torch.tensor(positions), dim, base, layout)
+        assert got.dtype == torch.float32 and torch.allclose(got, torch.tensor(expected), atol=2e-4), (base, layout)
+    assert torch.equal(sinusoidal_encoding(torch.tensor(positions), dim), sinusoidal_encoding(torch.tensor(positions), dim, 10000.0, "vaswani"))
+    with pytest.raises(BamctlError, match=r"unknown sinusoidal layout 'authors'; use one of vaswani, bam$"):
+        sinusoidal_encoding(torch.tensor(positions), dim, layout="authors")
+
+
+def test_the_sinusoidal_pe_adds_its_layouts_encoding_in_the_embeddings_dtype():
+    from bamctl.model import ModelConfig
+    from bamctl.positional import Sinusoidal, sinusoidal_encoding
+
+    config = ModelConfig.from_preset("micro", "sinusoidal", sinusoidal_layout="bam", sinusoidal_base=500.0)
+    h, positions = torch.randn(2, 5, config.dim).bfloat16(), torch.arange(40, 45)
+    embedded = Sinusoidal(config).embed(h, positions)
+    assert embedded.dtype == torch.bfloat16
+    assert torch.equal(embedded, h + sinusoidal_encoding(positions, config.dim, 500.0, "bam").bfloat16())
+
+
+def test_pe_label_adds_the_ssmax_suffix_only_with_ssmax():
+    from bamctl.positional import pe_label
+
+    assert pe_label("bam", True) == "bam-ssmax" and pe_label("rope", False) == "rope"
+
+
+@pytest.mark.parametrize("start, queries", [(300, 11), (777, 1)])
+def test_xpos_decays_each_channel_by_the_distance_whatever_the_chunks_first_query(start, queries):
+    """After the cache, q'_i · k'_j per channel is q_i k_j ζ_c^((i - j)/512): a later chunk (its own
+    reference position) and one decoding step (a single query) as well as the first chunk."""
+    from bamctl.model import ModelConfig
+    from bamctl.positional import XPos
+
+    xpos = XPos(ModelConfig.from_preset("micro", "xpos"))
+    Dh = xpos.head_dim
+    generator = torch.Generator().manual_seed(start)
+    q, k = torch.randn(1, 2, queries, Dh, generator=generator), torch.randn(1, 2, start + queries, Dh, generator=generator)
+    q_positions, k_positions = torch.arange(start, start + queries), torch.arange(start + queries)
+    q2, k2 = xpos.transform_qk_after_cache(q, k, q_positions, k_positions)
+    zeta = ((torch.arange(0, Dh, 2).float() / Dh + 0.4) / 1.4).repeat_interleave(2)  # (Dh,)
+    distance = (q_positions[:, None] - k_positions[None, :]).float()  # (Tq, Tk)
+    expected = q[..., :, None, :] * k[..., None, :, :] * zeta ** (distance[..., None] / 512)
+    assert torch.allclose(q2[..., :, None, :] * k2[..., None, :, :], expected, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("weights", ["breaks_inside", "a_flat_unit_and_a_unit_weight", "all_flat"])
+def test_fires_pieces_are_its_mlp_below_between_and_past_every_breakpoint(weights):
+    """The piecewise evaluation (no gradients) against the MLP written out, for x from below the first
+    breakpoint (x = 0: the diagonal) to past the last: breakpoints packed in (0, 1), a hidden unit of
+    weight 0 (a constant, no breakpoint) beside one of weight exactly 1, and no breakpoint at all."""
+    fire = _fire(3, 64, seed=9, breaks_inside=True)
+    with torch.no_grad():
+        if weights == "a_flat_unit_and_a_unit_weight":
+            fire.mlp[0].weight[:2, 0] = torch.tensor([0.0, 1.0])
+            fire.mlp[0].bias[:2] = torch.tensor([0.7, -0.5])
+        elif weights == "all_flat":
+            fire.mlp[0].weight.zero_()
+    x = torch.linspace(0, 1.2, 601)[:, None]  # (Tq, Tk) = (601, 1)
+    first, second = fire.mlp[0], fire.mlp[2]
+    expected = (torch.relu(x[..., None] * first.weight[:, 0] + first.bias) @ second.weight.T + second.bias).permute(2, 0, 1)
+    breaks, slopes, offsets = fire.piecewise()
+    segment = torch.bucketize(x, breaks)
+    got = slopes[:, segment] * x[None] + offsets[:, segment]
+    assert torch.allclose(got, expected.detach(), atol=1e-5)
+    assert len(breaks) == {"breaks_inside": 32, "a_flat_unit_and_a_unit_weight": 31, "all_flat": 0}[weights]
