@@ -361,6 +361,11 @@ def test_bamctl_models_lists_every_zoo_pe_with_what_it_is(capsys, monkeypatch):
     listed = re.findall(r"^│ (\S+)\s+│ (.+?)\s+│$", out.split("positional encodings (bamctl new --pe")[1], re.M)
     assert listed == [(name, spec.summary) for name, spec in _zoo().items()]
     assert all(spec.name == name and spec.summary for name, spec in _zoo().items())
+    for name, spec in _zoo().items():  # and the class a model named by it builds in each layer
+        from bamctl.checkpoint import new_random_model
+        from bamctl.model import ModelConfig
+
+        assert type(new_random_model(ModelConfig.from_preset("micro", name), 0).layers[0].attention.prior) is spec.module
 
 
 def test_each_prior_describes_its_parameters_per_head():
@@ -501,3 +506,14 @@ def test_fires_pieces_are_its_mlp_below_between_and_past_every_breakpoint(weight
     got = slopes[:, segment] * x[None] + offsets[:, segment]
     assert torch.allclose(got, expected.detach(), atol=1e-5)
     assert len(breaks) == {"breaks_inside": 32, "a_flat_unit_and_a_unit_weight": 31, "all_flat": 0}[weights]
+
+
+def test_alibi_slopes_by_the_papers_rule_for_any_head_count():
+    """A power of two n: 2^(-8/n), its square, ... (ALiBi's geometric sequence); otherwise the
+    largest power of two below n, then every other slope of twice that many heads."""
+    from bamctl.positional import alibi_slopes
+
+    assert alibi_slopes(8) == [2.0 ** -(h + 1) for h in range(8)]
+    assert alibi_slopes(4) == [2.0 ** -(2 * (h + 1)) for h in range(4)]
+    assert alibi_slopes(6) == pytest.approx([1 / 4, 1 / 16, 1 / 64, 1 / 256, 1 / 2, 1 / 8])
+    assert alibi_slopes(12) == pytest.approx([2.0 ** -(h + 1) for h in range(8)] + [2.0 ** -(h + 0.5) for h in (0, 1, 2, 3)])
