@@ -517,3 +517,95 @@ def test_alibi_slopes_by_the_papers_rule_for_any_head_count():
     assert alibi_slopes(4) == [2.0 ** -(2 * (h + 1)) for h in range(4)]
     assert alibi_slopes(6) == pytest.approx([1 / 4, 1 / 16, 1 / 64, 1 / 256, 1 / 2, 1 / 8])
     assert alibi_slopes(12) == pytest.approx([2.0 ** -(h + 1) for h in range(8)] + [2.0 ** -(h + 0.5) for h in (0, 1, 2, 3)])
+
+
+@pytest.mark.parametrize("form", ["released", "scaled_distance"])
+def test_the_ggd_prior_by_hand_in_both_forms(form):
+    """bias(d) = -(|d - mu| + eps)^beta e^alpha (released) or -(|(d - mu) e^alpha| + eps)^beta, from
+    theta set here: beta 1, 2, 0.5, 0 and -8 (whose power at d = mu would overflow: capped at -e^80)."""
+    from bamctl.positional import GGD_EPS, LOG_BIAS_CAP, GGDPrior
+
+    prior = GGDPrior(5, train_mu=True, form=form)
+    alpha, beta, theta_mu = [0.5, -1.0, 0.2, 0.3, 0.0], [1.0, 2.0, 0.5, 0.0, -8.0], [0.0, 0.0, math.log(2.0), 0.0, 0.0]
+    with torch.no_grad():
+        prior.theta_alpha.copy_(torch.tensor(alpha))
+        prior.theta_beta.copy_(torch.tensor(beta))
+        prior.theta_mu.copy_(torch.tensor(theta_mu))
+    table = prior.distance_table(9)
+    assert table.shape == (5, 10) and table.dtype == torch.float32
+    for h in range(5):
+        mu = math.exp(theta_mu[h]) - math.exp(-theta_mu[h])  # 1.5 for head 2: the authors' offset j - i = -d
+        for d in range(10):
+            shifted = -d - mu
+            if form == "released":
+                log_magnitude = beta[h] * math.log(abs(shifted) + GGD_EPS) + alpha[h]
+            else:
+                log_magnitude = beta[h] * math.log(abs(shifted * math.exp(alpha[h])) + GGD_EPS)
+            expected = -math.exp(min(log_magnitude, LOG_BIAS_CAP))
+            assert table[h, d].item() == pytest.approx(expected, rel=1e-5), (h, d)
+    assert table[4, 0].item() == pytest.approx(-math.exp(80.0), rel=1e-5)  # capped, finite
+
+
+def test_the_ggd_priors_inits_and_refusals():
+    from bamctl.model import ModelConfig
+    from bamctl.positional import GGDPrior, alibi_slopes
+
+    flat = GGDPrior(4)
+    assert flat.theta_alpha.tolist() == [0.0] * 4 and flat.theta_beta.tolist() == [0.0] * 4 and flat.form == "released"
+    assert flat.theta_mu.tolist() == [0.0] * 4 and not flat.theta_mu.requires_grad and flat.theta_beta.requires_grad
+    assert GGDPrior(4, train_mu=True).theta_mu.requires_grad
+    alibi = GGDPrior(4, init="alibi")
+    assert torch.allclose(alibi.theta_alpha.exp(), torch.tensor(alibi_slopes(4))) and alibi.theta_beta.tolist() == [1.0] * 4
+    linear = GGDPrior(4, init="alibi-linear")
+    assert torch.allclose(linear.theta_alpha.exp(), torch.tensor(alibi_slopes(4)))
+    assert linear.theta_beta.tolist() == pytest.approx([0.0, 1 / 3, 2 / 3, 1.0])
+    config = ModelConfig.from_preset("micro", "bam", bam_init="alibi-linear", bam_train_mu=True, bam_prior_form="scaled_distance")
+    built = GGDPrior.from_config(config)
+    assert built.form == "scaled_distance" and built.theta_mu.requires_grad and built.theta_beta.shape == (config.n_heads,)
+    assert built.theta_beta[-1].item() == 1.0 and built.theta_beta[0].item() == 0.0
+    with pytest.raises(BamctlError, match=r"^unknown BAM prior form 'paper'; use one of released, scaled_distance$"):
+        GGDPrior(4, form="paper")
+    with pytest.raises(BamctlError, match=r"^unknown BAM init 'rope'; use 'flat', 'alibi' or 'alibi-linear'$"):
+        GGDPrior(4, init="rope")
+
+
+def test_rotary_by_hand():
+    """Pairs (0, 1), (2, 3), ... rotated by p·base^(-2k/d), as Meta's Llama code does; YaRN multiplies
+    cos and sin by 0.1 ln(factor) + 1; the input's dtype comes back."""
+    from bamctl.positional import apply_rotary, rotary_angles
+
+    positions, base, Dh = torch.tensor([0, 3, 1000]), 100.0, 4
+    cos, sin = rotary_angles(positions, Dh, base)
+    angles = [[p * base ** (-2 * k / Dh) for k in range(Dh // 2)] for p in (0, 3, 1000)]
+    assert torch.allclose(cos, torch.tensor(angles).cos()) and torch.allclose(sin, torch.tensor(angles).sin())
+    yarn = RopeScaling("yarn", 4.0, 64)
+    scaled_cos, scaled_sin = rotary_angles(positions, Dh, base, yarn)
+    factor = 0.1 * math.log(4.0) + 1
+    scaled = positions.float()[:, None] * rope_inverse_frequencies(Dh, base, yarn)[None, :]
+    assert torch.allclose(scaled_cos, scaled.cos() * factor) and torch.allclose(scaled_sin, scaled.sin() * factor)
+    x = torch.tensor([[[[1.0, 2.0, 3.0, 4.0]] * 3]])  # (1, 1, 3, 4)
+    rotated = apply_rotary(x, cos, sin)
+    for t in range(3):
+        for k, (even, odd) in enumerate(((1.0, 2.0), (3.0, 4.0))):
+            c, s = math.cos(angles[t][k]), math.sin(angles[t][k])
+            assert rotated[0, 0, t, 2 * k].item() == pytest.approx(even * c - odd * s, abs=1e-5)
+            assert rotated[0, 0, t, 2 * k + 1].item() == pytest.approx(even * s + odd * c, abs=1e-5)
+    assert apply_rotary(x.bfloat16(), cos, sin).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("q_positions", [[5, 6], [6], [10, 11], [0, 1]])
+def test_rope_rotates_queries_and_keys_each_by_its_own_position(q_positions):
+    """The chunk's queries at the keys' last positions (the usual case, angles shared) or anywhere else."""
+    from bamctl.model import ModelConfig
+    from bamctl.positional import RoPE, apply_rotary, rotary_angles
+
+    config = ModelConfig.from_preset("micro", "rope", rope_base=5000.0)
+    rope = RoPE(config)
+    assert (rope.head_dim, rope.base, rope.rope_scaling) == (config.head_dim, 5000.0, None)  # unscaled until the engine says
+    rope.rope_scaling = RopeScaling("linear", 2.0, 128)
+    Dh = rope.head_dim
+    q_at, k_at = torch.tensor(q_positions), torch.arange(7)
+    q, k = torch.randn(1, 2, len(q_positions), Dh), torch.randn(1, 2, 7, Dh)
+    q2, k2 = rope.transform_qk(q, k, q_at, k_at)
+    assert torch.equal(q2, apply_rotary(q, *rotary_angles(q_at, Dh, rope.base, rope.rope_scaling)))
+    assert torch.equal(k2, apply_rotary(k, *rotary_angles(k_at, Dh, rope.base, rope.rope_scaling)))
