@@ -57,17 +57,24 @@ def test_yarn_ramp_at_chosen_dimensions():
     assert rope_attention_factor(RopeScaling("yarn", 8.0, 128)) == pytest.approx(0.1 * math.log(8) + 1)
 
 
-def test_yarn_equals_transformers():
+@pytest.mark.parametrize("base, factor, original", [
+    (10000.0, 8.0, 128),  # the ramp inside the head: low 0, high 11
+    (10.0, 4.0, 1000),  # the slow end past the head: high capped at d - 1 (63), low 22
+    (100.0, 4.0, 2_000_000),  # both ends at d - 1: low == high, transformers' 0.001
+    (10000.0, 2.0, 6),  # both ends at 0: low == high == 0
+])
+def test_yarn_equals_transformers(base, factor, original):
     transformers = pytest.importorskip("transformers", reason="transformers not installed (pip install 'bamctl[hf]')")
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     config = transformers.LlamaConfig(
-        hidden_size=256, num_attention_heads=4, max_position_embeddings=1024, rope_theta=10000.0,
-        rope_scaling={"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 128},
+        hidden_size=256, num_attention_heads=4, max_position_embeddings=1024, rope_theta=base,
+        rope_scaling={"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original},
     )
-    theirs, factor = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
-    ours = rope_inverse_frequencies(64, 10000.0, RopeScaling("yarn", 8.0, 128))
-    assert torch.allclose(ours, theirs.float(), rtol=1e-6) and factor == pytest.approx(rope_attention_factor(RopeScaling("yarn", 8.0, 128)))
+    theirs, attention_factor = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
+    ours = rope_inverse_frequencies(64, base, RopeScaling("yarn", factor, original))
+    assert torch.allclose(ours, theirs.float(), rtol=1e-6)
+    assert attention_factor == pytest.approx(rope_attention_factor(RopeScaling("yarn", factor, original)))
 
 
 def test_scaling_is_refused_for_non_rope_models_and_bad_factors():
