@@ -139,10 +139,15 @@ def _remember_code(source: dict | None) -> None:
     ran (its file and helpers, by digest) is remembered as consented (``bamctl.consent``)."""
     if not source:
         return
+    from bamctl.local_code import is_installed
+    from bamctl.plugins import is_file_target, locate_module
+
     target = source["where"].rpartition(":")[0]
-    if not (target.endswith(".py") and Path(target).is_file()):
+    # a file, or a module on the path (an entry point's package in an editable install is local code too)
+    file = Path(target) if is_file_target(target) else locate_module(target)
+    if file is None or not file.is_file() or is_installed(file):
         return
-    code = local_code(Path(target))
+    code = local_code(file)
     if code.digest == source.get("digest"):
         consent.remember(code)
 

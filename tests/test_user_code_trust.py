@@ -302,3 +302,31 @@ def test_plugins_with_same_named_helpers_run_their_own_and_a_helper_is_part_of_t
     shutil.copytree(tmp_path / "b", tmp_path / "elsewhere")  # where the files lie is not identity
     moved = ModelConfig.from_preset("micro", f"{tmp_path / 'elsewhere' / 'pe.py'}:Slope", train_length=128)
     assert model_identity("w", moved) == model_identity("w", configs[1])
+
+
+def test_a_checkpoint_of_an_entry_point_pe_from_a_package_on_the_path_opens_without_the_flag(tmp_path, monkeypatch):
+    """A PE named by its entry point whose package lies on the path (an editable install, a
+    PYTHONPATH) is local code: the process that names it runs it, saving remembers it, and another
+    process opens the checkpoint without --trust-remote-code; an edited package asks again."""
+    from bamctl.cli import main
+
+    site = tmp_path / "site"
+    (site / "mype").mkdir(parents=True)
+    shutil.copy(EXAMPLES / "sandwich.py", site / "mype" / "pe.py")
+    (site / "mype" / "__init__.py").write_text("")
+    info = site / "mype-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mype\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[bamctl.positional_encodings]\nsandwich = mype.pe:Sandwich\n")
+    monkeypatch.syspath_prepend(str(site))
+    trust = tmp_path / "trusted.json"
+    monkeypatch.setenv("BAMCTL_TRUSTED_CODE", str(trust))
+    with pytest.raises(SystemExit) as exited:
+        main(["new", "--pe", "sandwich", "--preset", "micro", "--train-length", "128", "--out", str(tmp_path / "m")])
+    assert exited.value.code == 0
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    opened = _bamctl("inspect", str(tmp_path / "m"), trust_file=trust)
+    assert opened.returncode == 0, opened.stderr
+    (site / "mype" / "pe.py").write_text((site / "mype" / "pe.py").read_text() + "\n# edited\n")
+    changed = _bamctl("inspect", str(tmp_path / "m"), trust_file=trust)
+    assert changed.returncode == 2 and "is not the code this checkpoint was made with" in changed.stderr
