@@ -616,3 +616,30 @@ def test_rope_rotates_queries_and_keys_each_by_its_own_position(q_positions):
     q2, k2 = rope.transform_qk(q, k, q_at, k_at)
     assert torch.equal(q2, apply_rotary(q, *rotary_angles(q_at, Dh, rope.base, rope.rope_scaling)))
     assert torch.equal(k2, apply_rotary(k, *rotary_angles(k_at, Dh, rope.base, rope.rope_scaling)))
+
+
+def test_check_plugin_names_what_it_was_given_and_what_is_missing():
+    from torch import nn
+
+    from bamctl.positional import check_plugin
+
+    def not_a_class():
+        pass
+
+    class Plain:
+        def distance_table(self, d):
+            pass
+
+    with pytest.raises(BamctlError, match=r"^positional encoding x is a function, not a torch.nn.Module class$"):
+        check_plugin(not_a_class, "positional encoding x")
+    with pytest.raises(BamctlError, match=r"^positional encoding x is a type, not a torch.nn.Module class$"):
+        check_plugin(Plain, "positional encoding x")
+    with pytest.raises(BamctlError, match=r"^positional encoding x says content_dependent = True but has none of its hooks"):
+        check_plugin(type("Content", (nn.Module,), {"content_dependent": True}), "positional encoding x")
+    with pytest.raises(BamctlError, match=r"^positional encoding x says query_dependent = True but has no bias\(q_positions, k_positions\) hook$"):
+        check_plugin(type("Query", (nn.Module,), {"query_dependent": True}), "positional encoding x")
+    with pytest.raises(BamctlError, match=r"^positional encoding x has no hook of the PE protocol: give it distance_table"):
+        check_plugin(type("Nothing", (nn.Module,), {}), "positional encoding x")
+    check_plugin(type("Empty", (nn.Module,), {"changes_nothing": True}), "positional encoding x")  # NoPE's case
+    check_plugin(type("Scan", (nn.Module,), {"content_dependent": True, "content_scan": lambda self, *a: None}), "x")
+    check_plugin(type("Query", (nn.Module,), {"query_dependent": True, "bias": lambda self, q, k: None}), "x")
