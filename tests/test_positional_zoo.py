@@ -634,12 +634,65 @@ def test_check_plugin_names_what_it_was_given_and_what_is_missing():
         check_plugin(not_a_class, "positional encoding x")
     with pytest.raises(BamctlError, match=r"^positional encoding x is a type, not a torch.nn.Module class$"):
         check_plugin(Plain, "positional encoding x")
-    with pytest.raises(BamctlError, match=r"^positional encoding x says content_dependent = True but has none of its hooks"):
+    with pytest.raises(BamctlError) as refused:
         check_plugin(type("Content", (nn.Module,), {"content_dependent": True}), "positional encoding x")
+    assert str(refused.value) == ("positional encoding x says content_dependent = True but has none of its hooks: "
+                                  "content_bias(q, scores, q_positions, k_positions), content_scan(q, scores, q_positions, "
+                                  "k_positions, carry), pair_bias(q, k, q_positions), score_mod(score, b, h, q_idx, kv_idx)")
     with pytest.raises(BamctlError, match=r"^positional encoding x says query_dependent = True but has no bias\(q_positions, k_positions\) hook$"):
         check_plugin(type("Query", (nn.Module,), {"query_dependent": True}), "positional encoding x")
     with pytest.raises(BamctlError, match=r"^positional encoding x has no hook of the PE protocol: give it distance_table"):
         check_plugin(type("Nothing", (nn.Module,), {}), "positional encoding x")
     check_plugin(type("Empty", (nn.Module,), {"changes_nothing": True}), "positional encoding x")  # NoPE's case
-    check_plugin(type("Scan", (nn.Module,), {"content_dependent": True, "content_scan": lambda self, *a: None}), "x")
+    for hook in ("content_bias", "content_scan", "pair_bias", "score_mod"):  # any one of a content bias's hooks
+        check_plugin(type("Content", (nn.Module,), {"content_dependent": True, hook: lambda self, *a: None}), "x")
     check_plugin(type("Query", (nn.Module,), {"query_dependent": True, "bias": lambda self, q, k: None}), "x")
+
+
+@pytest.mark.parametrize("table, message", [
+    ([[0.0] * 8] * 4, "gave a list, not a tensor of shape (4, 8)"),
+    (torch.zeros(4, 7), "gave shape (4, 7), not (4, 8) (one row per head, one column per distance 0..7)"),
+    (torch.zeros(3, 8), "gave shape (3, 8), not (4, 8) (one row per head, one column per distance 0..7)"),
+    (torch.zeros(4, 8, dtype=torch.long), "gave int64, not a floating-point tensor (float32)"),
+    (torch.full((4, 8), float("-inf")), "holds values that are not finite (inf or nan); a key to leave out takes a large "
+                                        "finite negative (the zoo caps at -5.5e34)"),
+    (torch.full((4, 8), float("nan")), "holds values that are not finite (inf or nan)"),
+])
+def test_a_distance_table_is_held_to_its_shape_dtype_and_finite_values(table, message):
+    from bamctl.positional import check_distance_table
+
+    with pytest.raises(BamctlError) as refused:
+        check_distance_table(table, 4, 7, "positional encoding x")
+    assert str(refused.value).startswith(f"positional encoding x: distance_table(7) {message}")
+    check_distance_table(torch.zeros(4, 8), 4, 7, "x")
+    check_distance_table(torch.full((4, 8), -5.5e34), 4, 7, "x")  # finite, however large
+    if "finite" in message:  # values=False reads shape and dtype only
+        check_distance_table(table, 4, 7, "x", values=False)
+
+
+def test_check_bias_hooks_asks_each_table_once_and_refuses_a_second_kind_of_bias():
+    from torch import nn
+
+    from bamctl.positional import PROBE_DISTANCE, check_bias_hooks
+
+    asked = []
+
+    class Table(nn.Module):
+        def distance_table(self, max_distance):
+            asked.append((max_distance, torch.is_grad_enabled()))
+            return torch.zeros(2, max_distance + 1)
+
+    check_bias_hooks(Table(), 2, "x")
+    assert asked == [(PROBE_DISTANCE, False)] and PROBE_DISTANCE > 0
+    with pytest.raises(BamctlError, match=r"^x: distance_table\(7\) gave shape \(2, 8\), not \(3, 8\)"):
+        check_bias_hooks(Table(), 3, "x")
+    check_bias_hooks(nn.Module(), 2, "x")  # no table: nothing to ask
+    for flag, hook in (("query_dependent", "bias"), ("content_dependent", "its content hook")):
+        with pytest.raises(BamctlError) as refused:
+            check_bias_hooks(type("Both", (Table,), {flag: True})(), 2, "positional encoding x")
+        assert str(refused.value) == (f"positional encoding x has distance_table and {flag} = True: a layer's bias is one "
+                                      f"kind, so the table would be lost; add b_h(i - j) inside {hook}, or drop distance_table")
+    with pytest.raises(BamctlError) as refused:
+        check_bias_hooks(type("Both", (Table,), {"score_mod": lambda self, *a: None})(), 2, "positional encoding x")
+    assert str(refused.value) == ("positional encoding x has distance_table and score_mod: a layer's bias is one kind, so "
+                                  "the table would be lost; add b_h(q_idx - kv_idx) inside score_mod, or drop distance_table")
