@@ -27,7 +27,6 @@ from bamctl import consent
 from bamctl.errors import BamctlError
 from bamctl.files import atomic_write
 from bamctl.fingerprints import digest
-from bamctl.local_code import local_code
 from bamctl.model import ModelConfig, Transformer
 from bamctl.version import __version__
 
@@ -139,16 +138,10 @@ def _remember_code(source: dict | None) -> None:
     ran (its file and helpers, by digest) is remembered as consented (``bamctl.consent``)."""
     if not source:
         return
-    from bamctl.local_code import is_installed
-    from bamctl.plugins import is_file_target, locate_module
+    from bamctl.plugins import local_code_of
 
-    target = source["where"].rpartition(":")[0]
-    # a file, or a module on the path (an entry point's package in an editable install is local code too)
-    file = Path(target) if is_file_target(target) else locate_module(target)
-    if file is None or not file.is_file() or is_installed(file):
-        return
-    code = local_code(file)
-    if code.digest == source.get("digest"):
+    code = local_code_of(source["where"].rpartition(":")[0])  # a file, or a module on the path
+    if code is not None and code.digest == source.get("digest"):
         consent.remember(code)
 
 

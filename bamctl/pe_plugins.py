@@ -54,8 +54,7 @@ def pe_spec(name: str, source: dict | None = None) -> PESpec:
 
 def _plugin_spec(name: str, recorded: dict | None) -> PESpec:
     from bamctl import consent
-    from bamctl.local_code import is_installed, local_code
-    from bamctl.plugins import file_digest_or_none, is_file_target, load, load_entry_point, locate_module
+    from bamctl.plugins import file_digest_or_none, is_file_target, load, load_entry_point, local_code_of
 
     who = f"positional encoding {name}"
     where = recorded.get("where") if recorded else None
@@ -72,11 +71,7 @@ def _plugin_spec(name: str, recorded: dict | None) -> PESpec:
     if not sep and point is None:
         raise BamctlError(f"{who}: no installed package gives it (entry point group {PLUGIN_GROUP}); install the "
                           "package that does, or name its file as FILE.py:CLASS")
-    if sep and is_file_target(target):
-        file = Path(target).expanduser().resolve()
-    else:  # a module on the path: an entry point's package of the user's own (editable, or on PYTHONPATH) is local code too
-        file = locate_module(target if sep else point.module)
-    code = None if file is None or not file.is_file() or is_installed(file) else local_code(file)
+    code = local_code_of(target if sep else point.module)  # an entry point's package on the path is the user's code too
     if code is not None and recorded is not None:
         if recorded.get("digest") not in (None, code.digest):
             raise BamctlError(f"{who}: {code.describe()} in {code.root} is not the code this checkpoint was made "

@@ -124,20 +124,28 @@ def test_bamctl_new_and_inspect_take_a_plugin(tmp_path, capsys):
     assert exited.value.code == 0 and "scale" in out and "sandwich.py:Sandwich" in out  # its per-head values
 
 
+def entry_point_site(tmp_path: Path, with_package: bool = True) -> Path:
+    """A folder to put on the path holding package ``mype`` (examples' Sandwich as ``mype/pe.py``) and
+    its installed metadata as pip writes it, declaring the PE ``sandwich`` by entry point."""
+    site = tmp_path / "site"
+    if with_package:
+        (site / "mype").mkdir(parents=True)
+        shutil.copy(EXAMPLES / "sandwich.py", site / "mype" / "pe.py")
+        (site / "mype" / "__init__.py").write_text("")
+    info = site / "mype-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mype\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[bamctl.positional_encodings]\nsandwich = mype.pe:Sandwich\n")
+    return site
+
+
 def test_an_installed_packages_entry_point_is_a_pe_name(tmp_path, monkeypatch):
     """A package that declares ``[project.entry-points."bamctl.positional_encodings"]`` (here its
     installed metadata, written as pip writes it) gives its PE by name. Its package lies on the path,
     not in site-packages (an editable install, a PYTHONPATH): the user named its code by naming the
     entry point, so the model builds with no flag, and its identity is that code's digest, as a
     file named FILE.py:CLASS would be."""
-    site = tmp_path / "site"
-    (site / "mype").mkdir(parents=True)
-    shutil.copy(EXAMPLES / "sandwich.py", site / "mype" / "pe.py")
-    (site / "mype" / "__init__.py").write_text("")
-    info = site / "mype-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mype\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[bamctl.positional_encodings]\nsandwich = mype.pe:Sandwich\n")
+    site = entry_point_site(tmp_path)
     monkeypatch.syspath_prepend(str(site))
     model = _model("sandwich")
     assert model.config.pe == "sandwich" and model.config.pe_source["where"] == "mype.pe:Sandwich"
@@ -440,12 +448,7 @@ def test_input_embeddings_by_position_through_the_embed_hook(tmp_path):
 def test_bamctl_models_lists_the_pes_installed_packages_give(tmp_path, monkeypatch, capsys):
     from bamctl.cli import main
 
-    site = tmp_path / "site"
-    info = site / "mype-0.1.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mype\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[bamctl.positional_encodings]\nsandwich = mype.pe:Sandwich\n")
-    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.syspath_prepend(str(entry_point_site(tmp_path, with_package=False)))
     monkeypatch.setenv("COLUMNS", "200")
     with pytest.raises(SystemExit) as exited:
         main(["models"])

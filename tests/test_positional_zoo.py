@@ -357,7 +357,9 @@ def test_bamctl_models_lists_every_zoo_pe_with_what_it_is(capsys, monkeypatch):
     beside its own one-line description, in the zoo's order (``_zoo`` builds the registry)."""
     import re
 
+    from bamctl.checkpoint import new_random_model
     from bamctl.cli import main
+    from bamctl.model import ModelConfig
     from bamctl.positional import _zoo
 
     monkeypatch.setenv("COLUMNS", "250")
@@ -369,9 +371,6 @@ def test_bamctl_models_lists_every_zoo_pe_with_what_it_is(capsys, monkeypatch):
     assert listed == [(name, spec.summary) for name, spec in _zoo().items()]
     assert all(spec.name == name and spec.summary for name, spec in _zoo().items())
     for name, spec in _zoo().items():  # and the class a model named by it builds in each layer
-        from bamctl.checkpoint import new_random_model
-        from bamctl.model import ModelConfig
-
         assert type(new_random_model(ModelConfig.from_preset("micro", name), 0).layers[0].attention.prior) is spec.module
 
 

@@ -308,16 +308,11 @@ def test_a_checkpoint_of_an_entry_point_pe_from_a_package_on_the_path_opens_with
     """A PE named by its entry point whose package lies on the path (an editable install, a
     PYTHONPATH) is local code: the process that names it runs it, saving remembers it, and another
     process opens the checkpoint without --trust-remote-code; an edited package asks again."""
+    from test_pe_plugins import entry_point_site
+
     from bamctl.cli import main
 
-    site = tmp_path / "site"
-    (site / "mype").mkdir(parents=True)
-    shutil.copy(EXAMPLES / "sandwich.py", site / "mype" / "pe.py")
-    (site / "mype" / "__init__.py").write_text("")
-    info = site / "mype-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mype\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[bamctl.positional_encodings]\nsandwich = mype.pe:Sandwich\n")
+    site = entry_point_site(tmp_path)
     monkeypatch.syspath_prepend(str(site))
     trust = tmp_path / "trusted.json"
     monkeypatch.setenv("BAMCTL_TRUSTED_CODE", str(trust))
