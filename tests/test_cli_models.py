@@ -9,8 +9,9 @@ import pytest
 
 from bamctl.checkpoint import load_checkpoint
 from bamctl.cli import main
-from bamctl.cli.model_commands import PRESET_NAMES
+from bamctl.cli.model_commands import PE_NAMES, PRESET_NAMES
 from bamctl.model import PRESETS
+from bamctl.positional import PE_REGISTRY
 
 
 @pytest.fixture
@@ -97,3 +98,8 @@ def test_version_and_help(bamctl):
 
 def test_help_lists_every_preset():
     assert PRESET_NAMES == ", ".join(PRESETS)
+
+
+def test_help_lists_every_positional_encoding_of_the_zoo():
+    # the help is written without importing torch; the zoo's registry is what `--pe NAME` builds
+    assert PE_NAMES == ", ".join(PE_REGISTRY)

@@ -16,6 +16,7 @@ from bamctl.cli.options import TRUST_REMOTE_CODE_HELP
 
 # Heavy modules (torch) are imported inside the commands: `bamctl --help` stays instant.
 PRESET_NAMES = "micro, tiny, small, l6, l8, l12, l16, l24"
+PE_NAMES = "nope, sinusoidal, rope, xpos, alibi, kerple, t5, fire, bam"  # positional.PE_REGISTRY's, in its order
 
 stdout = Console(highlight=False)
 
@@ -23,7 +24,7 @@ stdout = Console(highlight=False)
 @app.command()
 def new(
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write config.json and model.safetensors into.")],
-    pe: Annotated[str, typer.Option(help="Positional encoding: nope, sinusoidal, rope, xpos, alibi, kerple, t5, fire, bam, or a plugin of your own (FILE.py:CLASS, package.module:CLASS, an installed entry point: docs/positional-plugins.md); add -ssmax for Scalable-Softmax (e.g. bam-ssmax, ./my_pe.py:Sandwich-ssmax).")] = "bam",
+    pe: Annotated[str, typer.Option(help=f"Positional encoding: {PE_NAMES} (bamctl models says what each is), or a plugin of your own (FILE.py:CLASS, package.module:CLASS, an installed entry point: docs/positional-plugins.md); add -ssmax for Scalable-Softmax (e.g. bam-ssmax, ./my_pe.py:Sandwich-ssmax).")] = "bam",
     preset: Annotated[str, typer.Option(help=f"Model size: {PRESET_NAMES}.")] = "tiny",
     seed: Annotated[int, typer.Option(min=0, help="Seed of the random initialisation (>= 0); same seed, same weights.")] = 0,
     train_length: Annotated[int, typer.Option(help="Training context length recorded in the checkpoint (the unit of extrapolation ratios).")] = 512,
