@@ -87,6 +87,24 @@ def test_a_local_model_is_named_by_its_folder_or_its_gguf_file_and_has_no_revisi
     assert find_model(str(tmp_path / "q.gguf")) == ModelFiles(tmp_path, "q.gguf", "q", None)
 
 
+def test_a_hub_id_is_named_by_its_repository_and_carries_its_commit(tmp_path, monkeypatch):
+    pytest.importorskip("huggingface_hub", reason="huggingface_hub not installed (pip install 'bamctl[hf]')")
+    from hub_cache import cache_snapshot, commit_sha, offline_hf_home
+
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "config.json").write_text("{}")
+    home = offline_hf_home(tmp_path, monkeypatch)
+    snapshot = cache_snapshot(home / "hub", "org/model", files, commit_sha("main"), ("main",))
+    assert find_model("org/model") == ModelFiles(snapshot, None, "org/model", commit_sha("main"))
+
+
+def test_without_transformers_the_hf_back_end_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers raises ImportError
+    with pytest.raises(BamctlError, match=r"^hf: models need transformers: pip install 'bamctl\[hf\]'$"):
+        hf_common.import_transformers()
+
+
 # -- the weights' fingerprint ---------------------------------------------------------------------
 
 def _folder(tmp_path, weights: bytes, *, generation: bool = True):
