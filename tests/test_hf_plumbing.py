@@ -130,8 +130,11 @@ def test_the_fingerprint_is_sha256_of_the_configs_then_each_weight_files_name_si
 def test_weight_files_are_hashed_in_name_order_and_only_weight_suffixes_count(tmp_path):
     folder = _folder(tmp_path, b"aa", generation=False)
     (folder / "model-2.bin").write_bytes(b"bbb")
+    (folder / "a.pt").write_bytes(b"c")
+    (folder / "b.pth").write_bytes(b"d")
     (folder / "notes.txt").write_bytes(b"ignored")
-    wanted = hashlib.sha256(b'config.json:{"hidden_size": 8}' + b"model-2.bin:3bbb" + b"model.safetensors:2aa").hexdigest()
+    wanted = hashlib.sha256(b'config.json:{"hidden_size": 8}' + b"a.pt:1c" + b"b.pth:1d" + b"model-2.bin:3bbb"
+                            + b"model.safetensors:2aa").hexdigest()
     assert model_fingerprint(folder, None) == wanted
 
 
@@ -170,6 +173,14 @@ def test_past_the_full_hash_limit_each_weight_file_is_sampled_at_its_head_and_ta
     for edited in (b"X" + weights[1:], weights[:-1] + b"X", weights + b"Z"):
         (folder / "model.safetensors").write_bytes(edited)
         assert model_fingerprint(folder, None) != sampled
+
+
+def test_the_sampling_limits_are_the_ones_the_schema_states():
+    from pathlib import Path
+
+    schema = " ".join((Path(__file__).parents[1] / "docs" / "SCHEMA.md").read_text().split())
+    assert "past 4 GiB of weights, each weight file by its name, its size and its first and last 16 MiB" in schema
+    assert (hf_common.FULL_HASH_LIMIT, hf_common.SAMPLE_BYTES) == (4 * 2**30, 16 * 2**20)
 
 
 def test_a_weight_file_shorter_than_the_sample_is_read_whole_twice(tmp_path, monkeypatch):
