@@ -357,6 +357,13 @@ def test_the_memory_estimate_reads_gpt2s_names_an_explicit_head_size_and_the_wei
     assert estimate_bytes(model, n, chunk) == wanted
 
 
+def test_a_config_without_heads_or_sizes_is_estimated_as_one_head_and_one_layer():
+    for config in ({}, {"num_attention_heads": None, "num_key_value_heads": 0, "num_hidden_layers": 0}):
+        model = _fake_model(**config)
+        # no hidden size: no cache and no activations; the scores of one head
+        assert estimate_bytes(model, 10, 4) == 80 + 4 * 10 * (4 * 1 + 4)
+
+
 def test_the_memory_estimate_reads_a_multimodal_models_text_config():
     text = SimpleNamespace(num_attention_heads=2, hidden_size=8, num_hidden_layers=1)
     model = _fake_model(get_text_config=lambda: text, num_attention_heads=99, hidden_size=999, num_hidden_layers=99)
@@ -472,11 +479,64 @@ def test_peek_reads_the_training_and_maximum_length_from_the_config_alone(tmp_pa
     transformers = pytest.importorskip("transformers", reason="transformers not installed (pip install 'bamctl[hf]')")
     config = transformers.LlamaConfig(max_position_embeddings=4096, rope_scaling={
         "rope_type": "linear", "factor": 4.0, "original_max_position_embeddings": 1024})
-    config.save_pretrained(tmp_path)
-    assert hf_common.peek(str(tmp_path)) == ModelPeek(train_length=1024, max_length=4096)
+    config.save_pretrained(tmp_path / "scaled")
+    assert hf_common.peek(str(tmp_path / "scaled")) == ModelPeek(train_length=1024, max_length=4096)
+    transformers.LlamaConfig(max_position_embeddings=2048).save_pretrained(tmp_path / "plain")
+    assert hf_common.peek(str(tmp_path / "plain")) == ModelPeek(train_length=2048, max_length=2048)  # trained on all of it
 
 
-def test_a_config_transformers_cannot_read_is_one_line_naming_the_model(tmp_path):
+def test_reading_a_config_runs_no_folder_code_unless_trusted(tmp_path):
+    transformers = pytest.importorskip("transformers", reason="transformers not installed (pip install 'bamctl[hf]')")
+    folder = tmp_path / "their-model"
+    transformers.LlamaConfig().save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "auto_map": {"AutoConfig": "configuration_x.XConfig"}}))
+    (folder / "configuration_x.py").write_text("raise SystemExit('their code ran')")
+    for refused in (lambda: hf_common.read_config(str(folder)), lambda: hf_common.peek(str(folder)),
+                    lambda: hf_common.peek(str(folder), SimpleNamespace())):
+        with pytest.raises(BamctlError, match=r"^hf: their-model runs its own code \(configuration_x.py in the auto_map"):
+            refused()
+
+
+class _AutoConfigSpy:
+    """Records what bamctl asks transformers' AutoConfig for; answers a config, or raises."""
+
+    def __init__(self, raises: Exception | None = None):
+        self.asked, self.raises = [], raises
+
+    def from_pretrained(self, folder, **options):
+        self.asked.append((folder, options))
+        if self.raises is not None:
+            raise self.raises
+        return SimpleNamespace(max_position_embeddings=64)
+
+
+def test_a_config_is_read_from_local_files_only_with_its_gguf_file_and_the_trust_given(tmp_path, monkeypatch):
+    # what bamctl asks of transformers, stated: never the network, the GGUF file the reference names
+    # (reading one needs the gguf package), and trust_remote_code as the user gave it
+    pytest.importorskip("transformers", reason="transformers not installed (pip install 'bamctl[hf]')")
+    spy = _AutoConfigSpy()
+    monkeypatch.setattr(hf_common.import_transformers(), "AutoConfig", spy)
+    (tmp_path / "q4.gguf").write_bytes(b"GGUF")
+    hf_common.read_config(str(tmp_path / "q4.gguf"))
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "config.json").write_text("{}")
+    hf_common.read_config(str(tmp_path / "folder"), trust_remote_code=1)
+    assert spy.asked == [(str(tmp_path), {"local_files_only": True, "trust_remote_code": False, "gguf_file": "q4.gguf"}),
+                         (str(tmp_path / "folder"), {"local_files_only": True, "trust_remote_code": True})]
+
+
+@pytest.mark.parametrize("error", [OSError("no file named config.json\nsee the docs"), ValueError("bad value\nmore")])
+def test_a_config_transformers_cannot_read_is_its_first_line_naming_the_model(tmp_path, monkeypatch, error):
+    pytest.importorskip("transformers", reason="transformers not installed (pip install 'bamctl[hf]')")
+    monkeypatch.setattr(hf_common.import_transformers(), "AutoConfig", _AutoConfigSpy(raises=error))
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(BamctlError) as refused:
+        hf_common.read_config(str(tmp_path))
+    assert str(refused.value) == f"cannot read the config of {tmp_path}: {str(error).splitlines()[0]}"
+
+
+def test_an_architecture_transformers_does_not_know_is_one_line(tmp_path):
     pytest.importorskip("transformers", reason="transformers not installed (pip install 'bamctl[hf]')")
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "no-such-architecture"}))
     with pytest.raises(BamctlError) as refused:
