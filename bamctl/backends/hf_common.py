@@ -209,7 +209,7 @@ def estimate_bytes(model, n_tokens: int, chunk_size: int) -> int:
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     heads = int(getattr(config, "num_attention_heads", 1) or 1)
     hidden = int(getattr(config, "hidden_size", 0) or getattr(config, "n_embd", 0) or 0)
-    head_dim = int(getattr(config, "head_dim", 0) or (hidden // heads if heads else 0))
+    head_dim = int(getattr(config, "head_dim", 0) or hidden // heads)  # heads >= 1
     kv_heads = int(getattr(config, "num_key_value_heads", 0) or heads)
     layers = int(getattr(config, "num_hidden_layers", 0) or getattr(config, "n_layer", 0) or 1)
     intermediate = int(getattr(config, "intermediate_size", 0) or 4 * hidden)
