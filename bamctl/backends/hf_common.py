@@ -201,18 +201,27 @@ class LengthPolicy:
         return fed
 
 
+def _config_int(config, *names: str, default: int) -> int:
+    """The first of ``names`` the config sets (non-zero), else ``default``."""
+    for name in names:
+        value = getattr(config, name, None)
+        if value:
+            return int(value)
+    return default
+
+
 def estimate_bytes(model, n_tokens: int, chunk_size: int) -> int:
     """Peak bytes to stream ``n_tokens`` through a transformers causal LM in chunks (high side):
     weights, the KV cache, one chunk's attention scores and mask against every key, activations."""
     config = getattr(model.config, "get_text_config", lambda: model.config)()
     element = next(model.parameters()).element_size()
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    heads = int(getattr(config, "num_attention_heads", 1) or 1)
-    hidden = int(getattr(config, "hidden_size", 0) or getattr(config, "n_embd", 0) or 0)
-    head_dim = int(getattr(config, "head_dim", 0) or hidden // heads)  # heads >= 1
-    kv_heads = int(getattr(config, "num_key_value_heads", 0) or heads)
-    layers = int(getattr(config, "num_hidden_layers", 0) or getattr(config, "n_layer", 0) or 1)
-    intermediate = int(getattr(config, "intermediate_size", 0) or 4 * hidden)
+    heads = _config_int(config, "num_attention_heads", default=1)
+    hidden = _config_int(config, "hidden_size", "n_embd", default=0)
+    head_dim = _config_int(config, "head_dim", default=hidden // heads)
+    kv_heads = _config_int(config, "num_key_value_heads", default=heads)
+    layers = _config_int(config, "num_hidden_layers", "n_layer", default=1)
+    intermediate = _config_int(config, "intermediate_size", default=4 * hidden)
     chunk = min(chunk_size, n_tokens)
     cache = 2 * layers * kv_heads * head_dim * n_tokens * element
     scores = chunk * n_tokens * (4 * heads + element)  # float32 scores per head, and the chunk's mask
