@@ -193,6 +193,14 @@ def test_a_weight_file_shorter_than_the_sample_is_read_whole_twice(tmp_path, mon
     assert model_fingerprint(folder, None) == wanted
 
 
+def test_a_gguf_models_hash_is_of_its_own_file_among_others(tmp_path):
+    folder = _folder(tmp_path, b"w", generation=False)
+    (folder / "q4.gguf").write_bytes(b"four")
+    (folder / "q8.gguf").write_bytes(b"eight")
+    hashes = {ModelFiles(folder, name, "m").model_hash() for name in ("q4.gguf", "q8.gguf", None)}
+    assert len(hashes) == 3
+
+
 def test_a_hub_revision_is_part_of_the_model_hash(tmp_path):
     folder = _folder(tmp_path, b"w")
     weights = model_fingerprint(folder, None)[:16]
@@ -214,6 +222,7 @@ def test_the_first_name_that_holds_a_positive_integer_wins():
     assert max_positions(config) == 1024
     assert max_positions(SimpleNamespace(max_position_embeddings=8192, n_positions=2048)) == 8192
     assert max_positions(SimpleNamespace(n_positions="4096")) is None
+    assert max_positions(SimpleNamespace(n_positions=1)) == 1  # positive is enough
     assert max_positions(SimpleNamespace(hidden_size=8)) is None
 
 
@@ -306,6 +315,8 @@ def test_the_bos_is_left_out_only_where_it_alone_takes_a_prompt_past_the_maximum
 
 def test_fit_prefix_applies_the_policy_to_what_is_fed_and_the_tokens_to_come():
     policy = LengthPolicy("m", 10, "refuse")
+    assert policy.prefix_fitting(1, 9) == Fitting(bos=True)  # nothing to come unless said
+    assert policy.fit_prefix([1], list(range(9))) == [1, *range(9)]
     assert policy.fit_prefix([1], list(range(8)), after=1) == [1, *range(8)]
     with pytest.raises(BamctlError, match="^12 tokens exceed"):
         policy.fit_prefix([1], list(range(9)), after=2)
@@ -362,6 +373,17 @@ def test_a_config_without_heads_or_sizes_is_estimated_as_one_head_and_one_layer(
         model = _fake_model(**config)
         # no hidden size: no cache and no activations; the scores of one head
         assert estimate_bytes(model, 10, 4) == 80 + 4 * 10 * (4 * 1 + 4)
+
+
+def test_a_config_of_a_hidden_size_alone_is_one_head_of_it_in_one_layer():
+    n, chunk = 10, 4
+    assert estimate_bytes(_fake_model(hidden_size=8), n, chunk) == 80 + 2 * 1 * 1 * 8 * n * 4 + chunk * n * 8 + 4 * chunk * (8 * 8 + 3 * 32)
+
+
+def test_a_head_size_from_a_hidden_size_the_heads_do_not_divide_is_whole():
+    estimate = estimate_bytes(_fake_model(hidden_size=36, num_attention_heads=8, num_hidden_layers=1), 10, 10)
+    assert isinstance(estimate, int)
+    assert estimate == 80 + 2 * 8 * 4 * 10 * 4 + 10 * 10 * (32 + 4) + 4 * 10 * (8 * 36 + 3 * 144)  # 36 // 8 = 4
 
 
 def test_the_memory_estimate_reads_a_multimodal_models_text_config():
