@@ -329,6 +329,12 @@ def test_fit_applies_the_policy_to_what_is_fed():
     assert policy.fit([1], list(range(9)), [7, 8]) == [1, *range(1, 9), 7]  # one prompt token makes room
 
 
+def test_without_a_prefix_nothing_is_fed_in_front_whatever_fits():
+    for limit in (None, 100):
+        assert LengthPolicy("m", limit, "warn").continuation_fitting(0, 5, 2) == Fitting(bos=False)
+        assert LengthPolicy("m", limit, "warn").prefix_fitting(0, 5, 2) == Fitting(bos=False)
+
+
 def test_a_shaped_backend_fits_each_request_kind_by_its_own_rule():
     shaped = SimpleNamespace(shaper=SimpleNamespace(prefix=[1]), lengths=LengthPolicy("m", 10, "warn"))
     fitting = ShapedBackend.fitting
@@ -404,6 +410,14 @@ def test_chat_mode_needs_a_template_and_bos_always_needs_a_bos():
     with pytest.raises(BamctlError, match="^--bos always: tokenizer tok has no BOS token$"):
         RequestShaper(_tokenizer(bos_id=None), chat_template=False, bos="always")
     assert RequestShaper(_tokenizer(bos_id=None), chat_template=False, bos="never").prefix == []
+
+
+def test_a_tokenizer_that_does_not_say_it_has_a_template_or_a_bos_has_neither():
+    bare = SimpleNamespace(name="bare", leading_special_ids=[])
+    with pytest.raises(BamctlError, match="^tokenizer bare has no chat template; drop --chat-template$"):
+        RequestShaper(bare, chat_template=True)
+    with pytest.raises(BamctlError, match="^--bos always: tokenizer bare has no BOS token$"):
+        RequestShaper(bare, chat_template=False, bos="always")
 
 
 def test_in_chat_mode_nothing_is_put_in_front_the_template_holds_it():

@@ -234,7 +234,6 @@ class RequestShaper:
     task builds the template around its text and counts its tokens in the length."""
 
     def __init__(self, tokenizer, chat_template: bool, bos: str = "auto"):
-        self.tokenizer = tokenizer
         self.chat = chat_template
         if chat_template and not getattr(tokenizer, "has_chat_template", False):
             raise BamctlError(f"tokenizer {tokenizer.name} has no chat template; drop --chat-template")
@@ -309,8 +308,8 @@ def remote_code(folder: Path) -> dict:
     for name in CODE_MAPS:
         config = folder / name
         try:
-            auto_map = json.loads(config.read_text()).get("auto_map") if config.is_file() else None
-        except (OSError, ValueError, AttributeError):
+            auto_map = json.loads(config.read_text()).get("auto_map")
+        except (OSError, ValueError, AttributeError):  # no such file, not JSON, not an object
             continue
         if isinstance(auto_map, dict):
             found.update({f"{name}:{key}": value for key, value in auto_map.items()})
