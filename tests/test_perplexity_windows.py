@@ -7,6 +7,7 @@ import pytest
 
 from bamctl.errors import BamctlError
 from bamctl.tasks import generate_samples, position_buckets, ppl_corpus_tokens, sliding_windows
+from bamctl.tasks.perplexity import ppl_document
 from bamctl.tasks.texts import shipped_corpus, tasks_dir
 from bamctl.tokenizer import get_tokenizer
 
@@ -102,9 +103,14 @@ def test_ppl_documents_have_exact_length_and_record_repetition():
     assert first.meta["start"] != second.meta["start"]
     assert first.meta["corpus_repeats"] == 1 and first.scoring == "nll"
     assert first.meta["documents"] == len(corpus) // 4096
+    assert first.meta["corpus"] == "ppl" and first.meta["corpus_tokens"] == len(corpus)  # the shipped text, by name
     assert tok.decode(first.input_ids) == first.prompt
     (long,) = generate_samples("ppl", [524288], 1, 0, tok)
     assert long.n_tokens == 524288 and long.meta["corpus_repeats"] == 2 and long.meta["start"] == 0
+    assert long.input_ids == corpus + corpus[: 524288 - len(corpus)]  # the corpus, then its start again
+    for n in (524288, 3 * len(corpus) + 7):  # the document itself, not only a window cut from it
+        document, meta = ppl_document(tok, None, n, 0)
+        assert document == (corpus * 4)[:n] and meta["corpus_repeats"] == -(-n // len(corpus))
 
 
 def test_the_seed_picks_the_documents():
@@ -143,6 +149,7 @@ def test_ppl_user_corpus(tmp_path):
     assert ppl_corpus_tokens(tok, path) == tok.encode(path.read_text())  # the file's tokens, not the shipped text's
     (sample,) = generate_samples("ppl", [50], 1, 0, tok, corpus_path=path)
     assert sample.n_tokens == 50 and sample.meta["corpus"] == str(path)
+    assert sample.meta["corpus_tokens"] == len(tok.encode(path.read_text()))
     empty = tmp_path / "empty.txt"
     empty.write_text("  \n")
     with pytest.raises(BamctlError, match="empty"):
@@ -164,8 +171,6 @@ def test_ppl_and_training_texts_are_disjoint_from_each_other_and_the_essays():
 
 
 def test_a_document_named_without_a_seed_is_seed_zeros():
-    from bamctl.tasks.perplexity import ppl_document
-
     tok = get_tokenizer("gpt2")
     assert ppl_document(tok, None, 512, 1) == ppl_document(tok, None, 512, 1, seed=0)
     assert ppl_document(tok, None, 512, 1) != ppl_document(tok, None, 512, 1, seed=1)
