@@ -110,7 +110,7 @@ def test_ppl_documents_have_exact_length_and_record_repetition():
     assert long.input_ids == corpus + corpus[: 524288 - len(corpus)]  # the corpus, then its start again
     for n in (524288, 3 * len(corpus) + 7):  # the document itself, not only a window cut from it
         document, meta = ppl_document(tok, None, n, 0)
-        assert document == (corpus * 4)[:n] and meta["corpus_repeats"] == -(-n // len(corpus))
+        assert document == (corpus * 4)[:n] and meta["corpus_repeats"] == -(-n // len(corpus)) and meta["documents"] == 1
 
 
 def test_the_seed_picks_the_documents():
