@@ -310,7 +310,8 @@ def test_warn_runs_past_the_maximum_saying_so_once_on_stderr(capsys):
 def test_the_bos_is_left_out_only_where_it_alone_takes_a_prompt_past_the_maximum(prefix, ids, after, limit, bos):
     policy = LengthPolicy("m", limit, "warn")  # past the maximum: warn and run
     assert policy.prefix_fitting(prefix, ids, after) == Fitting(bos=bos)
-    assert policy.fit_prefix([1] * prefix, list(range(5, 5 + ids)), after) == [1] * (prefix if bos else 0) + list(range(5, 5 + ids))
+    prompt = list(range(5, 5 + ids))
+    assert policy.fit_prefix([1] * prefix, prompt, after) == [1] * (prefix if bos else 0) + prompt
 
 
 def test_fit_prefix_applies_the_policy_to_what_is_fed_and_the_tokens_to_come():
@@ -383,7 +384,8 @@ def test_a_config_without_heads_or_sizes_is_estimated_as_one_head_and_one_layer(
 
 def test_a_config_of_a_hidden_size_alone_is_one_head_of_it_in_one_layer():
     n, chunk = 10, 4
-    assert estimate_bytes(_fake_model(hidden_size=8), n, chunk) == 80 + 2 * 1 * 1 * 8 * n * 4 + chunk * n * 8 + 4 * chunk * (8 * 8 + 3 * 32)
+    wanted = 80 + 2 * 1 * 1 * 8 * n * 4 + chunk * n * 8 + 4 * chunk * (8 * 8 + 3 * 32)
+    assert estimate_bytes(_fake_model(hidden_size=8), n, chunk) == wanted
 
 
 def test_a_head_size_from_a_hidden_size_the_heads_do_not_divide_is_whole():
