@@ -142,6 +142,26 @@ def test_a_request_for_more_documents_than_the_corpus_holds_is_told(tmp_path):
     assert plan_samples("ppl", [64], 3, [0], tok, corpus_path=path).notes == ()
 
 
+def test_a_shortfall_names_the_corpus_and_the_longest_document_short_of_samples(tmp_path):
+    from bamctl.tasks import plan_samples
+
+    tok = get_tokenizer("gpt2")
+    path = tmp_path / "short.txt"
+    path.write_text("one two three four five six seven eight nine ten " * 20)  # 201 tokens
+    # buckets: a document per length; the longest holds the fewest, and is the one named
+    (note,) = plan_samples("ppl", [32, 64], 7, [0], tok, protocol="buckets", bucket=16, corpus_path=path).notes
+    assert note == (f"{path} holds 3 distinct document(s) of 64 tokens (201 tokens with gpt2); --samples 7 asks for "
+                    "more, so documents repeat and each counts once in the statistics")
+    assert plan_samples("ppl", [32, 64], 3, [0], tok, protocol="buckets", bucket=16, corpus_path=path).notes == ()
+    # sliding: every window is cut from one document of --doc-tokens, whatever the windows' lengths
+    (note,) = plan_samples("ppl", [32, 64], 3, [0], tok, protocol="sliding", doc_tokens=100, corpus_path=path).notes
+    assert note.startswith(f"{path} holds 2 distinct document(s) of 100 tokens")
+    # the shipped corpus by its name
+    corpus = len(ppl_corpus_tokens(tok))
+    (note,) = plan_samples("ppl", [corpus // 2], 3, [0], tok).notes
+    assert note.startswith(f"the perplexity corpus holds 2 distinct document(s) of {corpus // 2:,} tokens ({corpus:,} tokens")
+
+
 def test_ppl_user_corpus(tmp_path):
     tok = get_tokenizer("gpt2")
     path = tmp_path / "mine.txt"

@@ -181,7 +181,7 @@ def ppl_document(
         "corpus_tokens": size,
         "start": start,
         "documents": max(places, 1),  # distinct documents of this length the corpus holds
-        "corpus_repeats": 1 if places else -(-n_tokens // size),
+        "corpus_repeats": -(-n_tokens // size),  # 1 wherever the corpus holds a whole document
     }
     return ids, meta
 
