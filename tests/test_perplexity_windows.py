@@ -148,11 +148,21 @@ def test_a_shortfall_names_the_corpus_and_the_longest_document_short_of_samples(
     tok = get_tokenizer("gpt2")
     path = tmp_path / "short.txt"
     path.write_text("one two three four five six seven eight nine ten " * 20)  # 201 tokens
-    # buckets: a document per length; the longest holds the fewest, and is the one named
+    # buckets: a document per length, one token longer without a BOS; the longest holds the fewest,
+    # and is the one named
     (note,) = plan_samples("ppl", [32, 64], 7, [0], tok, protocol="buckets", bucket=16, corpus_path=path).notes
-    assert note == (f"{path} holds 3 distinct document(s) of 64 tokens (201 tokens with gpt2); --samples 7 asks for "
+    assert note == (f"{path} holds 3 distinct document(s) of 65 tokens (201 tokens with gpt2); --samples 7 asks for "
                     "more, so documents repeat and each counts once in the statistics")
     assert plan_samples("ppl", [32, 64], 3, [0], tok, protocol="buckets", bucket=16, corpus_path=path).notes == ()
+    # 201 tokens hold three documents of 67 tokens but only two of 68: the note counts what is read
+    (note,) = plan_samples("ppl", [67], 3, [0], tok, protocol="buckets", bucket=67, corpus_path=path).notes
+    assert note.startswith(f"{path} holds 2 distinct document(s) of 68 tokens")
+    plan = plan_samples("ppl", [67], 3, [0], tok, protocol="buckets", bucket=67, corpus_path=path, bos_for=lambda _: True)
+    assert plan.notes == ()  # with a BOS the document is 67 tokens
+    assert len({sample.draw for sample in plan.samples()}) == 3
+    # a corpus shorter than a document holds one, repeated
+    (note,) = plan_samples("ppl", [300], 2, [0], tok, protocol="buckets", bucket=100, corpus_path=path).notes
+    assert note.startswith(f"{path} holds 1 distinct document(s) of 301 tokens")
     # sliding: every window is cut from one document of --doc-tokens, whatever the windows' lengths
     (note,) = plan_samples("ppl", [32, 64], 3, [0], tok, protocol="sliding", doc_tokens=100, corpus_path=path).notes
     assert note.startswith(f"{path} holds 2 distinct document(s) of 100 tokens")

@@ -186,9 +186,15 @@ def ppl_document(
     return ids, meta
 
 
+def bucket_document_length(length: int, bos: bool) -> int:
+    """A buckets document's tokens for ``length`` predictions: one more without a BOS in front,
+    where its first token is context only (the module docstring)."""
+    return length + (0 if bos else 1)
+
+
 def document_length(spec, length: int, options: dict) -> int:
-    """The tokens of one document: the sliding protocol's ``doc_tokens``, a bucket document's length."""
-    return options["doc_tokens"] if spec.protocol == "sliding" else length
+    """The tokens of one document: the sliding protocol's ``doc_tokens``, a buckets document's."""
+    return options["doc_tokens"] if spec.protocol == "sliding" else bucket_document_length(length, options.get("bos", False))
 
 
 def ppl_shortfall(spec, lengths: list[int], n_samples: int, tokenizer: Tokenizer, options: dict) -> str | None:
@@ -274,6 +280,6 @@ def ppl_sample(
         scored = [ScoredSpan(window.score_from - window.begin, window.end - window.begin, window.score_from)]
     else:
         buckets = position_buckets(slot.length, bucket, bos)
-        ids, meta = ppl_document(tokenizer, corpus_path, slot.length + (0 if bos else 1), slot.index, slot.seed)
+        ids, meta = ppl_document(tokenizer, corpus_path, bucket_document_length(slot.length, bos), slot.index, slot.seed)
         scored = [ScoredSpan(b.first_token, b.stop_token, b.start) for b in buckets]
     return slot.sample(input_ids=ids, prompt=tokenizer.decode(ids), scored=scored, meta=meta, draw=f"doc@{meta['start']}")
