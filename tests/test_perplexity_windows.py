@@ -63,6 +63,19 @@ def test_bad_window_or_stride(w, s, why):
         sliding_windows(100, w, s)
 
 
+def test_a_sliding_plan_refuses_a_document_shorter_than_its_longest_window_and_a_stride_past_any_window():
+    from bamctl.tasks import plan_samples
+
+    tok = get_tokenizer("gpt2")
+    with pytest.raises(BamctlError) as refused:
+        plan_samples("ppl", [128, 1024, 256], 1, [0], tok, protocol="sliding", doc_tokens=1000)
+    assert str(refused.value) == ("--doc-tokens 1,000 is shorter than the 1,024-token window of --lengths: a window never "
+                                  "holds more than its document; give --doc-tokens at least 1,024 (its default) or shorter lengths")
+    with pytest.raises(BamctlError, match=r"^stride 100 must be between 1 and the window \(64\)$"):
+        plan_samples("ppl", [128, 64], 1, [0], tok, protocol="sliding", stride=100)  # fits the 128 window, not the 64
+    assert plan_samples("ppl", [128, 64], 1, [0], tok, protocol="sliding", stride=64).options["doc_tokens"] == 128
+
+
 def test_buckets_of_one_prediction_are_allowed_and_none_are_refused_by_name():
     """A bucket of 1 scores each prediction apart; 0 is refused; without ``bos`` a BOS is assumed."""
     assert [(b.start, b.end, b.offset) for b in position_buckets(3, 1)] == [(0, 1, 0), (1, 2, 0), (2, 3, 0)]
