@@ -219,10 +219,7 @@ def ppl_options(spec, lengths: list[int], options: dict) -> dict:
             raise BamctlError(f"--doc-tokens {doc_tokens:,} is shorter than the {max(lengths):,}-token window of "
                               f"--lengths: a window never holds more than its document; give --doc-tokens at least "
                               f"{max(lengths):,} (its default) or shorter lengths")
-        stride = options.get("stride")
-        for window in lengths:
-            sliding_windows(doc_tokens, window, window if stride is None else stride)  # raises on a bad stride
-        return {**options, "doc_tokens": doc_tokens}
+        return {**options, "doc_tokens": doc_tokens}  # a bad stride: ppl_plan's sliding_windows says which
     for key in ("stride", "doc_tokens"):
         if key in options:
             raise BamctlError(f"--{key.replace('_', '-')} applies to sliding windows only, not to {spec.protocol}")
