@@ -76,6 +76,24 @@ def test_a_sliding_plan_refuses_a_document_shorter_than_its_longest_window_and_a
     assert plan_samples("ppl", [128, 64], 1, [0], tok, protocol="sliding", stride=64).options["doc_tokens"] == 128
 
 
+@pytest.mark.parametrize("option, value, flag", [("stride", 64, "--stride"), ("doc_tokens", 4096, "--doc-tokens")])
+def test_a_buckets_plan_refuses_the_sliding_protocols_options_by_their_flag(option, value, flag):
+    from bamctl.tasks import plan_samples
+
+    with pytest.raises(BamctlError) as refused:
+        plan_samples("ppl", [128], 1, [0], get_tokenizer("gpt2"), protocol="buckets", **{option: value})
+    assert str(refused.value) == f"{flag} applies to sliding windows only, not to buckets"
+
+
+def test_a_buckets_plan_takes_the_default_bucket_or_the_one_given():
+    from bamctl.tasks import plan_samples
+    from bamctl.tasks.perplexity import DEFAULT_BUCKET
+
+    tok = get_tokenizer("gpt2")
+    assert plan_samples("ppl", [128], 1, [0], tok, protocol="buckets").options["bucket"] == DEFAULT_BUCKET
+    assert plan_samples("ppl", [128], 1, [0], tok, protocol="buckets", bucket=32).options["bucket"] == 32
+
+
 def test_buckets_of_one_prediction_are_allowed_and_none_are_refused_by_name():
     """A bucket of 1 scores each prediction apart; 0 is refused; without ``bos`` a BOS is assumed."""
     assert [(b.start, b.end, b.offset) for b in position_buckets(3, 1)] == [(0, 1, 0), (1, 2, 0), (2, 3, 0)]
