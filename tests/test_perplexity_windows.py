@@ -94,6 +94,22 @@ def test_a_buckets_plan_takes_the_default_bucket_or_the_one_given():
     assert plan_samples("ppl", [128], 1, [0], tok, protocol="buckets", bucket=32).options["bucket"] == 32
 
 
+def test_a_plans_setting_names_what_differs_from_the_protocols_defaults(tmp_path):
+    from bamctl.tasks import plan_samples
+
+    tok = get_tokenizer("gpt2")
+    corpus = tmp_path / "mine.txt"
+    corpus.write_text("one two three four five six seven eight nine ten " * 60)
+
+    def setting(protocol, **options):
+        return plan_samples("ppl", [64, 128], 1, [0], tok, protocol=protocol, **options).setting
+
+    assert setting("sliding") == "" and setting("buckets") == ""
+    assert setting("sliding", doc_tokens=128) == ""  # the longest window: the default
+    assert setting("sliding", corpus_path=corpus, doc_tokens=300, stride=32) == "corpus=mine.txt doc_tokens=300 stride=32"
+    assert setting("buckets", bucket=512) == "bucket=512"
+
+
 def test_buckets_of_one_prediction_are_allowed_and_none_are_refused_by_name():
     """A bucket of 1 scores each prediction apart; 0 is refused; without ``bos`` a BOS is assumed."""
     assert [(b.start, b.end, b.offset) for b in position_buckets(3, 1)] == [(0, 1, 0), (1, 2, 0), (2, 3, 0)]
