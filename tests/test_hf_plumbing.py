@@ -415,11 +415,12 @@ def test_chat_mode_needs_a_template_and_bos_always_needs_a_bos():
 
 
 def test_a_tokenizer_that_does_not_say_it_has_a_template_or_a_bos_has_neither():
-    bare = SimpleNamespace(name="bare", leading_special_ids=[])
+    bare = SimpleNamespace(name="bare")
     with pytest.raises(BamctlError, match="^tokenizer bare has no chat template; drop --chat-template$"):
         RequestShaper(bare, chat_template=True)
     with pytest.raises(BamctlError, match="^--bos always: tokenizer bare has no BOS token$"):
         RequestShaper(bare, chat_template=False, bos="always")
+    assert RequestShaper(bare, chat_template=False).prefix == []  # nothing its own call puts in front
 
 
 def test_in_chat_mode_nothing_is_put_in_front_the_template_holds_it():
