@@ -193,8 +193,9 @@ def bucket_document_length(length: int, bos: bool) -> int:
 
 
 def document_length(spec, length: int, options: dict) -> int:
-    """The tokens of one document: the sliding protocol's ``doc_tokens``, a buckets document's."""
-    return options["doc_tokens"] if spec.protocol == "sliding" else bucket_document_length(length, options.get("bos", False))
+    """The tokens of one document: the sliding protocol's ``doc_tokens``, a buckets document's (the
+    plan's options say whether a BOS goes in front)."""
+    return options["doc_tokens"] if spec.protocol == "sliding" else bucket_document_length(length, options["bos"])
 
 
 def ppl_shortfall(spec, lengths: list[int], n_samples: int, tokenizer: Tokenizer, options: dict) -> str | None:
