@@ -227,6 +227,8 @@ def test_ppl_user_corpus(tmp_path):
     (sample,) = generate_samples("ppl", [50], 1, 0, tok, corpus_path=path)
     assert sample.n_tokens == 50 and sample.meta["corpus"] == str(path)
     assert sample.meta["corpus_tokens"] == len(tok.encode(path.read_text()))
+    (bucketed,) = generate_samples("ppl", [50], 1, 0, tok, corpus_path=path, protocol="buckets", bucket=25)
+    assert bucketed.meta["corpus"] == str(path) and set(bucketed.input_ids) <= set(tok.encode(path.read_text()))
     empty = tmp_path / "empty.txt"
     empty.write_text("  \n")
     with pytest.raises(BamctlError, match="empty"):
