@@ -326,6 +326,17 @@ def test_two_fingerprints_in_one_dtype_are_two_tables_without_a_dtype_in_their_t
     assert all(s.distinct and "[float32]" not in s.title for s in tables)
 
 
+def test_a_perplexity_summary_says_whether_its_models_scored_the_same_tokens():
+    (alike,) = summarize(frame_of(perplexity_rows()))
+    assert alike.scored_alike is True
+    rows = perplexity_rows()
+    rows[0] = {**rows[0], "n_scored": rows[0]["n_scored"] - 1}  # one model scored one token fewer of a document
+    (unlike,) = summarize(frame_of(rows))
+    assert unlike.scored_alike is False
+    (accuracy,) = summarize(frame_of(passkey_grid()))
+    assert accuracy.scored_alike is True  # a task's prompts are the same for every model
+
+
 def test_summarize_orders_every_kind_of_table_as_asked():
     asked = ["tiny-rope", "tiny-bam"]
     (ppl,) = summarize(frame_of(perplexity_rows()), models=asked)
