@@ -157,13 +157,13 @@ def locate_module(target: str) -> Path | None:
     return Path(origin).resolve() if origin and origin.endswith(".py") else None
 
 
-
 def local_code_of(target: str) -> LocalCode | None:
     """The user's own code a target names (a ``.py`` file, or a module found on the path, as an
     editable install's or a PYTHONPATH package's), with the helpers it imports; None for code of the
     standard library or an installed distribution, or a target that names no file."""
     file = Path(target).expanduser().resolve() if is_file_target(target) else locate_module(target)
     return None if file is None or not file.is_file() or is_installed(file) else local_code(file)
+
 
 def load(target: str, name: str, who: str) -> Found:
     """``name`` from ``target``, a ``.py`` file or an importable module."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -176,8 +177,6 @@ def test_past_the_full_hash_limit_each_weight_file_is_sampled_at_its_head_and_ta
 
 
 def test_the_sampling_limits_are_the_ones_the_schema_states():
-    from pathlib import Path
-
     schema = " ".join((Path(__file__).parents[1] / "docs" / "SCHEMA.md").read_text().split())
     assert "past 4 GiB of weights, each weight file by its name, its size and its first and last 16 MiB" in schema
     assert (hf_common.FULL_HASH_LIMIT, hf_common.SAMPLE_BYTES) == (4 * 2**30, 16 * 2**20)

@@ -6,8 +6,8 @@ import tomllib
 import pytest
 
 from bamctl.errors import BamctlError
-from bamctl.tasks import generate_samples, position_buckets, ppl_corpus_tokens, sliding_windows
-from bamctl.tasks.perplexity import ppl_document
+from bamctl.tasks import generate_samples, plan_samples, position_buckets, ppl_corpus_tokens, sliding_windows
+from bamctl.tasks.perplexity import DEFAULT_BUCKET, ppl_document
 from bamctl.tasks.texts import shipped_corpus, tasks_dir
 from bamctl.tokenizer import get_tokenizer
 
@@ -64,8 +64,6 @@ def test_bad_window_or_stride(w, s, why):
 
 
 def test_a_sliding_plan_refuses_a_document_shorter_than_its_longest_window_and_a_stride_past_any_window():
-    from bamctl.tasks import plan_samples
-
     tok = get_tokenizer("gpt2")
     with pytest.raises(BamctlError) as refused:
         plan_samples("ppl", [128, 1024, 256], 1, [0], tok, protocol="sliding", doc_tokens=1000)
@@ -78,25 +76,18 @@ def test_a_sliding_plan_refuses_a_document_shorter_than_its_longest_window_and_a
 
 @pytest.mark.parametrize("option, value, flag", [("stride", 64, "--stride"), ("doc_tokens", 4096, "--doc-tokens")])
 def test_a_buckets_plan_refuses_the_sliding_protocols_options_by_their_flag(option, value, flag):
-    from bamctl.tasks import plan_samples
-
     with pytest.raises(BamctlError) as refused:
         plan_samples("ppl", [128], 1, [0], get_tokenizer("gpt2"), protocol="buckets", **{option: value})
     assert str(refused.value) == f"{flag} applies to sliding windows only, not to buckets"
 
 
 def test_a_buckets_plan_takes_the_default_bucket_or_the_one_given():
-    from bamctl.tasks import plan_samples
-    from bamctl.tasks.perplexity import DEFAULT_BUCKET
-
     tok = get_tokenizer("gpt2")
     assert plan_samples("ppl", [128], 1, [0], tok, protocol="buckets").options["bucket"] == DEFAULT_BUCKET
     assert plan_samples("ppl", [128], 1, [0], tok, protocol="buckets", bucket=32).options["bucket"] == 32
 
 
 def test_a_plans_setting_names_what_differs_from_the_protocols_defaults(tmp_path):
-    from bamctl.tasks import plan_samples
-
     tok = get_tokenizer("gpt2")
     corpus = tmp_path / "mine.txt"
     corpus.write_text("one two three four five six seven eight nine ten " * 60)
@@ -176,8 +167,6 @@ def test_the_seed_picks_the_documents():
 
 
 def test_a_request_for_more_documents_than_the_corpus_holds_is_told(tmp_path):
-    from bamctl.tasks import plan_samples
-
     tok = get_tokenizer("gpt2")
     path = tmp_path / "short.txt"
     path.write_text("one two three four five six seven eight nine ten " * 20)  # 200 tokens
@@ -190,8 +179,6 @@ def test_a_request_for_more_documents_than_the_corpus_holds_is_told(tmp_path):
 
 
 def test_a_shortfall_names_the_corpus_and_the_longest_document_short_of_samples(tmp_path):
-    from bamctl.tasks import plan_samples
-
     tok = get_tokenizer("gpt2")
     path = tmp_path / "short.txt"
     path.write_text("one two three four five six seven eight nine ten " * 20)  # 201 tokens
