@@ -289,6 +289,30 @@ def test_rows_a_server_read_at_another_length_are_left_out_of_every_cell_and_nam
     assert summaries_to_json([summary])["summaries"][0]["unread_rows"] == {"tiny-bam": 3}
 
 
+def test_unread_rows_read_from_a_store_are_left_out_and_listed_by_model_name():
+    """A store reads ``served_token_gap`` as a nullable Int64 column (null for a model run here):
+    its rows are left out all the same; the models with rows left out are listed in name order,
+    whatever order their rows came in."""
+    rows = passkey_grid(samples=2)
+    for row in rows:
+        row["served_token_gap"] = None
+    for model, gap in (("tiny-rope", 2), ("tiny-bam", -1)):
+        for row in [r for r in rows if r["model"] == model][:2 if model == "tiny-rope" else 1]:
+            row["served_token_gap"], row["score"], row["correct"] = gap, 0.0, False
+    rows.sort(key=lambda r: r["model"] != "tiny-rope")  # the later name's rows first
+    frame = frame_of(rows).astype({"served_token_gap": "Int64"})
+    (summary,) = summarize(frame)
+    assert summary.unread == (("tiny-bam", 1), ("tiny-rope", 2))
+    n = summary.table["n"]
+    assert int(n["tiny-rope"].sum()) == len(rows) // 2 - 2 and int(n["tiny-bam"].sum()) == len(rows) // 2 - 1
+
+
+def test_a_summary_names_the_prompts_its_rows_were_built_from():
+    (summary,) = summarize(frame_of(passkey_grid(samples=1)))
+    assert summary.fingerprint == "fp-passkey-authors"
+    assert summaries_to_json([summary])["summaries"][0]["fingerprint"] == "fp-passkey-authors"
+
+
 def test_effective_length_holds_lengths_at_0_9_by_default():
     table = accuracy_table(frame_of(keys_found("tiny-rope", {512: (9, 10), 1024: (17, 20)})))
     assert effective_length(table).loc["tiny-rope", "length"] == 512  # 0.9 passes, 0.85 does not
