@@ -13,6 +13,7 @@ from bamctl.results.summary import (
     accuracy_table,
     best_models,
     effective_length,
+    is_perplexity,
     min_certifiable_n,
     perplexity_table,
     summarize,
@@ -348,6 +349,9 @@ def test_two_fingerprints_in_one_dtype_are_two_tables_without_a_dtype_in_their_t
     tables = summarize(frame_of(rows))
     assert len(tables) == 2 and not any(s.dtype_distinct for s in tables)
     assert all(s.distinct and "[float32]" not in s.title for s in tables)
+    # the tables come in the prompts' order, whichever rows came first
+    for ordered in (rows, rows[::-1]):
+        assert [s.fingerprint for s in summarize(frame_of(ordered))] == ["fp-passkey-authors", "fp-passkey-v2"]
 
 
 def test_a_perplexity_summary_says_whether_its_models_scored_the_same_tokens():
@@ -359,6 +363,16 @@ def test_a_perplexity_summary_says_whether_its_models_scored_the_same_tokens():
     assert unlike.scored_alike is False
     (accuracy,) = summarize(frame_of(passkey_grid()))
     assert accuracy.scored_alike is True  # a task's prompts are the same for every model
+
+
+def test_perplexity_rows_are_rows_that_each_carry_an_nll_and_its_token_count():
+    rows = frame_of(perplexity_rows())
+    assert is_perplexity(rows) and not is_perplexity(frame_of(passkey_grid()))
+    assert not is_perplexity(rows.iloc[:0])  # no rows: nothing to call perplexity
+    for column in ("nll", "n_scored"):
+        one_missing = rows.astype({column: object})
+        one_missing.loc[one_missing.index[0], column] = None
+        assert not is_perplexity(one_missing), column
 
 
 def test_summarize_orders_every_kind_of_table_as_asked():
