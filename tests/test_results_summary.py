@@ -331,6 +331,20 @@ def test_certification_asks_for_draws_only_where_too_few_could_never_certify():
     assert effective_length(few.drop(columns=["n", "n_draws"], level="field")).loc["tiny-rope", "needs_draws"] is pd.NA
 
 
+def test_every_kind_of_table_is_indexed_by_length_with_columns_of_field_and_model():
+    """Readers select a table's columns by level name (``table["n"]``, ``drop(level="field")``,
+    ``xs(model, level="model")``): each kind names both levels."""
+    tables = {
+        "accuracy": accuracy_table(frame_of(passkey_grid())),
+        "perplexity": perplexity_table(frame_of(perplexity_rows())),
+        "answer_logprob": summarize(frame_of(passkey_grid()), metric="answer_logprob")[0].table,
+    }
+    for kind, table in tables.items():
+        assert list(table.columns.names) == ["field", "model"], kind
+        assert table.index.name == "length" and table.index.dtype == "int64", kind
+        assert set(table.columns.get_level_values("model")) == {"tiny-bam", "tiny-rope"}, kind
+
+
 def test_best_models_skip_a_length_one_model_ran_and_one_where_every_model_ties():
     table = hand_table(
         {"rope": {512: 1.0, 1024: 0.5, 2048: 0.7, 4096: 0.25}, "bam": {1024: 0.5, 2048: 0.9, 4096: 0.25}},
