@@ -345,6 +345,19 @@ def test_every_kind_of_table_is_indexed_by_length_with_columns_of_field_and_mode
         assert set(table.columns.get_level_values("model")) == {"tiny-bam", "tiny-rope"}, kind
 
 
+def test_a_table_of_rows_from_two_tables_is_refused_naming_both():
+    """accuracy_table, perplexity_table and answer_logprob_table build one table: rows of two
+    (task, protocol, setting, dtype), or of two prompts for one model, are refused by name."""
+    rows = [fake_row("tiny-rope", sample=0), fake_row("tiny-rope", sample=1) | {"dtype": "bfloat16"}]
+    with pytest.raises(ValueError, match=r"^rows mix several \(task, protocol, setting, dtype\): "
+                                         r"passkey/authors//float32, passkey/authors//bfloat16; split them with summarize\(\)$"):
+        accuracy_table(frame_of(rows))
+    rows[1] = fake_row("tiny-rope", sample=1) | {"fingerprint": "fp-passkey-v2"}
+    with pytest.raises(ValueError, match="a model's rows mix prompts of several fingerprints"):
+        accuracy_table(frame_of(rows))
+    assert accuracy_table(frame_of(rows[:1]))[("n", "tiny-rope")].sum() == 1
+
+
 def test_best_models_skip_a_length_one_model_ran_and_one_where_every_model_ties():
     table = hand_table(
         {"rope": {512: 1.0, 1024: 0.5, 2048: 0.7, 4096: 0.25}, "bam": {1024: 0.5, 2048: 0.9, 4096: 0.25}},
