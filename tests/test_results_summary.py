@@ -353,7 +353,7 @@ def test_a_table_of_rows_from_two_tables_is_refused_naming_both():
                                          r"passkey/authors//float32, passkey/authors//bfloat16; split them with summarize\(\)$"):
         accuracy_table(frame_of(rows))
     rows[1] = fake_row("tiny-rope", sample=1) | {"fingerprint": "fp-passkey-v2"}
-    with pytest.raises(ValueError, match="a model's rows mix prompts of several fingerprints"):
+    with pytest.raises(ValueError, match=r"^a model's rows mix prompts of several fingerprints; split them with summarize\(\)$"):
         accuracy_table(frame_of(rows))
     assert accuracy_table(frame_of(rows[:1]))[("n", "tiny-rope")].sum() == 1
 
