@@ -11,10 +11,12 @@ import pytest
 from bamctl.results.render import format_length, format_ratio, render_summary, summaries_to_json
 from bamctl.results.summary import (
     accuracy_table,
+    backends,
     best_models,
     effective_length,
     is_perplexity,
     min_certifiable_n,
+    model_labels,
     perplexity_table,
     summarize,
     wilson_interval,
@@ -215,6 +217,11 @@ def test_rows_that_do_not_name_their_backend_are_one_backend():
     assert list(accuracy_table(frame_of([fake_row("tiny-rope", sample=i) for i in range(3)]))["score"].columns) == ["tiny-rope"]
     unnamed = [fake_row("tiny-rope", sample=0, backend=None), fake_row("tiny-rope", sample=0, backend="native")]
     assert list(accuracy_table(frame_of(unnamed))["score"].columns) == ["tiny-rope[?]", "tiny-rope[native]"]
+    # rows from before the column (none of them says): one back-end, "" for each row, on the rows' own index
+    old = frame_of(passkey_grid()).drop(columns="backend").iloc[3:]
+    said = backends(old)
+    assert said.tolist() == [""] * len(old) and said.index.equals(old.index)
+    assert sorted(set(model_labels(old))) == ["tiny-bam", "tiny-rope"]
 
 
 def test_an_ambiguous_baseline_names_every_backend_it_could_mean():
