@@ -388,6 +388,20 @@ def test_two_fingerprints_in_one_dtype_are_two_tables_without_a_dtype_in_their_t
         assert [s.fingerprint for s in summarize(frame_of(ordered))] == ["fp-passkey-authors", "fp-passkey-v2"]
 
 
+def test_rows_from_before_fingerprints_are_one_table_labelled_none():
+    """Rows written before the fingerprint column, or with it null, are kept (grouping would drop a
+    null key) and labelled ``none``: other prompts than those of rows that name theirs."""
+    rows = passkey_grid(samples=1)
+    (before,) = summarize(frame_of(rows).drop(columns="fingerprint"))
+    assert before.fingerprint == "none" and int(before.table["n"].sum().sum()) == len(rows)
+    mixed = frame_of(rows).astype({"fingerprint": object})
+    mixed = mixed[(mixed["model"] == "tiny-rope") | (mixed["length"] == 512)]
+    mixed.loc[mixed["model"] == "tiny-bam", "fingerprint"] = None
+    (table,) = summarize(mixed)  # one model's prompts apart: it shares the table, tested unpaired
+    assert table.fingerprint == "fp-passkey-authors" and table.other_prompts == ("tiny-bam",)
+    assert int(table.table[("n", "tiny-bam")].sum()) == int((mixed["model"] == "tiny-bam").sum())
+
+
 def test_a_perplexity_summary_says_whether_its_models_scored_the_same_tokens():
     (alike,) = summarize(frame_of(perplexity_rows()))
     assert alike.scored_alike is True
