@@ -10,6 +10,7 @@ once any one distractor is left out.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -124,6 +125,10 @@ def test_teacher_forced_feeds_the_answer_and_scores_every_token(tok):
     assert sample.prompt.endswith(" the")
     assert score("answer_exact", list(sample.target_ids), sample) == 1.0
     assert score("answer_exact", [tok.encode(" moon")[0]] * len(sample.target_ids), sample) == 0.0
+    right = list(sample.target_ids)
+    assert score("answer_exact", right[:-1] + [right[-1] + 1], sample) == 0.0  # only the last token wrong
+    assert score("answer_exact", right[:-1], sample) == 0.0  # an answer cut short
+    assert score("answer_exact", [], replace(sample, target_ids=[])) == 0.0  # nothing to score is no hit
 
 
 def test_generation_is_scored_like_rulers_tasks(tok):
