@@ -339,8 +339,8 @@ def test_certification_asks_for_draws_only_where_too_few_could_never_certify():
 
 
 def test_every_kind_of_table_is_indexed_by_length_with_columns_of_field_and_model():
-    """Readers select a table's columns by level name (``table["n"]``, ``drop(level="field")``,
-    ``xs(model, level="model")``): each kind names both levels."""
+    """Readers find a table's fields by the level's name (the JSON and the exports read
+    ``columns.get_level_values("field")``), and tests select by it: each kind names both levels."""
     tables = {
         "accuracy": accuracy_table(frame_of(passkey_grid())),
         "perplexity": perplexity_table(frame_of(perplexity_rows())),
